@@ -1,6 +1,9 @@
 #include "cellgate/kernel/connection.hpp"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <openssl/rand.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -182,6 +185,31 @@ ConnectionInfo ConnectionInfo::make_ipc(const std::string& prefix) {
   info.control_port = 4;
   info.hb_port = 5;
   info.key = random_hex(32);
+  return info;
+}
+
+Result<ConnectionInfo> ConnectionInfo::make_tcp(const std::string& ip) {
+  ConnectionInfo info;
+  info.transport = "tcp";
+  info.ip = ip;
+  info.key = random_hex(32);
+  int* ports[] = {&info.shell_port, &info.iopub_port, &info.stdin_port, &info.control_port,
+                  &info.hb_port};
+  std::vector<UniqueFd> held;  // keep all five bound until all are chosen, so they differ
+  for (int* port : ports) {
+    UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = 0;
+    if (!fd || ::inet_pton(AF_INET, ip.c_str(), &addr.sin_addr) != 1 ||
+        ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      return errno_error(ErrorCode::kInternal, "no_port", "bind('" + ip + ":0')", errno);
+    }
+    socklen_t len = sizeof addr;
+    ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len);
+    *port = ntohs(addr.sin_port);
+    held.push_back(std::move(fd));
+  }
   return info;
 }
 

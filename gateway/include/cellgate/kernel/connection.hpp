@@ -43,6 +43,9 @@ struct ConnectionInfo {
 
   // A fresh ipc connection with a random 256-bit key; sockets are "<prefix>-<n>".
   static ConnectionInfo make_ipc(const std::string& prefix);
+  // A fresh tcp connection on `ip` with five currently free ports (the kernel binds them; a
+  // port taken in between makes the kernel fail to start, never connect elsewhere).
+  static Result<ConnectionInfo> make_tcp(const std::string& ip = "127.0.0.1");
 };
 
 // A random hex string of `bytes` random bytes (OpenSSL RAND_bytes).

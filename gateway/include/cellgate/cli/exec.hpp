@@ -1,0 +1,28 @@
+// `cellgate exec`: run one cell in a fresh kernel and print what it produces as it arrives.
+//
+//   cellgate exec 'import numpy; print(numpy.arange(3).sum())'     # prints 3
+//   cellgate exec -f analysis.py
+//   echo 'print(1)' | cellgate exec
+//
+// Streams go to stdout/stderr as they come; results and displays print their text/plain (or a
+// one-line note for images); an error prints its traceback to stderr. input() reads a line from
+// the terminal when the code did not come from stdin.
+//
+// Exit codes: 0 ok, 1 the cell raised, 2 usage or start-up failure, 3 the kernel died,
+// 124 the timeout passed (the cell was interrupted).
+#pragma once
+
+#include <string>
+
+namespace cellgate::cli {
+
+struct ExecOptions {
+  std::string code;               // the cell
+  std::string file;               // read the cell from this file ("-": stdin)
+  std::string kernel = "python3";  // kernelspec name
+  double timeout_seconds = 0;      // 0: no limit
+};
+
+int run_exec(const ExecOptions& options);
+
+}  // namespace cellgate::cli

@@ -1,0 +1,93 @@
+// KernelProcess: one kernel started through the cellgate-kernel launcher.
+//
+// start() makes a private runtime directory (0700) with a fresh ipc connection file and a work
+// dir, posix_spawns `cellgate-kernel --status-fd 3 -- <kernelspec argv>` with exactly the given
+// environment, and waits for the launcher's "started" line (or its setup_error). The destructor
+// kills the kernel, reaps the launcher and removes the runtime directory.
+//
+//   auto kernel = KernelProcess::start({.spec = *find_kernelspec("python3")});
+//   auto client = KernelClient::connect(kernel.value()->connection());
+//   kernel.value()->signal(SIGINT);                 // interrupt
+//   if (auto ended = kernel.value()->poll_exit()) { ... ended->reason ... }
+//
+// Thread-safety: not thread-safe; one owner.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "cellgate/kernel/connection.hpp"
+#include "cellgate/launcher/status.hpp"
+#include "cellgate/result.hpp"
+#include "cellgate/unique_fd.hpp"
+
+namespace cellgate::kernel {
+
+struct LaunchRequest {
+  KernelSpec spec;
+  // Path of cellgate-kernel; "" means the one beside the running binary.
+  std::string launcher_path;
+  // Parent of the per-kernel runtime directory; "" means $TMPDIR or /tmp.
+  std::string runtime_parent;
+  // The kernel's entire environment. Nothing else from the caller's environment is passed.
+  std::map<std::string, std::string> env;
+  bool die_with_parent = false;
+  // "ipc" (sockets in the runtime dir; what jailed kernels use) or "tcp" (loopback ports).
+  std::string transport = "ipc";
+  std::chrono::milliseconds start_timeout{10000};
+};
+
+// The environment a kernel gets when nobody asks for more: a PATH, a UTF-8 locale, HOME at the
+// work dir, and a matplotlib cache shared by all kernels so each does not rebuild the font list.
+std::map<std::string, std::string> default_kernel_env(const std::string& work_dir);
+
+// The directory holding the running executable (/proc/self/exe).
+std::string executable_dir();
+
+class KernelProcess {
+ public:
+  static Result<std::unique_ptr<KernelProcess>> start(LaunchRequest request);
+  ~KernelProcess();
+  KernelProcess(const KernelProcess&) = delete;
+  KernelProcess& operator=(const KernelProcess&) = delete;
+
+  const ConnectionInfo& connection() const { return connection_; }
+  const std::string& connection_file() const { return connection_file_; }
+  const std::string& work_dir() const { return work_dir_; }
+  // The kernel's and the launcher's own stdout and stderr (not the cells' output, which travels
+  // on iopub): start-up banners, crashes, C-level writes to fd 1 and 2.
+  const std::string& log_file() const { return log_file_; }
+  // The last `max_bytes` of the log, for error messages.
+  std::string log_tail(std::size_t max_bytes = 2000) const;
+  pid_t pid() const { return kernel_pid_; }
+
+  // Sends a signal to the kernel (SIGINT interrupts an ipykernel).
+  Result<void> signal(int sig);
+  // The launcher's "exited" report once the kernel has ended; nullopt while it runs.
+  std::optional<launcher::StatusEvent> poll_exit();
+  // Waits up to `timeout` for the kernel to end.
+  std::optional<launcher::StatusEvent> wait_exit(std::chrono::milliseconds timeout);
+
+ private:
+  KernelProcess() = default;
+  void read_status(int timeout_ms);
+
+  ConnectionInfo connection_;
+  std::string runtime_dir_;
+  std::string connection_file_;
+  std::string work_dir_;
+  std::string log_file_;
+  pid_t launcher_pid_ = -1;
+  pid_t kernel_pid_ = -1;
+  UniqueFd status_fd_;
+  std::string status_buffer_;
+  std::optional<launcher::StatusEvent> started_;
+  std::optional<launcher::StatusEvent> exited_;
+};
+
+}  // namespace cellgate::kernel

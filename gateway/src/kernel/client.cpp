@@ -1,0 +1,517 @@
+#include "cellgate/kernel/client.hpp"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "cellgate/unique_fd.hpp"
+
+namespace cellgate::kernel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+constexpr int kReconnectIvlMs = 10;
+constexpr int kReconnectIvlMaxMs = 200;
+
+Error zmq_failure(const std::string& what, const zmq::error_t& e) {
+  return make_error(ErrorCode::kUnavailable, "zmq_error", what + ": " + e.what());
+}
+
+}  // namespace
+
+const char* to_string(RequestEnd end) {
+  switch (end) {
+    case RequestEnd::kComplete:
+      return "complete";
+    case RequestEnd::kKernelDead:
+      return "kernel_dead";
+    case RequestEnd::kCancelled:
+      return "cancelled";
+  }
+  return "?";
+}
+
+json execute_content(std::string code, bool allow_stdin, bool store_history, bool silent) {
+  return json{{"code", std::move(code)},
+              {"silent", silent},
+              {"store_history", store_history},
+              {"user_expressions", json::object()},
+              {"allow_stdin", allow_stdin},
+              {"stop_on_error", true}};
+}
+
+// ---- the I/O thread and its state ------------------------------------------------------------
+
+struct KernelClient::Impl {
+  struct Outgoing {
+    Channel channel;
+    protocol::Message msg;
+    std::optional<RequestHandlers> handlers;  // register a route before sending
+  };
+  struct Route {
+    RequestHandlers handlers;
+    bool got_reply = false;
+    bool got_idle = false;
+  };
+
+  ConnectionInfo info;
+  ClientOptions options;
+  protocol::Session session;
+  protocol::Signer signer;
+
+  zmq::context_t context{1};
+  zmq::socket_t shell, control, stdin_sock, iopub, hb;
+  UniqueFd wake_fd;
+
+  std::mutex mu;  // guards `outgoing` and `stopping`
+  std::deque<Outgoing> outgoing;
+  bool stopping = false;
+
+  std::atomic<bool> alive{true};
+  std::atomic<bool> iopub_seen{false};
+  std::atomic<std::size_t> wire_error_count{0};
+
+  // I/O thread only.
+  std::unordered_map<std::string, Route> routes;
+  bool hb_outstanding = false;
+  bool hb_ever_answered = false;
+  int hb_misses = 0;
+  Clock::time_point hb_sent_at{};
+  Clock::time_point hb_next_at{};
+
+  std::thread thread;
+
+  Impl(ConnectionInfo i, ClientOptions o, protocol::Signer s)
+      : info(std::move(i)),
+        options(std::move(o)),
+        session(options.username),
+        signer(std::move(s)) {}
+
+  zmq::socket_t& socket_for(Channel channel) {
+    switch (channel) {
+      case Channel::kShell:
+        return shell;
+      case Channel::kControl:
+        return control;
+      case Channel::kStdin:
+        return stdin_sock;
+      case Channel::kIopub:
+        return iopub;
+      case Channel::kHeartbeat:
+        return hb;
+    }
+    return shell;
+  }
+
+  void configure(zmq::socket_t& s) {
+    s.set(zmq::sockopt::linger, 0);
+    s.set(zmq::sockopt::reconnect_ivl, kReconnectIvlMs);
+    s.set(zmq::sockopt::reconnect_ivl_max, kReconnectIvlMaxMs);
+    // A frame larger than the whole-message limit is refused by libzmq before it is buffered.
+    s.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(options.limits.max_message_bytes));
+  }
+
+  Result<void> open_sockets() {
+    try {
+      // The stdin socket must share the shell socket's routing id: the kernel sends
+      // input_request to the identity that sent the execute_request.
+      const std::string routing_id = session.id();
+      shell = zmq::socket_t(context, zmq::socket_type::dealer);
+      control = zmq::socket_t(context, zmq::socket_type::dealer);
+      stdin_sock = zmq::socket_t(context, zmq::socket_type::dealer);
+      iopub = zmq::socket_t(context, zmq::socket_type::sub);
+      for (auto* s : {&shell, &control, &stdin_sock, &iopub}) {
+        configure(*s);
+      }
+      shell.set(zmq::sockopt::routing_id, routing_id);
+      stdin_sock.set(zmq::sockopt::routing_id, routing_id);
+      iopub.set(zmq::sockopt::subscribe, "");
+      shell.connect(info.endpoint(Channel::kShell));
+      control.connect(info.endpoint(Channel::kControl));
+      stdin_sock.connect(info.endpoint(Channel::kStdin));
+      iopub.connect(info.endpoint(Channel::kIopub));
+      open_heartbeat();
+    } catch (const zmq::error_t& e) {
+      return zmq_failure("connecting to the kernel's sockets", e);
+    }
+    int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (fd < 0) {
+      return errno_error(ErrorCode::kInternal, "eventfd", "eventfd()", errno);
+    }
+    wake_fd.reset(fd);
+    return {};
+  }
+
+  void open_heartbeat() {
+    hb = zmq::socket_t(context, zmq::socket_type::req);
+    configure(hb);
+    // After a lost ping the REQ socket may send again; replies to old pings are dropped.
+    hb.set(zmq::sockopt::req_relaxed, 1);
+    hb.set(zmq::sockopt::req_correlate, 1);
+    hb.connect(info.endpoint(Channel::kHeartbeat));
+  }
+
+  void wake() {
+    uint64_t one = 1;
+    // A full eventfd counter still wakes the reader; nothing to handle on failure.
+    [[maybe_unused]] ssize_t n = ::write(wake_fd.get(), &one, sizeof one);
+  }
+
+  void enqueue(Outgoing out) {
+    {
+      std::lock_guard lock(mu);
+      outgoing.push_back(std::move(out));
+    }
+    wake();
+  }
+
+  // ---- the loop ----
+
+  void run() {
+    std::vector<zmq::pollitem_t> items(6);
+    for (;;) {
+      items[0] = {shell.handle(), 0, ZMQ_POLLIN, 0};
+      items[1] = {control.handle(), 0, ZMQ_POLLIN, 0};
+      items[2] = {stdin_sock.handle(), 0, ZMQ_POLLIN, 0};
+      items[3] = {iopub.handle(), 0, ZMQ_POLLIN, 0};
+      items[4] = {hb.handle(), 0, ZMQ_POLLIN, 0};
+      items[5] = {nullptr, wake_fd.get(), ZMQ_POLLIN, 0};
+      auto timeout = heartbeat_tick();
+      try {
+        zmq::poll(items.data(), items.size(), timeout);
+      } catch (const zmq::error_t& e) {
+        if (e.num() == EINTR) {
+          continue;
+        }
+        break;  // the context is gone; nothing more can be done on these sockets
+      }
+      if ((items[5].revents & ZMQ_POLLIN) != 0) {
+        uint64_t value = 0;
+        [[maybe_unused]] ssize_t n = ::read(wake_fd.get(), &value, sizeof value);
+      }
+      if (!drain_outgoing()) {
+        break;
+      }
+      drain(shell, Channel::kShell);
+      drain(control, Channel::kControl);
+      drain(stdin_sock, Channel::kStdin);
+      drain(iopub, Channel::kIopub);
+      drain_heartbeat();
+    }
+    end_all(RequestEnd::kCancelled);
+  }
+
+  // Sends what callers queued. Returns false when the client is stopping.
+  bool drain_outgoing() {
+    std::deque<Outgoing> batch;
+    bool stop = false;
+    {
+      std::lock_guard lock(mu);
+      batch.swap(outgoing);
+      stop = stopping;
+    }
+    if (stop) {
+      return false;
+    }
+    for (auto& out : batch) {
+      const std::string id = out.msg.msg_id();
+      if (out.handlers) {
+        if (!alive.load()) {
+          if (out.handlers->on_end) {
+            out.handlers->on_end(RequestEnd::kKernelDead);
+          }
+          continue;
+        }
+        routes.emplace(id, Route{std::move(*out.handlers)});
+      }
+      std::vector<std::string> frames = protocol::encode(out.msg, signer);
+      zmq::multipart_t multipart;
+      for (auto& f : frames) {
+        multipart.addstr(std::move(f));
+      }
+      try {
+        // DEALER queues while the peer is away (up to the high-water mark); dontwait keeps a
+        // full queue from blocking the loop.
+        if (!multipart.send(socket_for(out.channel), ZMQ_DONTWAIT)) {
+          fail_route(id, RequestEnd::kKernelDead);
+        }
+      } catch (const zmq::error_t&) {
+        fail_route(id, RequestEnd::kKernelDead);
+      }
+    }
+    return true;
+  }
+
+  void drain(zmq::socket_t& socket, Channel channel) {
+    for (;;) {
+      std::vector<zmq::message_t> parts;
+      std::optional<size_t> got;
+      try {
+        got = zmq::recv_multipart(socket, std::back_inserter(parts), zmq::recv_flags::dontwait);
+      } catch (const zmq::error_t&) {
+        return;
+      }
+      if (!got) {
+        return;
+      }
+      std::vector<std::string_view> views;
+      views.reserve(parts.size());
+      for (auto& p : parts) {
+        views.emplace_back(static_cast<const char*>(p.data()), p.size());
+      }
+      auto msg = protocol::decode(std::span<const std::string_view>(views), signer,
+                                  options.limits);
+      if (!msg) {
+        wire_error_count.fetch_add(1);
+        if (options.on_wire_error) {
+          options.on_wire_error(channel, msg.error());
+        }
+        continue;
+      }
+      dispatch(channel, std::move(msg).value());
+    }
+  }
+
+  void dispatch(Channel channel, protocol::Message msg) {
+    if (channel == Channel::kIopub) {
+      iopub_seen.store(true);
+    }
+    auto it = routes.find(msg.parent_msg_id());
+    if (it == routes.end()) {
+      if (options.on_unrouted) {
+        options.on_unrouted(channel, msg);
+      }
+      return;
+    }
+    Route& route = it->second;
+    if (route.handlers.on_message) {
+      route.handlers.on_message(channel, msg);
+    }
+    if (channel == Channel::kShell || channel == Channel::kControl) {
+      route.got_reply = true;
+    } else if (channel == Channel::kIopub && msg.msg_type() == "status" &&
+               msg.content.value("execution_state", "") == "idle") {
+      route.got_idle = true;
+    }
+    if (route.got_reply && (route.got_idle || !route.handlers.wait_for_idle)) {
+      RequestHandlers handlers = std::move(route.handlers);
+      routes.erase(it);
+      if (handlers.on_end) {
+        handlers.on_end(RequestEnd::kComplete);
+      }
+    }
+  }
+
+  void fail_route(const std::string& id, RequestEnd end) {
+    auto it = routes.find(id);
+    if (it == routes.end()) {
+      return;
+    }
+    RequestHandlers handlers = std::move(it->second.handlers);
+    routes.erase(it);
+    if (handlers.on_end) {
+      handlers.on_end(end);
+    }
+  }
+
+  void end_all(RequestEnd end) {
+    auto taken = std::move(routes);
+    routes.clear();
+    for (auto& [id, route] : taken) {
+      if (route.handlers.on_end) {
+        route.handlers.on_end(end);
+      }
+    }
+  }
+
+  // ---- heartbeat ----
+
+  // Sends a ping when one is due, counts misses, and returns how long poll may sleep.
+  std::chrono::milliseconds heartbeat_tick() {
+    const auto interval = options.heartbeat_interval;
+    if (!alive.load()) {
+      return std::chrono::milliseconds(-1);
+    }
+    auto now = Clock::now();
+    if (hb_outstanding && now - hb_sent_at >= interval) {
+      hb_outstanding = false;
+      if (hb_ever_answered && ++hb_misses >= options.heartbeat_misses) {
+        declare_dead("no answer to " + std::to_string(hb_misses) + " heartbeats in a row (" +
+                     std::to_string(hb_misses * interval.count()) + " ms)");
+        return std::chrono::milliseconds(-1);
+      }
+      hb_next_at = now;
+    }
+    if (!hb_outstanding && now >= hb_next_at) {
+      try {
+        if (hb.send(zmq::str_buffer("ping"), zmq::send_flags::dontwait)) {
+          hb_outstanding = true;
+          hb_sent_at = now;
+        } else {
+          hb_next_at = now + interval;
+        }
+      } catch (const zmq::error_t&) {
+        hb_next_at = now + interval;
+      }
+    }
+    auto due = hb_outstanding ? hb_sent_at + interval : hb_next_at;
+    auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(due - now);
+    return std::max(wait, std::chrono::milliseconds(1));
+  }
+
+  void drain_heartbeat() {
+    for (;;) {
+      zmq::message_t reply;
+      std::optional<size_t> got;
+      try {
+        got = hb.recv(reply, zmq::recv_flags::dontwait);
+      } catch (const zmq::error_t&) {
+        return;
+      }
+      if (!got) {
+        return;
+      }
+      if (hb_outstanding) {
+        hb_outstanding = false;
+        hb_ever_answered = true;
+        hb_misses = 0;
+        hb_next_at = hb_sent_at + options.heartbeat_interval;
+      }
+    }
+  }
+
+  void declare_dead(const std::string& reason) {
+    if (!alive.exchange(false)) {
+      return;
+    }
+    if (options.on_dead) {
+      options.on_dead(reason);
+    }
+    end_all(RequestEnd::kKernelDead);
+  }
+};
+
+// ---- public API ------------------------------------------------------------------------------
+
+KernelClient::KernelClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Result<std::unique_ptr<KernelClient>> KernelClient::connect(const ConnectionInfo& info,
+                                                            ClientOptions options) {
+  CELLGATE_ASSIGN_OR_RETURN(protocol::Signer signer,
+                            protocol::Signer::create(info.signature_scheme, info.key));
+  auto impl = std::make_unique<Impl>(info, std::move(options), std::move(signer));
+  CELLGATE_TRY(impl->open_sockets());
+  Impl* raw = impl.get();
+  raw->thread = std::thread([raw] { raw->run(); });
+  return std::unique_ptr<KernelClient>(new KernelClient(std::move(impl)));
+}
+
+KernelClient::~KernelClient() {
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->wake();
+  if (impl_->thread.joinable()) {
+    impl_->thread.join();
+  }
+}
+
+const protocol::Session& KernelClient::session() const { return impl_->session; }
+
+std::string KernelClient::send(Channel channel, protocol::Message msg, RequestHandlers handlers) {
+  std::string id = msg.msg_id();
+  impl_->enqueue(Impl::Outgoing{channel, std::move(msg), std::move(handlers)});
+  return id;
+}
+
+std::string KernelClient::send(Channel channel, std::string_view msg_type, json content,
+                               RequestHandlers handlers) {
+  return send(channel, impl_->session.make(msg_type, std::move(content)), std::move(handlers));
+}
+
+void KernelClient::send_input(const protocol::Message& input_request, std::string value) {
+  protocol::Message reply =
+      impl_->session.make_reply(input_request, "input_reply", json{{"value", std::move(value)}});
+  reply.identities.clear();  // a DEALER adds its own routing id
+  impl_->enqueue(Impl::Outgoing{Channel::kStdin, std::move(reply), std::nullopt});
+}
+
+Result<Collected> KernelClient::request(Channel channel, std::string_view msg_type, json content,
+                                        std::chrono::milliseconds timeout, bool wait_for_idle) {
+  struct Shared {
+    std::mutex mu;
+    std::condition_variable cv;
+    Collected collected;
+    bool done = false;
+  };
+  auto shared = std::make_shared<Shared>();
+  RequestHandlers handlers;
+  handlers.wait_for_idle = wait_for_idle;
+  handlers.on_message = [shared, channel](Channel ch, const protocol::Message& msg) {
+    std::lock_guard lock(shared->mu);
+    shared->collected.messages.emplace_back(ch, msg);
+    if (ch == channel) {
+      shared->collected.reply = msg;
+    }
+  };
+  handlers.on_end = [shared](RequestEnd end) {
+    std::lock_guard lock(shared->mu);
+    shared->collected.end = end;
+    shared->done = true;
+    shared->cv.notify_all();
+  };
+  send(channel, msg_type, std::move(content), std::move(handlers));
+  std::unique_lock lock(shared->mu);
+  if (!shared->cv.wait_for(lock, timeout, [&] { return shared->done; })) {
+    return make_error(ErrorCode::kDeadlineExceeded, "timeout",
+                      std::string(msg_type) + " got no complete answer within " +
+                          std::to_string(timeout.count()) + " ms");
+  }
+  return std::move(shared->collected);
+}
+
+Result<json> KernelClient::wait_ready(std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left <= std::chrono::milliseconds(0)) {
+      break;
+    }
+    // Until iopub is live the idle status may be lost, so wait for the reply alone; the kernel
+    // publishes status for every request, which proves the subscription once it arrives.
+    auto attempt = request(Channel::kShell, "kernel_info_request", json::object(),
+                           std::min(left, std::chrono::milliseconds(1000)), false);
+    if (attempt && attempt->end == RequestEnd::kKernelDead) {
+      return make_error(ErrorCode::kUnavailable, "kernel_dead", "the kernel died while starting");
+    }
+    if (attempt && attempt->reply) {
+      // Give iopub a moment to deliver the status of this request.
+      for (int i = 0; i < 50 && !impl_->iopub_seen.load(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      if (impl_->iopub_seen.load()) {
+        return attempt->reply->content;
+      }
+    }
+  }
+  return make_error(ErrorCode::kDeadlineExceeded, "kernel_not_ready",
+                    "the kernel did not answer kernel_info_request within " +
+                        std::to_string(timeout.count()) + " ms");
+}
+
+bool KernelClient::is_alive() const { return impl_->alive.load(); }
+std::size_t KernelClient::wire_errors() const { return impl_->wire_error_count.load(); }
+
+}  // namespace cellgate::kernel
