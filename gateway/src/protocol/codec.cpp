@@ -34,20 +34,28 @@ Signer::Signer(Signer&&) noexcept = default;
 Signer& Signer::operator=(Signer&&) noexcept = default;
 
 Result<Signer> Signer::create(std::string_view scheme, std::string key) {
-  Signer signer;
-  if (key.empty()) {
-    return signer;
-  }
-  // xeus looks the digest up in a std::map with at(): an unknown scheme throws out_of_range.
-  // The adapter turns that into an error value.
-  try {
-    signer.auth_ = xeus::make_xauthentication(std::string(scheme), key);
-    // Probe once: some failures only show on first use.
-    (void)signer.sign("{}", "{}", "{}", "{}");
-  } catch (const std::exception& e) {
+  auto unsupported = [&](const std::string& why) {
     return make_error(ErrorCode::kInvalidArgument, "bad_signature_scheme",
                       "unsupported signature_scheme '" + std::string(scheme) +
-                          "' (use hmac-sha256): " + e.what());
+                          "' (use hmac-sha256)" + why);
+  };
+  // Only HMAC schemes sign anything; xeus would accept others and then verify nothing.
+  if (!scheme.starts_with("hmac-")) {
+    return unsupported("");
+  }
+  Signer signer;
+  // The scheme is checked even when the key is empty and nothing will be signed.
+  // xeus looks the digest up with std::map::at: an unknown one throws out_of_range, which the
+  // adapter turns into an error value.
+  try {
+    signer.auth_ = xeus::make_xauthentication(std::string(scheme), key);
+    signer.signature_size_ = signer.auth_->sign(raw(""), raw(""), raw(""), raw("")).size();
+  } catch (const std::exception& e) {
+    return unsupported(std::string(": ") + e.what());
+  }
+  if (key.empty()) {
+    signer.auth_.reset();
+    signer.signature_size_ = 0;
   }
   return signer;
 }
@@ -65,6 +73,11 @@ bool Signer::verify(std::string_view signature, std::string_view header,
                     std::string_view content) const {
   if (!auth_) {
     return true;
+  }
+  // xeus compares only as many bytes as its own hex digest has: a shorter frame would be read
+  // past its end and a longer one would pass with junk appended. The length is not secret.
+  if (signature.size() != signature_size_) {
+    return false;
   }
   // xeus compares with CRYPTO_memcmp (constant time) after hex-encoding its own digest.
   return auth_->verify(raw(signature), raw(header), raw(parent_header), raw(metadata),

@@ -1,7 +1,10 @@
 #include "cellgate/protocol/message.hpp"
 
 #include <xeus/xguid.hpp>
-#include <xeus/xmessage.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
 
 namespace cellgate::protocol {
 namespace {
@@ -34,7 +37,22 @@ std::string new_uuid() {
          hex.substr(16, 4) + '-' + hex.substr(20);
 }
 
-std::string iso8601_now() { return xeus::iso8601_now(); }
+std::string iso8601_now() {
+  // Not xeus::iso8601_now(): xeus 2.4.1 does not zero-pad the fraction, so 576 us comes out as
+  // ".576Z", which every reader takes for 576 ms.
+  const auto now = std::chrono::system_clock::now();
+  const auto micros =
+      std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() %
+      1000000;
+  const std::time_t secs = std::chrono::system_clock::to_time_t(now);
+  std::tm tm{};
+  ::gmtime_r(&secs, &tm);
+  char buf[96];  // roomy: -Wformat-truncation reasons about any int year
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06lldZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                static_cast<long long>(micros));
+  return buf;
+}
 
 Session::Session(std::string username, std::string session_id)
     : username_(std::move(username)), session_id_(std::move(session_id)) {}

@@ -57,6 +57,7 @@ class Signer {
 
  private:
   std::unique_ptr<xeus::xauthentication> auth_;
+  std::size_t signature_size_ = 0;  // hex digest length: 64 for hmac-sha256
 };
 
 struct Limits {
