@@ -651,8 +651,8 @@ TEST(Codec, UnknownSignatureSchemeIsAnErrorValue) {
 }
 
 // xeus maps the scheme "none" to an authenticator that signs with "" and accepts anything, so
-// Signer::create("none", key) gives a Signer whose enabled() is true but that checks nothing.
-// Enable once Signer::create rejects it.
+// Signer::create("none", key) must not give a Signer whose enabled() is true but that checks
+// nothing.
 TEST(Codec, SchemeNoneWithAKeyIsRejectedOrVerifies) {
   auto signer = Signer::create("none", "secret");
   if (signer) {
@@ -715,9 +715,9 @@ TEST(Session, MakeBuildsASpecHeader) {
   EXPECT_TRUE(msg.identities.empty());
 }
 
-// Spec dates are ISO 8601 with microseconds. xeus::iso8601_now() (behind iso8601_now()) does
-// not zero-pad them: 576 us comes out as ".576Z", which readers take for 576 ms, about one date
-// in ten. Enable once iso8601_now() formats the date itself.
+// Spec dates are ISO 8601 with microseconds. xeus::iso8601_now() does not zero-pad them: 576 us
+// comes out as ".576Z", which readers take for 576 ms, about one date in ten; cellgate formats
+// its own.
 TEST(Session, DatesHaveSixDigitMicroseconds) {
   const Session session;
   for (int i = 0; i < 2000; ++i) {
