@@ -127,9 +127,17 @@ TEST_F(KernelClientTest, OutputsArriveInOrderWithTheRightParent) {
     }
   }
   EXPECT_TRUE(png_ok) << "display_data carried no PNG";
-  // The last iopub message of the request is status idle.
-  EXPECT_EQ(c.messages.back().second.msg_type(), "status");
-  EXPECT_EQ(c.messages.back().second.content["execution_state"], "idle");
+  // The last iopub message of the request is status idle. (The shell reply travels on another
+  // socket and may arrive before or after it.)
+  const protocol::Message* last_iopub = nullptr;
+  for (const auto& [ch, msg] : c.messages) {
+    if (ch == Channel::kIopub) {
+      last_iopub = &msg;
+    }
+  }
+  ASSERT_NE(last_iopub, nullptr);
+  EXPECT_EQ(last_iopub->msg_type(), "status");
+  EXPECT_EQ(last_iopub->content["execution_state"], "idle");
 }
 
 TEST_F(KernelClientTest, ErrorArrivesWithNameAndTraceback) {
