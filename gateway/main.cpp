@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
   exec_cmd->add_option("-k,--kernel", exec.kernel, "kernelspec name")->capture_default_str();
   exec_cmd->add_option("-t,--timeout", exec.timeout_seconds,
                        "interrupt the cell after this many seconds (0: never)");
+  exec_cmd->add_flag("--no-jail", exec.no_jail, "run the kernel unjailed (not for untrusted code)");
+  exec_cmd->add_option("--jail-spec", exec.jail_spec, "jail spec JSON (limits, mounts, env)");
 
   CLI11_PARSE(app, argc, argv);
   if (exec_cmd->parsed()) {

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "cellgate/launcher/status.hpp"
+#include "report.hpp"
 #include "cellgate/result.hpp"
 #include "cellgate/unique_fd.hpp"
 
@@ -22,25 +23,6 @@ namespace cellgate::launcher {
 namespace {
 
 constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
-
-void write_all(int fd, const std::string& text) {
-  if (fd < 0) {
-    return;
-  }
-  std::size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) {
-      continue;
-    }
-    if (n <= 0) {
-      return;  // the reader went away; the kernel still runs and is still reaped
-    }
-    done += static_cast<std::size_t>(n);
-  }
-}
-
-void report(int fd, const StatusEvent& ev) { write_all(fd, ev.to_line()); }
 
 // Tells the parent which step failed and why, then ends the child.
 [[noreturn]] void child_fail(int err_fd, int stage) {

@@ -36,6 +36,9 @@ std::string StatusEvent::to_line() const {
   nlohmann::json j;
   if (kind == Kind::kStarted) {
     j = {{"event", "started"}, {"pid", pid}};
+    if (!connection_file.empty()) {
+      j["connection_file"] = connection_file;
+    }
   } else {
     j = {{"event", "exited"}, {"reason", to_string(reason)}, {"pid", pid}};
     if (reason == ExitReason::kOk) {
@@ -48,6 +51,12 @@ std::string StatusEvent::to_line() const {
     }
     if (!message.empty()) {
       j["message"] = message;
+    }
+    if (memory_peak_bytes != 0) {
+      j["memory_peak_bytes"] = memory_peak_bytes;
+    }
+    if (oom_kills != 0) {
+      j["oom_kills"] = oom_kills;
     }
   }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
@@ -83,10 +92,13 @@ bool StatusEvent::parse_object(const nlohmann::json& j, StatusEvent& ev) {
     ev.exit_code = j.value("exit_code", 0);
     ev.signal = j.value("signal", 0);
     ev.message = j.value("message", "");
+    ev.memory_peak_bytes = j.value("memory_peak_bytes", std::uint64_t{0});
+    ev.oom_kills = j.value("oom_kills", std::uint64_t{0});
   } else {
     return false;
   }
   ev.pid = j.value("pid", 0);
+  ev.connection_file = j.value("connection_file", "");
   return true;
 }
 

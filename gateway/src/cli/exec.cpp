@@ -168,6 +168,17 @@ int run_exec(const ExecOptions& options) {
   kernel::LaunchRequest launch;
   launch.spec = std::move(spec).value();
   launch.die_with_parent = true;
+  if (!options.no_jail) {
+    jail::JailSpec jail_spec;
+    if (!options.jail_spec.empty()) {
+      auto loaded = jail::JailSpec::load(options.jail_spec);
+      if (!loaded) {
+        return fail(loaded.error().describe());
+      }
+      jail_spec = std::move(loaded).value();
+    }
+    launch.jail = std::move(jail_spec);
+  }
   auto process = kernel::KernelProcess::start(std::move(launch));
   if (!process) {
     return fail(process.error().describe());
@@ -184,6 +195,7 @@ int run_exec(const ExecOptions& options) {
   if (auto ready = client.wait_ready(30s); !ready) {
     if (auto ended = kp.poll_exit()) {
       return fail(std::string("the kernel exited while starting (") +
+                  (ended->message.empty() ? "" : ended->message + "; ") +
                   launcher::to_string(ended->reason) + "); its log ends with:\n" +
                   kp.log_tail());
     }
@@ -214,7 +226,7 @@ int run_exec(const ExecOptions& options) {
       if (auto ended = kp.poll_exit()) {
         std::cerr << "cellgate exec: the kernel died (" << launcher::to_string(ended->reason)
                   << (ended->signal != 0 ? ", signal " + std::to_string(ended->signal) : "")
-                  << ")\n";
+                  << (ended->message.empty() ? "" : ": " + ended->message) << ")\n";
         return kExitKernelDied;
       }
       if (deadline && Clock::now() > *deadline) {

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <spawn.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -36,17 +37,20 @@ std::string executable_dir() {
   return ec ? std::string(".") : exe.parent_path().string();
 }
 
-std::map<std::string, std::string> default_kernel_env(const std::string& work_dir) {
-  std::string cache = env_or("XDG_CACHE_HOME", env_or("HOME", "/tmp") + "/.cache");
-  return {
+std::map<std::string, std::string> default_kernel_env(const std::string& work_dir, bool jailed) {
+  std::map<std::string, std::string> env = {
       {"PATH", "/usr/local/bin:/usr/bin:/bin"},
       {"LANG", "C.UTF-8"},
-      {"HOME", work_dir},
-      {"MPLCONFIGDIR", cache + "/cellgate/matplotlib"},
       {"PYTHONUNBUFFERED", "1"},
       // ipykernel's debugger warns on stderr about frozen modules at every start.
       {"PYDEVD_DISABLE_FILE_VALIDATION", "1"},
   };
+  if (!jailed) {
+    std::string cache = env_or("XDG_CACHE_HOME", env_or("HOME", "/tmp") + "/.cache");
+    env["HOME"] = work_dir;
+    env["MPLCONFIGDIR"] = cache + "/cellgate/matplotlib";
+  }
+  return env;
 }
 
 Result<std::unique_ptr<KernelProcess>> KernelProcess::start(LaunchRequest request) {
@@ -65,19 +69,53 @@ Result<std::unique_ptr<KernelProcess>> KernelProcess::start(LaunchRequest reques
     return errno_error(ErrorCode::kInternal, "runtime_dir", "mkdir('" + kp->work_dir_ + "')",
                        errno);
   }
-  if (request.transport == "tcp") {
+  kp->jailed_ = request.jail.has_value();
+  // The connection dir holds the ipc sockets and, for a jailed kernel, is bound into the jail.
+  const std::string conn_dir = templ + "/conn";
+  if (::mkdir(conn_dir.c_str(), 0700) != 0) {
+    return errno_error(ErrorCode::kInternal, "runtime_dir", "mkdir('" + conn_dir + "')", errno);
+  }
+  if (request.transport == "tcp" && !kp->jailed_) {
     CELLGATE_ASSIGN_OR_RETURN(kp->connection_, ConnectionInfo::make_tcp());
   } else {
-    kp->connection_ = ConnectionInfo::make_ipc(templ + "/k");
+    kp->connection_ = ConnectionInfo::make_ipc(conn_dir + "/k");
   }
   kp->connection_.kernel_name = request.spec.name;
-  kp->connection_file_ = templ + "/connection.json";
+  kp->connection_file_ = conn_dir + "/connection.json";
   CELLGATE_TRY(kp->connection_.save(kp->connection_file_));
 
   std::string launcher = request.launcher_path.empty() ? executable_dir() + "/cellgate-kernel"
                                                        : request.launcher_path;
   std::vector<std::string> args = {launcher, "--status-fd", std::to_string(kLauncherStatusFd),
-                                   "--cwd", kp->work_dir_};
+                                   "--connection-file", kp->connection_file_};
+  auto env_map = request.env.empty() ? default_kernel_env(kp->work_dir_, kp->jailed_) : request.env;
+  for (auto& [k, v] : request.spec.env.items()) {
+    if (v.is_string()) {
+      env_map[k] = v.get<std::string>();
+    }
+  }
+  if (kp->jailed_) {
+    jail::JailSpec spec = *request.jail;
+    if (spec.work_dir.empty()) {
+      spec.work_dir = kp->work_dir_;
+    }
+    spec.env = env_map;
+    const std::string spec_file = templ + "/jail.json";
+    {
+      std::ofstream out(spec_file);
+      out << spec.to_json().dump(1);
+      if (!out) {
+        return errno_error(ErrorCode::kInternal, "runtime_dir", "write('" + spec_file + "')",
+                           errno);
+      }
+    }
+    args.insert(args.end(), {"--spec", spec_file});
+    kp->work_mounted_ = spec.work_dir == kp->work_dir_;
+    // The launcher's own environment: nothing but what was asked (the kernel's is the spec's).
+    env_map = request.launcher_env;
+  } else {
+    args.insert(args.end(), {"--no-jail", "--cwd", kp->work_dir_});
+  }
   if (request.die_with_parent) {
     args.emplace_back("--die-with-parent");
   }
@@ -86,12 +124,6 @@ Result<std::unique_ptr<KernelProcess>> KernelProcess::start(LaunchRequest reques
     args.push_back(std::move(a));
   }
 
-  auto env_map = request.env.empty() ? default_kernel_env(kp->work_dir_) : request.env;
-  for (auto& [k, v] : request.spec.env.items()) {
-    if (v.is_string()) {
-      env_map[k] = v.get<std::string>();
-    }
-  }
   std::vector<std::string> env_strings;
   for (auto& [k, v] : env_map) {
     env_strings.push_back(k + "=" + v);
@@ -168,6 +200,10 @@ Result<std::unique_ptr<KernelProcess>> KernelProcess::start(LaunchRequest reques
   // A kernel that exits at once (bad argv, missing module) starts, then ends: callers see that
   // through poll_exit() and log_tail().
   kp->kernel_pid_ = kp->started_->pid;
+  if (!kp->started_->connection_file.empty()) {
+    CELLGATE_ASSIGN_OR_RETURN(kp->connection_,
+                              ConnectionInfo::load(kp->started_->connection_file));
+  }
   return kp;
 }
 
@@ -230,9 +266,8 @@ Result<void> KernelProcess::signal(int sig) {
   if (kernel_pid_ <= 0 || exited_) {
     return make_error(ErrorCode::kFailedPrecondition, "not_running", "the kernel is not running");
   }
-  // The launcher put the kernel in its own process group: the signal reaches its children too
-  // (a `!command` running in the kernel), as jupyter_client's killpg does.
-  if (::kill(-kernel_pid_, sig) != 0) {
+  // The launcher forwards it to the kernel (through the jail's init when jailed).
+  if (::kill(launcher_pid_, sig) != 0) {
     return errno_error(ErrorCode::kInternal, "signal",
                        "kill(" + std::to_string(kernel_pid_) + ", " + std::to_string(sig) + ")",
                        errno);
@@ -260,7 +295,9 @@ std::optional<launcher::StatusEvent> KernelProcess::wait_exit(std::chrono::milli
 KernelProcess::~KernelProcess() {
   if (launcher_pid_ > 0) {
     if (kernel_pid_ > 0 && !poll_exit()) {
-      ::kill(-kernel_pid_, SIGKILL);
+      // A jailed kernel's pid is its jail's init: killing it ends the whole pid namespace. An
+      // unjailed kernel leads its own process group.
+      ::kill(jailed_ ? kernel_pid_ : -kernel_pid_, SIGKILL);
       wait_exit(std::chrono::milliseconds(2000));
     }
     if (!exited_) {
@@ -269,6 +306,11 @@ KernelProcess::~KernelProcess() {
     int wstatus = 0;
     while (::waitpid(launcher_pid_, &wstatus, 0) < 0 && errno == EINTR) {
     }
+  }
+  if (work_mounted_) {
+    // The launcher mounted a size-capped tmpfs on the work dir (it outlives the kernel so a
+    // restart keeps the files); it goes with the runtime dir.
+    ::umount2(work_dir_.c_str(), MNT_DETACH);
   }
   if (!runtime_dir_.empty()) {
     std::error_code ec;

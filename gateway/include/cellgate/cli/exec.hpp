@@ -8,6 +8,8 @@
 // one-line note for images); an error prints its traceback to stderr. input() reads a line from
 // the terminal when the code did not come from stdin.
 //
+// The kernel runs jailed (see jail/README.md) unless --no-jail is given.
+//
 // Exit codes: 0 ok, 1 the cell raised, 2 usage or start-up failure, 3 the kernel died,
 // 124 the timeout passed (the cell was interrupted).
 #pragma once
@@ -21,6 +23,8 @@ struct ExecOptions {
   std::string file;               // read the cell from this file ("-": stdin)
   std::string kernel = "python3";  // kernelspec name
   double timeout_seconds = 0;      // 0: no limit
+  bool no_jail = false;            // run the kernel unjailed (explicit only)
+  std::string jail_spec;           // a JailSpec JSON file; "": the defaults
 };
 
 int run_exec(const ExecOptions& options);

@@ -21,6 +21,7 @@
 #include <optional>
 #include <string>
 
+#include "cellgate/jail/spec.hpp"
 #include "cellgate/kernel/connection.hpp"
 #include "cellgate/launcher/status.hpp"
 #include "cellgate/result.hpp"
@@ -35,16 +36,24 @@ struct LaunchRequest {
   // Parent of the per-kernel runtime directory; "" means $TMPDIR or /tmp.
   std::string runtime_parent;
   // The kernel's entire environment. Nothing else from the caller's environment is passed.
+  // For a jailed kernel it becomes the spec's env (HOME is the jail's work dir).
   std::map<std::string, std::string> env;
+  // The jail. nullopt runs the kernel unjailed, which must be the operator's explicit choice.
+  // The spec's work_dir is set to the runtime dir's work/ (a size-capped tmpfs) when empty.
+  std::optional<jail::JailSpec> jail;
+  // Jailed only: the launcher's own environment, which the kernel must never see (tests put a
+  // canary here). Empty by default.
+  std::map<std::string, std::string> launcher_env;
   bool die_with_parent = false;
   // "ipc" (sockets in the runtime dir; what jailed kernels use) or "tcp" (loopback ports).
   std::string transport = "ipc";
   std::chrono::milliseconds start_timeout{10000};
 };
 
-// The environment a kernel gets when nobody asks for more: a PATH, a UTF-8 locale, HOME at the
-// work dir, and a matplotlib cache shared by all kernels so each does not rebuild the font list.
-std::map<std::string, std::string> default_kernel_env(const std::string& work_dir);
+// The environment a kernel gets when nobody asks for more: a PATH, a UTF-8 locale, unbuffered
+// Python, ipykernel's debugger quiet. Unjailed kernels also get HOME at their work dir and a
+// matplotlib cache shared by all kernels; jailed ones get HOME=/home/kernel from the launcher.
+std::map<std::string, std::string> default_kernel_env(const std::string& work_dir, bool jailed);
 
 // The directory holding the running executable (/proc/self/exe).
 std::string executable_dir();
@@ -66,7 +75,9 @@ class KernelProcess {
   std::string log_tail(std::size_t max_bytes = 2000) const;
   pid_t pid() const { return kernel_pid_; }
 
-  // Sends a signal to the kernel (SIGINT interrupts an ipykernel).
+  bool jailed() const { return jailed_; }
+  // Sends a signal to the kernel (SIGINT interrupts an ipykernel), through the launcher, which
+  // forwards it (into the jail).
   Result<void> signal(int sig);
   // The launcher's "exited" report once the kernel has ended; nullopt while it runs.
   std::optional<launcher::StatusEvent> poll_exit();
@@ -82,6 +93,8 @@ class KernelProcess {
   std::string connection_file_;
   std::string work_dir_;
   std::string log_file_;
+  bool jailed_ = false;
+  bool work_mounted_ = false;
   pid_t launcher_pid_ = -1;
   pid_t kernel_pid_ = -1;
   UniqueFd status_fd_;

@@ -19,12 +19,24 @@ namespace cellgate::launcher {
 struct LaunchOptions {
   std::vector<std::string> argv;  // the kernel's argv; argv[0] is a path or a name on PATH
   int status_fd = -1;             // -1: no status reports
-  std::string cwd;                // "" : inherit
+  std::string cwd;                // "" : inherit (unjailed only; a jailed kernel starts in its work dir)
   bool die_with_parent = false;   // SIGKILL the kernel when the launcher's parent dies
+  bool jail = true;               // false: run unjailed (an explicit operator choice)
+  std::string spec_path;          // JailSpec JSON; "": the defaults
+  // The kernel's connection file on the host. In the jail it becomes kJailConnDir/kernel.json
+  // (ipc endpoints) and every argv element equal to this path is replaced by that.
+  std::string connection_file;
 };
 
 // Runs the kernel to completion. Returns the launcher's exit code: the kernel's exit code,
 // 128 + signal if it was killed, or 127 when it could not be started.
 int run_exec_mode(const LaunchOptions& options);
+
+// The jailed variant (src/jailed.cpp): the same contract, with the jail's steps between fork
+// and exec. A limit that cannot be enforced ends it with setup_error before the kernel runs.
+int run_jailed_mode(const LaunchOptions& options);
+
+// Prints what the host supports (cgroups, user namespaces, Landlock, seccomp) as one line.
+int run_probe_host();
 
 }  // namespace cellgate::launcher

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -38,6 +39,12 @@ struct StatusEvent {
   int exit_code = 0;                    // kOk
   int signal = 0;                       // kSignaled
   std::string message;                  // details for people
+  // kStarted: the connection file the gateway should use when it differs from the one given
+  // (a tcp file was rewritten to ipc endpoints in the kernel's connection dir).
+  std::string connection_file;
+  // kExited, jailed kernels: from the kernel's cgroup.
+  std::uint64_t memory_peak_bytes = 0;
+  std::uint64_t oom_kills = 0;
 
   std::string to_line() const;  // JSON + '\n'
   static Result<StatusEvent> parse_line(std::string_view line);

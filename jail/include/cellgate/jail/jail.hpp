@@ -1,0 +1,78 @@
+// The jail's steps. Each is a named function returning a Result whose message names the syscall
+// that failed and its arguments; run_steps() applies a list in order and stops at the first
+// failure, prefixing its name — nsjail's containProc as a checklist.
+//
+// The launcher (kernel-launcher/src/jailed.cpp) uses them in this order:
+//   host, as root:   cgroup created and the child added            (cgroup.hpp)
+//   child = pid 1 of new mount, pid, net, ipc, uts namespaces (clone_jailed()):
+//     "cgroup namespace" → "root filesystem" → "hostname"
+//   kernel, forked by pid 1, just before execve:
+//     "session" → "rlimits" → "credentials" → "no_new_privs" → "file descriptors" → "seccomp"
+//
+// Thread-safety: these change the calling process; call them from a single-threaded process.
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cellgate/jail/spec.hpp"
+#include "cellgate/result.hpp"
+
+namespace cellgate::jail {
+
+struct Step {
+  const char* name;
+  std::function<Result<void>()> run;
+};
+
+// Runs the steps in order; the first failure is returned as "<step>: <message>".
+Result<void> run_steps(const std::vector<Step>& steps);
+
+// clone(2) into new mount, pid, net, ipc and uts namespaces, fork-style (no new stack): returns
+// the child's pid in the parent and 0 in the child, which is pid 1 of its pid namespace.
+Result<pid_t> clone_jailed();
+
+// Child steps.
+Result<void> enter_cgroup_namespace();
+struct RootPaths {
+  std::string staging;       // an empty root-owned directory to build the new root on
+  std::string conn_dir;      // host path, bound at kJailConnDir
+  std::string work_dir;      // host path bound at kJailWorkDir, or "" for a private tmpfs
+};
+Result<void> build_root(const JailSpec& spec, const RootPaths& paths, uid_t uid, gid_t gid);
+Result<void> set_hostname(const std::string& name);
+
+// Kernel steps.
+Result<void> new_session();
+Result<void> apply_rlimits(const JailSpec& spec);
+// setgroups(0), setresgid, setresuid; the bounding set, ambient, effective, permitted and
+// inheritable capabilities all emptied; securebits locked so uid 0 can never regain them.
+Result<void> drop_privileges(uid_t uid, gid_t gid);
+Result<void> set_no_new_privs();
+// Closes every descriptor above 2 except `keep` (-1: none).
+Result<void> close_inherited_fds(int keep = -1);
+
+// Host side: a size-capped tmpfs on the host's work dir unless it already is a mount point.
+// Returns true when it mounted one.
+Result<bool> mount_work_tmpfs(const std::string& work_dir, std::uint64_t bytes, uid_t uid,
+                              gid_t gid);
+// The staging directory for new roots (/run/cellgate/root), checked to be a root-owned real
+// directory, created if missing.
+Result<std::string> staging_dir();
+
+// What this host supports, for the start-up log and for failing closed with a clear reason.
+struct HostSupport {
+  bool root = false;
+  bool user_namespaces = false;
+  int landlock_abi = 0;  // 0: none
+  std::string cgroup;    // CgroupHost::describe(), or why none was found
+  std::string seccomp;
+  std::string kernel_release;
+  std::string describe() const;
+};
+HostSupport probe_host();
+
+}  // namespace cellgate::jail

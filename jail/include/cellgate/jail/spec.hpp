@@ -1,0 +1,90 @@
+// JailSpec: everything the jail applies to one kernel, as a value (and as JSON for --spec).
+//
+//   JailSpec spec;                       // the defaults: 1 CPU, 1 GiB, 256 pids, no network, …
+//   spec.work_dir = "/var/lib/cellgate/k1/work";
+//   spec.env = {{"PATH", "/usr/bin:/bin"}};
+//   std::string text = spec.to_json().dump();
+//   auto back = JailSpec::from_json(nlohmann::json::parse(text));
+//
+// Inside the jail the kernel sees: / (read-only tmpfs) with /usr, /bin, /lib… bound read-only,
+// a synthesized /etc (passwd, group, hosts) plus a few read-only host files, a fresh /proc,
+// a minimal /dev with a /dev/shm tmpfs, a size-capped /tmp, its work dir at /home/kernel
+// (writable, size-capped) and its connection dir at /run/kernel (writable, noexec).
+//
+// Limits a host cannot enforce stop the kernel from starting unless named in `optional`:
+// "memory", "swap", "pids", "cpu", "work_size" (a tmpfs for the work dir).
+//
+// Thread-safety: a value type.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cellgate/result.hpp"
+
+namespace cellgate::jail {
+
+inline constexpr const char* kJailWorkDir = "/home/kernel";
+inline constexpr const char* kJailConnDir = "/run/kernel";
+// Per-kernel uids are kUidBase + the launcher's pid unless the spec names one: unique among live
+// kernels (pids are), never a host user's, never 0.
+inline constexpr uid_t kUidBase = 1000000;
+
+struct BindMount {
+  std::string source;  // host path
+  std::string target;  // path inside the jail
+  bool writable = false;
+};
+
+struct JailSpec {
+  // cgroup limits
+  std::uint64_t memory_bytes = 1ull << 30;
+  std::int64_t pids = 256;
+  double cpus = 1.0;
+  // filesystem sizes
+  std::uint64_t tmp_bytes = 64ull << 20;
+  std::uint64_t work_bytes = 512ull << 20;
+  std::uint64_t shm_bytes = 16ull << 20;
+  std::uint64_t tmp_inodes = 16384;
+  // rlimits
+  std::uint64_t nofile = 1024;
+  std::uint64_t fsize_bytes = 1ull << 30;
+  std::uint64_t memlock_bytes = 64ull << 10;
+  // wall-clock limit for the whole kernel; 0: none
+  double time_limit_seconds = 0;
+
+  std::optional<uid_t> uid;  // default kUidBase + launcher pid
+  std::optional<gid_t> gid;  // default = uid
+  std::string hostname = "jail";
+  std::string name;  // the kernel's name, used for its cgroup; default "k<launcher pid>"
+  std::string cgroup_group = "cellgate";
+
+  // Host directory bound at /home/kernel. "" means a private tmpfs (lost when the kernel ends).
+  // When set, the launcher mounts a tmpfs of work_bytes on it (in the host's mount namespace,
+  // unless it already is a mount point) so the size cap holds and the gateway can see the files.
+  std::string work_dir;
+  std::vector<BindMount> binds;  // extra mounts (e.g. a probe binary in tests)
+  // Host files and dirs under /etc bound read-only when they exist (ld.so.cache, fonts, …).
+  std::vector<std::string> etc_binds = {
+      "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "localtime", "protocols",
+      "services", "matplotlibrc", "mime.types", "alternatives", "fonts", "python3",
+      "python3.11", "ssl"};
+
+  // The kernel's entire environment.
+  std::map<std::string, std::string> env = {{"PATH", "/usr/local/bin:/usr/bin:/bin"},
+                                            {"LANG", "C.UTF-8"}};
+  std::set<std::string> optional;
+
+  nlohmann::json to_json() const;
+  static Result<JailSpec> from_json(const nlohmann::json& j);
+  static Result<JailSpec> load(const std::string& path);
+};
+
+}  // namespace cellgate::jail

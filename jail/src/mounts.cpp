@@ -1,0 +1,266 @@
+// The jail's root filesystem: a fresh tmpfs with read-only binds of what Python needs, a new
+// /proc, a minimal /dev, size-capped /tmp and work dir, the connection dir; then pivot_root and
+// the old root detached.
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <fstream>
+#include <string>
+
+#include "cellgate/jail/jail.hpp"
+#include "cellgate/unique_fd.hpp"
+
+namespace cellgate::jail {
+namespace {
+
+Error fail(const std::string& call) {
+  return errno_error(ErrorCode::kFailedPrecondition, "mount", call, errno);
+}
+
+std::string flags_text(unsigned long flags) {
+  std::string s;
+  auto add = [&](unsigned long f, const char* name) {
+    if ((flags & f) != 0) {
+      s += s.empty() ? name : std::string("|") + name;
+    }
+  };
+  add(MS_BIND, "MS_BIND");
+  add(MS_REC, "MS_REC");
+  add(MS_REMOUNT, "MS_REMOUNT");
+  add(MS_RDONLY, "MS_RDONLY");
+  add(MS_NOSUID, "MS_NOSUID");
+  add(MS_NODEV, "MS_NODEV");
+  add(MS_NOEXEC, "MS_NOEXEC");
+  add(MS_PRIVATE, "MS_PRIVATE");
+  return s.empty() ? "0" : s;
+}
+
+Result<void> do_mount(const std::string& source, const std::string& target, const char* fstype,
+                      unsigned long flags, const std::string& data = "") {
+  if (::mount(source.empty() ? nullptr : source.c_str(), target.c_str(), fstype, flags,
+              data.empty() ? nullptr : data.c_str()) != 0) {
+    return fail("mount('" + source + "', '" + target + "', " + (fstype ? fstype : "NULL") +
+                ", " + flags_text(flags) + (data.empty() ? "" : ", '" + data + "'") + ")");
+  }
+  return {};
+}
+
+Result<void> make_dir(const std::string& path, mode_t mode = 0755) {
+  if (::mkdir(path.c_str(), mode) != 0 && errno != EEXIST) {
+    return fail("mkdir('" + path + "')");
+  }
+  return {};
+}
+
+Result<void> make_file(const std::string& path, const std::string& content = "",
+                       mode_t mode = 0644) {
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode));
+  if (!fd) {
+    return fail("open('" + path + "', O_CREAT)");
+  }
+  if (!content.empty() &&
+      ::write(fd.get(), content.data(), content.size()) != static_cast<ssize_t>(content.size())) {
+    return fail("write('" + path + "')");
+  }
+  return {};
+}
+
+// Binds `source` on `target` (created as a dir or file to match), then remounts it with `flags`
+// (a bind mount ignores flags on its first mount).
+Result<void> bind_mount(const std::string& source, const std::string& target, unsigned long flags) {
+  struct stat st {};
+  if (::stat(source.c_str(), &st) != 0) {
+    return fail("stat('" + source + "')");
+  }
+  if (S_ISDIR(st.st_mode)) {
+    CELLGATE_TRY(make_dir(target));
+  } else {
+    CELLGATE_TRY(make_file(target));
+  }
+  CELLGATE_TRY(do_mount(source, target, nullptr, MS_BIND | MS_REC));
+  return do_mount("", target, nullptr, MS_REMOUNT | MS_BIND | flags);
+}
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+bool is_symlink(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+}
+
+Result<void> build_etc(const JailSpec& spec, const std::string& root, uid_t uid, gid_t gid) {
+  const std::string etc = root + "/etc";
+  CELLGATE_TRY(make_dir(etc));
+  const std::string u = std::to_string(uid);
+  const std::string g = std::to_string(gid);
+  CELLGATE_TRY(make_file(etc + "/passwd", "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+                                          "kernel:x:" + u + ":" + g + ":kernel:" + kJailWorkDir +
+                                              ":/usr/sbin/nologin\n"
+                                              "nobody:x:65534:65534:nobody:/nonexistent:/usr/"
+                                              "sbin/nologin\n"));
+  CELLGATE_TRY(make_file(etc + "/group", "root:x:0:\nkernel:x:" + g + ":\nnogroup:x:65534:\n"));
+  CELLGATE_TRY(make_file(etc + "/hostname", spec.hostname + "\n"));
+  CELLGATE_TRY(make_file(etc + "/hosts", "127.0.0.1 localhost " + spec.hostname +
+                                             "\n::1 localhost ip6-localhost\n"));
+  for (const auto& name : spec.etc_binds) {
+    const std::string source = "/etc/" + name;
+    if (!exists(source)) {
+      continue;
+    }
+    CELLGATE_TRY(bind_mount(source, etc + "/" + name, MS_RDONLY | MS_NOSUID | MS_NODEV));
+  }
+  return {};
+}
+
+Result<void> build_dev(const JailSpec& spec, const std::string& root) {
+  const std::string dev = root + "/dev";
+  CELLGATE_TRY(make_dir(dev));
+  // Not nodev: the device binds below must work. Read-only once populated.
+  CELLGATE_TRY(do_mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k"));
+  for (const char* node : {"null", "zero", "full", "random", "urandom"}) {
+    CELLGATE_TRY(bind_mount(std::string("/dev/") + node, dev + "/" + node, MS_NOSUID | MS_NOEXEC));
+  }
+  const std::pair<const char*, const char*> links[] = {{"/proc/self/fd", "fd"},
+                                                       {"/proc/self/fd/0", "stdin"},
+                                                       {"/proc/self/fd/1", "stdout"},
+                                                       {"/proc/self/fd/2", "stderr"}};
+  for (const auto& [to, name] : links) {
+    if (::symlink(to, (dev + "/" + name).c_str()) != 0) {
+      return fail(std::string("symlink('") + to + "', '" + dev + "/" + name + "')");
+    }
+  }
+  CELLGATE_TRY(make_dir(dev + "/shm", 01777));
+  CELLGATE_TRY(do_mount("tmpfs", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                        "mode=1777,size=" + std::to_string(spec.shm_bytes)));
+  return do_mount("", dev, nullptr, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC);
+}
+
+}  // namespace
+
+Result<std::string> staging_dir() {
+  const std::string parent = "/run/cellgate";
+  const std::string dir = parent + "/root";
+  for (const auto& path : {parent, dir}) {
+    if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
+      return fail("mkdir('" + path + "')");
+    }
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0) {
+      return fail("lstat('" + path + "')");
+    }
+    // A planted symlink or someone else's directory would let them shape our mounts.
+    if (!S_ISDIR(st.st_mode) || st.st_uid != 0 || (st.st_mode & 022) != 0) {
+      return make_error(ErrorCode::kFailedPrecondition, "staging_dir",
+                        path + " must be a directory owned by root and writable only by it");
+    }
+  }
+  return dir;
+}
+
+Result<bool> mount_work_tmpfs(const std::string& work_dir, std::uint64_t bytes, uid_t uid,
+                              gid_t gid) {
+  struct stat st {};
+  struct stat parent {};
+  if (::lstat(work_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return fail("lstat('" + work_dir + "') (the work dir must be a real directory)");
+  }
+  if (::stat((work_dir + "/..").c_str(), &parent) != 0) {
+    return fail("stat('" + work_dir + "/..')");
+  }
+  if (st.st_dev != parent.st_dev) {
+    return false;  // already a mount point: a restarted kernel reuses it, files and all
+  }
+  CELLGATE_TRY(do_mount("cellgate-work", work_dir, "tmpfs", MS_NOSUID | MS_NODEV,
+                        "mode=0700,size=" + std::to_string(bytes) + ",uid=" +
+                            std::to_string(uid) + ",gid=" + std::to_string(gid)));
+  return true;
+}
+
+Result<void> build_root(const JailSpec& spec, const RootPaths& paths, uid_t uid, gid_t gid) {
+  // Nothing we mount may propagate back to the host.
+  CELLGATE_TRY(do_mount("", "/", nullptr, MS_REC | MS_PRIVATE));
+  const std::string& root = paths.staging;
+  CELLGATE_TRY(do_mount("cellgate-root", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m"));
+
+  // /usr read-only; on a merged-/usr host /bin, /lib, /lib64, /sbin are symlinks into it.
+  CELLGATE_TRY(bind_mount("/usr", root + "/usr", MS_RDONLY | MS_NOSUID | MS_NODEV));
+  for (const char* top : {"bin", "lib", "lib32", "lib64", "libx32", "sbin"}) {
+    const std::string host = std::string("/") + top;
+    if (!exists(host)) {
+      continue;
+    }
+    if (is_symlink(host)) {
+      char target[256] = {};
+      ssize_t n = ::readlink(host.c_str(), target, sizeof target - 1);
+      if (n <= 0 || ::symlink(target, (root + host).c_str()) != 0) {
+        return fail("symlink('" + host + "')");
+      }
+    } else {
+      CELLGATE_TRY(bind_mount(host, root + host, MS_RDONLY | MS_NOSUID | MS_NODEV));
+    }
+  }
+  CELLGATE_TRY(build_etc(spec, root, uid, gid));
+
+  CELLGATE_TRY(make_dir(root + "/proc"));
+  CELLGATE_TRY(do_mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC));
+  // Kernel tunables stay read-only even for a process that somehow became root in here.
+  CELLGATE_TRY(bind_mount(root + "/proc/sys", root + "/proc/sys", MS_RDONLY | MS_NOSUID | MS_NODEV |
+                                                                MS_NOEXEC));
+  CELLGATE_TRY(build_dev(spec, root));
+
+  CELLGATE_TRY(make_dir(root + "/tmp", 01777));
+  CELLGATE_TRY(do_mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
+                        "mode=1777,size=" + std::to_string(spec.tmp_bytes) +
+                            ",nr_inodes=" + std::to_string(spec.tmp_inodes)));
+
+  CELLGATE_TRY(make_dir(root + "/home"));
+  const std::string work = root + kJailWorkDir;
+  if (paths.work_dir.empty()) {
+    CELLGATE_TRY(make_dir(work, 0700));
+    CELLGATE_TRY(do_mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV,
+                          "mode=0700,size=" + std::to_string(spec.work_bytes) +
+                              ",uid=" + std::to_string(uid) + ",gid=" + std::to_string(gid)));
+  } else {
+    CELLGATE_TRY(bind_mount(paths.work_dir, work, MS_NOSUID | MS_NODEV));
+  }
+  CELLGATE_TRY(make_dir(root + "/run"));
+  CELLGATE_TRY(bind_mount(paths.conn_dir, root + kJailConnDir, MS_NOSUID | MS_NODEV | MS_NOEXEC));
+  for (const auto& b : spec.binds) {
+    // Parents of a bind target are made on the root tmpfs.
+    std::string partial = root;
+    for (std::size_t pos = 1; (pos = b.target.find('/', pos)) != std::string::npos; ++pos) {
+      partial = root + b.target.substr(0, pos);
+      CELLGATE_TRY(make_dir(partial));
+    }
+    CELLGATE_TRY(bind_mount(b.source, root + b.target,
+                      MS_NOSUID | MS_NODEV | (b.writable ? 0 : MS_RDONLY)));
+  }
+
+  // pivot_root into the new root and detach the old one, so no path leads back to the host.
+  if (::chdir(root.c_str()) != 0) {
+    return fail("chdir('" + root + "')");
+  }
+  CELLGATE_TRY(make_dir(root + "/.oldroot", 0700));
+  if (::syscall(SYS_pivot_root, ".", ".oldroot") != 0) {
+    return fail("pivot_root('" + root + "', '" + root + "/.oldroot')");
+  }
+  if (::umount2("/.oldroot", MNT_DETACH) != 0) {
+    return fail("umount2('/.oldroot', MNT_DETACH)");
+  }
+  if (::rmdir("/.oldroot") != 0) {
+    return fail("rmdir('/.oldroot')");
+  }
+  if (::chdir("/") != 0) {
+    return fail("chdir('/')");
+  }
+  return do_mount("", "/", nullptr, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV);
+}
+
+}  // namespace cellgate::jail

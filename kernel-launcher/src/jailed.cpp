@@ -1,0 +1,570 @@
+// Jailed exec mode: the launcher builds the jail around the kernel and supervises it.
+//
+//   launcher (host, root) ── cgroup, work dir, connection dir, staging root
+//     └─ init (pid 1 of new mount/pid/net/ipc/uts namespaces, then its own cgroup namespace):
+//        builds the root filesystem, then forks
+//          └─ kernel: session, rlimits, credentials, no_new_privs, fds, seccomp → execve
+//        and stays as the reaper: forwards signals, reports the kernel's wait status, exits.
+//
+// Messages from inside travel on one pipe as lines: "R" (the kernel exec'd), "E<text>" (a step
+// failed), "X<wait status>" (the kernel ended).
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cellgate/jail/cgroup.hpp"
+#include "cellgate/jail/jail.hpp"
+#include "cellgate/jail/seccomp.hpp"
+#include "cellgate/jail/spec.hpp"
+#include "cellgate/launcher/launcher.hpp"
+#include "cellgate/unique_fd.hpp"
+#include "report.hpp"
+
+namespace cellgate::launcher {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+
+[[noreturn]] void die_with(int fd, const std::string& message) {
+  write_all(fd, "E" + message + "\n");
+  ::_exit(127);
+}
+
+std::string basename_of(const std::string& path) {
+  auto pos = path.rfind('/');
+  return pos == std::string::npos ? path : path.substr(pos + 1);
+}
+std::string dirname_of(const std::string& path) {
+  auto pos = path.rfind('/');
+  return pos == std::string::npos ? "." : (pos == 0 ? "/" : path.substr(0, pos));
+}
+
+// Writes `text` to a new file owned by uid:gid, mode 0600, never following a link the kernel
+// may have planted in its (writable) connection dir.
+Result<void> write_private_file(const std::string& path, const std::string& text, uid_t uid,
+                                gid_t gid) {
+  ::unlink(path.c_str());
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!fd) {
+    return errno_error(ErrorCode::kInternal, "conn_dir", "open('" + path + "', O_EXCL)", errno);
+  }
+  if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
+    return errno_error(ErrorCode::kInternal, "conn_dir", "write('" + path + "')", errno);
+  }
+  if (::fchown(fd.get(), uid, gid) != 0) {
+    return errno_error(ErrorCode::kInternal, "conn_dir", "fchown('" + path + "')", errno);
+  }
+  return {};
+}
+
+struct Connection {
+  std::string conn_dir;         // host directory bound at kJailConnDir
+  std::string jail_file;        // kJailConnDir/kernel.json
+  std::string host_file;        // the file the gateway should use (reported when it changed)
+  bool rewritten_from_tcp = false;
+};
+
+// Reads the host connection file and writes the jail's copy: same key and port numbers,
+// transport ipc, sockets in the connection dir.
+Result<Connection> prepare_connection(const std::string& connection_file, const std::string& name,
+                                      uid_t uid, gid_t gid) {
+  std::ifstream in(connection_file);
+  if (!in) {
+    return errno_error(ErrorCode::kInvalidArgument, "connection_file",
+                       "open('" + connection_file + "')", errno);
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json j = json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("ip")) {
+    return make_error(ErrorCode::kInvalidArgument, "connection_file",
+                      connection_file + " is not a connection file");
+  }
+  Connection c;
+  std::string prefix;
+  if (j.value("transport", "tcp") == "ipc") {
+    // The directory of the ipc prefix is bound into the jail: it must be this kernel's own.
+    const std::string ip = j.value("ip", "");
+    if (ip.empty() || ip.front() != '/') {
+      return make_error(ErrorCode::kInvalidArgument, "connection_file",
+                        "an ipc connection file needs an absolute ip (socket path prefix)");
+    }
+    c.conn_dir = dirname_of(ip);
+    prefix = basename_of(ip);
+    c.host_file = connection_file;
+  } else {
+    // The jail has no network: the kernel listens on ipc sockets in a private directory beside
+    // the given file, and the gateway is told where (tcp ports are not reachable).
+    c.conn_dir = dirname_of(connection_file) + "/" + name + ".conn";
+    if (::mkdir(c.conn_dir.c_str(), 0700) != 0 && errno != EEXIST) {
+      return errno_error(ErrorCode::kInternal, "conn_dir", "mkdir('" + c.conn_dir + "')", errno);
+    }
+    prefix = "k";
+    c.rewritten_from_tcp = true;
+  }
+  struct stat st {};
+  if (::lstat(c.conn_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || (st.st_mode & 002) != 0) {
+    return make_error(ErrorCode::kFailedPrecondition, "conn_dir",
+                      c.conn_dir + " must be a real directory that is not world-writable");
+  }
+  if (::chown(c.conn_dir.c_str(), uid, gid) != 0 || ::chmod(c.conn_dir.c_str(), 0700) != 0) {
+    return errno_error(ErrorCode::kInternal, "conn_dir", "chown('" + c.conn_dir + "')", errno);
+  }
+  if (c.rewritten_from_tcp) {
+    json host = j;
+    host["transport"] = "ipc";
+    host["ip"] = c.conn_dir + "/" + prefix;
+    c.host_file = c.conn_dir + "/host-connection.json";
+    CELLGATE_TRY(write_private_file(c.host_file, host.dump(1), 0, 0));
+  }
+  json inside = j;
+  inside["transport"] = "ipc";
+  inside["ip"] = std::string(jail::kJailConnDir) + "/" + prefix;
+  c.jail_file = std::string(jail::kJailConnDir) + "/kernel.json";
+  CELLGATE_TRY(write_private_file(c.conn_dir + "/kernel.json", inside.dump(1), uid, gid));
+  return c;
+}
+
+std::vector<std::string> kernel_env(const jail::JailSpec& spec) {
+  auto env = spec.env;
+  env.emplace("HOME", jail::kJailWorkDir);
+  env.emplace("PYDEVD_DISABLE_FILE_VALIDATION", "1");
+  std::vector<std::string> out;
+  for (const auto& [k, v] : env) {
+    out.push_back(k + "=" + v);
+  }
+  return out;
+}
+
+// argv[0] resolved against the spec's PATH (execve does not search).
+std::string resolve(const std::string& program, const jail::JailSpec& spec) {
+  if (program.find('/') != std::string::npos) {
+    return program;
+  }
+  auto it = spec.env.find("PATH");
+  std::stringstream path(it == spec.env.end() ? "/usr/bin:/bin" : it->second);
+  for (std::string dir; std::getline(path, dir, ':');) {
+    std::string candidate = dir + "/" + program;
+    if (::access(candidate.c_str(), X_OK) == 0) {
+      return candidate;
+    }
+  }
+  return program;
+}
+
+// The kernel process, forked by init: the last steps, then execve.
+[[noreturn]] void run_kernel(const jail::JailSpec& spec, uid_t uid, gid_t gid,
+                             const std::vector<std::string>& argv,
+                             const std::vector<std::string>& env, const sigset_t& original_mask,
+                             int err_fd) {
+  for (int sig : kForwarded) {
+    ::signal(sig, SIG_DFL);
+  }
+  ::signal(SIGCHLD, SIG_DFL);
+  ::sigprocmask(SIG_SETMASK, &original_mask, nullptr);
+  std::vector<char*> cargv;
+  for (const auto& a : argv) {
+    cargv.push_back(const_cast<char*>(a.c_str()));
+  }
+  cargv.push_back(nullptr);
+  std::vector<char*> cenv;
+  for (const auto& e : env) {
+    cenv.push_back(const_cast<char*>(e.c_str()));
+  }
+  cenv.push_back(nullptr);
+  const std::string program = resolve(argv[0], spec);
+
+  auto steps = jail::run_steps({
+      {"session", [] { return jail::new_session(); }},
+      {"work dir",
+       []() -> Result<void> {
+         if (::chdir(jail::kJailWorkDir) != 0) {
+           return errno_error(ErrorCode::kInternal, "chdir",
+                              std::string("chdir('") + jail::kJailWorkDir + "')", errno);
+         }
+         return {};
+       }},
+      {"rlimits", [&] { return jail::apply_rlimits(spec); }},
+      {"credentials", [&] { return jail::drop_privileges(uid, gid); }},
+      {"no_new_privs", [] { return jail::set_no_new_privs(); }},
+      {"file descriptors", [&] { return jail::close_inherited_fds(err_fd); }},
+      // Last: after it, even the launcher's own code could not undo anything above.
+      {"seccomp", [] { return jail::apply_seccomp(jail::default_seccomp_table()); }},
+  });
+  if (!steps) {
+    die_with(err_fd, steps.error().message);
+  }
+  ::execve(program.c_str(), cargv.data(), cenv.data());
+  die_with(err_fd, errno_error(ErrorCode::kInternal, "", "execve('" + program + "')", errno).message);
+}
+
+// pid 1 of the jail: builds the root, starts the kernel, reaps, forwards signals, reports.
+[[noreturn]] void run_init(const jail::JailSpec& spec, const jail::RootPaths& paths, uid_t uid,
+                           gid_t gid, const std::vector<std::string>& argv,
+                           const std::vector<std::string>& env, const sigset_t& wait_set,
+                           const sigset_t& original_mask, int go_fd, int report_fd) {
+  // If the launcher dies, so does the jail (the kernel with it: it is our pid namespace).
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // Root in here holds the launcher's environment in memory; keep /proc/1 closed to the kernel.
+  ::prctl(PR_SET_DUMPABLE, 0);
+  char go = 0;
+  while (::read(go_fd, &go, 1) < 0 && errno == EINTR) {
+  }
+  if (go != 'G') {
+    ::_exit(127);  // the launcher gave up (cgroup attach failed) and reported why
+  }
+  ::close(go_fd);
+  auto root = jail::run_steps({
+      {"cgroup namespace", [] { return jail::enter_cgroup_namespace(); }},
+      {"root filesystem", [&] { return jail::build_root(spec, paths, uid, gid); }},
+      {"hostname", [&] { return jail::set_hostname(spec.hostname); }},
+  });
+  if (!root) {
+    die_with(report_fd, root.error().message);
+  }
+  int exec_pipe[2];
+  if (::pipe2(exec_pipe, O_CLOEXEC) != 0) {
+    die_with(report_fd, "pipe2(): " + std::string(std::strerror(errno)));
+  }
+  pid_t kernel = ::fork();
+  if (kernel < 0) {
+    die_with(report_fd, "fork(): " + std::string(std::strerror(errno)));
+  }
+  if (kernel == 0) {
+    ::close(exec_pipe[0]);
+    ::close(report_fd);
+    run_kernel(spec, uid, gid, argv, env, original_mask, exec_pipe[1]);
+  }
+  ::close(exec_pipe[1]);
+  std::string failure;
+  char buf[512];
+  for (ssize_t n; (n = ::read(exec_pipe[0], buf, sizeof buf)) != 0;) {
+    if (n < 0) {
+      if (errno == EINTR) {
+        continue;
+      }
+      break;
+    }
+    failure.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(exec_pipe[0]);
+  if (!failure.empty()) {
+    write_all(report_fd, failure);  // already "E<text>\n"
+    ::_exit(127);
+  }
+  write_all(report_fd, "R\n");
+  for (;;) {
+    siginfo_t info{};
+    int sig = ::sigwaitinfo(&wait_set, &info);
+    if (sig < 0) {
+      continue;
+    }
+    if (sig != SIGCHLD) {
+      ::kill(kernel, sig);
+      continue;
+    }
+    // Reap everything: orphans of the kernel are ours as pid 1.
+    for (;;) {
+      int wstatus = 0;
+      pid_t done = ::waitpid(-1, &wstatus, WNOHANG);
+      if (done <= 0) {
+        break;
+      }
+      if (done == kernel) {
+        write_all(report_fd, "X" + std::to_string(wstatus) + "\n");
+        ::_exit(0);  // pid 1 leaving kills whatever is left in the namespace
+      }
+    }
+  }
+}
+
+// Reads one line from the jail's report pipe (blocking). "" at EOF.
+std::string read_line(int fd, std::string& buffer) {
+  for (;;) {
+    auto nl = buffer.find('\n');
+    if (nl != std::string::npos) {
+      std::string line = buffer.substr(0, nl);
+      buffer.erase(0, nl + 1);
+      return line;
+    }
+    char buf[512];
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) {
+      continue;
+    }
+    if (n <= 0) {
+      std::string rest = std::move(buffer);
+      buffer.clear();
+      return rest;
+    }
+    buffer.append(buf, static_cast<std::size_t>(n));
+  }
+}
+
+}  // namespace
+
+int run_probe_host() {
+  std::cout << jail::probe_host().describe() << "\n";
+  return 0;
+}
+
+int run_jailed_mode(const LaunchOptions& options) {
+  const int status_fd = options.status_fd;
+  if (status_fd >= 0) {
+    ::fcntl(status_fd, F_SETFD, FD_CLOEXEC);
+  }
+  auto fail = [&](const std::string& message) {
+    report(status_fd, setup_error(message));
+    return 127;
+  };
+  if (options.argv.empty()) {
+    return fail("no kernel command given");
+  }
+  if (::geteuid() != 0) {
+    return fail("building the jail needs root (namespaces, cgroups, mounts); the user-namespace "
+                "mode for an unprivileged gateway is not implemented. Run as root, or pass "
+                "--no-jail to run the kernel unjailed, knowingly.");
+  }
+  jail::JailSpec spec;
+  if (!options.spec_path.empty()) {
+    auto loaded = jail::JailSpec::load(options.spec_path);
+    if (!loaded) {
+      return fail(loaded.error().message);
+    }
+    spec = std::move(loaded).value();
+  }
+  const pid_t self = ::getpid();
+  const uid_t uid = spec.uid.value_or(jail::kUidBase + static_cast<uid_t>(self));
+  const gid_t gid = spec.gid.value_or(static_cast<gid_t>(uid));
+  const std::string name = spec.name.empty() ? "k" + std::to_string(self) : spec.name;
+
+  // The cgroup first: a limit the host cannot enforce stops us before anything else happens.
+  std::vector<std::string> warnings;
+  std::unique_ptr<jail::Cgroup> cgroup;
+  {
+    auto host = jail::CgroupHost::detect_system();
+    const bool all_optional = spec.optional.count("memory") && spec.optional.count("pids") &&
+                              spec.optional.count("cpu");
+    if (!host && !all_optional) {
+      return fail("no usable cgroups on this host, so the memory, pids and cpu limits cannot be "
+                  "enforced: " + host.error().message);
+    }
+    if (host) {
+      jail::CgroupLimits limits;
+      limits.memory_bytes = spec.memory_bytes;
+      limits.swap_off = true;
+      limits.pids = spec.pids;
+      limits.cpus = spec.cpus;
+      auto created = host->create(spec.cgroup_group, name, limits, spec.optional, &warnings);
+      if (!created) {
+        return fail(created.error().message);
+      }
+      cgroup = std::move(created).value();
+    }
+  }
+  for (const auto& w : warnings) {
+    std::cerr << "cellgate-kernel: warning: " << w << "\n";
+  }
+
+  if (!spec.work_dir.empty()) {
+    auto mounted = jail::mount_work_tmpfs(spec.work_dir, spec.work_bytes, uid, gid);
+    if (!mounted) {
+      if (spec.optional.count("work_size") == 0) {
+        return fail("the work dir's size cap needs a tmpfs: " + mounted.error().message);
+      }
+      std::cerr << "cellgate-kernel: warning: work dir not size-capped: "
+                << mounted.error().message << "\n";
+    }
+    if (::chown(spec.work_dir.c_str(), uid, gid) != 0) {
+      return fail(errno_error(ErrorCode::kInternal, "", "chown('" + spec.work_dir + "')", errno)
+                      .message);
+    }
+  }
+
+  if (options.connection_file.empty()) {
+    return fail("--connection-file is required for a jailed kernel (it is rewritten to ipc "
+                "endpoints in the kernel's connection dir)");
+  }
+  auto conn = prepare_connection(options.connection_file, name, uid, gid);
+  if (!conn) {
+    return fail(conn.error().message);
+  }
+  std::vector<std::string> argv = options.argv;
+  for (auto& a : argv) {
+    if (a == options.connection_file) {
+      a = conn->jail_file;
+    }
+  }
+  auto staging = jail::staging_dir();
+  if (!staging) {
+    return fail(staging.error().message);
+  }
+  const jail::RootPaths paths{*staging, conn->conn_dir, spec.work_dir};
+  const std::vector<std::string> env = kernel_env(spec);
+
+  sigset_t wait_set, original_mask;
+  sigemptyset(&wait_set);
+  for (int sig : kForwarded) {
+    sigaddset(&wait_set, sig);
+  }
+  sigaddset(&wait_set, SIGCHLD);
+  ::sigprocmask(SIG_BLOCK, &wait_set, &original_mask);
+
+  int go[2], rep[2];
+  if (::pipe2(go, O_CLOEXEC) != 0 || ::pipe2(rep, O_CLOEXEC) != 0) {
+    return fail(errno_error(ErrorCode::kInternal, "", "pipe2()", errno).message);
+  }
+  UniqueFd go_read(go[0]), go_write(go[1]), rep_read(rep[0]), rep_write(rep[1]);
+
+  auto child = jail::clone_jailed();
+  if (!child) {
+    return fail(child.error().message);
+  }
+  if (*child == 0) {
+    go_write.reset();
+    rep_read.reset();
+    if (status_fd >= 0) {
+      ::close(status_fd);
+    }
+    run_init(spec, paths, uid, gid, argv, env, wait_set, original_mask, go_read.get(),
+             rep_write.get());
+  }
+  const pid_t init = *child;
+  go_read.reset();
+  rep_write.reset();
+
+  if (cgroup) {
+    if (auto added = cgroup->add_process(init); !added) {
+      ::kill(init, SIGKILL);
+      ::waitpid(init, nullptr, 0);
+      return fail(added.error().message);
+    }
+  }
+  write_all(go_write.get(), "G");
+  go_write.reset();
+
+  std::string buffer;
+  std::string first = read_line(rep_read.get(), buffer);
+  if (first != "R") {
+    int wstatus = 0;
+    ::waitpid(init, &wstatus, 0);
+    return fail(first.size() > 1 && first[0] == 'E' ? first.substr(1)
+                                                    : "the jail's init ended before the kernel "
+                                                      "started");
+  }
+  StatusEvent started;
+  started.kind = StatusEvent::Kind::kStarted;
+  started.pid = init;
+  if (conn->rewritten_from_tcp) {
+    started.connection_file = conn->host_file;
+  }
+  report(status_fd, started);
+
+  // Supervise: forward signals to init (which forwards them to the kernel), enforce the time
+  // limit, and wait for init to end.
+  std::optional<timespec> deadline;
+  if (spec.time_limit_seconds > 0) {
+    timespec now{};
+    ::clock_gettime(CLOCK_MONOTONIC, &now);
+    const auto add_ns = static_cast<long long>(spec.time_limit_seconds * 1e9);
+    long long ns = now.tv_nsec + add_ns % 1000000000LL;
+    deadline = timespec{now.tv_sec + static_cast<time_t>(add_ns / 1000000000LL + ns / 1000000000LL),
+                        static_cast<long>(ns % 1000000000LL)};
+  }
+  bool timed_out = false;
+  int init_status = 0;
+  for (;;) {
+    siginfo_t info{};
+    int sig;
+    if (deadline && !timed_out) {
+      timespec now{};
+      ::clock_gettime(CLOCK_MONOTONIC, &now);
+      long long left = (deadline->tv_sec - now.tv_sec) * 1000000000LL +
+                       (deadline->tv_nsec - now.tv_nsec);
+      if (left <= 0) {
+        timed_out = true;
+        ::kill(init, SIGKILL);
+        continue;
+      }
+      timespec wait{static_cast<time_t>(left / 1000000000LL), static_cast<long>(left % 1000000000LL)};
+      sig = ::sigtimedwait(&wait_set, &info, &wait);
+    } else {
+      sig = ::sigwaitinfo(&wait_set, &info);
+    }
+    if (sig < 0) {
+      continue;  // EINTR or EAGAIN (the deadline; checked above)
+    }
+    if (sig != SIGCHLD) {
+      ::kill(init, sig);
+      continue;
+    }
+    if (::waitpid(init, &init_status, WNOHANG) == init) {
+      break;
+    }
+  }
+
+  StatusEvent exited;
+  exited.kind = StatusEvent::Kind::kExited;
+  exited.pid = init;
+  std::optional<int> kernel_status;
+  for (std::string line; !(line = read_line(rep_read.get(), buffer)).empty();) {
+    if (line[0] == 'X') {
+      kernel_status = std::atoi(line.c_str() + 1);
+    }
+  }
+  jail::CgroupStats stats;
+  if (cgroup) {
+    if (auto s = cgroup->stats(); s) {
+      stats = *s;
+    }
+  }
+  exited.memory_peak_bytes = stats.memory_peak_bytes;
+  exited.oom_kills = stats.oom_kills;
+  const int status = kernel_status.value_or(init_status);
+  int exit_code = 0;
+  if (WIFSIGNALED(status)) {
+    exited.signal = WTERMSIG(status);
+    exit_code = 128 + exited.signal;
+    if (timed_out) {
+      exited.reason = ExitReason::kTimeout;
+      exited.message = "the kernel ran past its time limit of " +
+                       std::to_string(spec.time_limit_seconds) + " s";
+    } else if (exited.signal == SIGKILL && stats.oom_kills > 0) {
+      exited.reason = ExitReason::kOom;
+      exited.message = "killed by the memory limit of " + std::to_string(spec.memory_bytes) +
+                       " bytes";
+    } else if (exited.signal == SIGSYS) {
+      exited.reason = ExitReason::kViolation;
+      exited.message = "killed by the seccomp policy";
+    } else {
+      exited.reason = ExitReason::kSignaled;
+    }
+  } else {
+    exited.reason = timed_out ? ExitReason::kTimeout : ExitReason::kOk;
+    exited.exit_code = WEXITSTATUS(status);
+    exit_code = exited.exit_code;
+  }
+  cgroup.reset();  // kills anything left and removes the cgroup
+  report(status_fd, exited);
+  return exit_code;
+}
+
+}  // namespace cellgate::launcher

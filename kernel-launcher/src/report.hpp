@@ -1,0 +1,40 @@
+// Internal: writing status lines and small pipe messages.
+#pragma once
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <string>
+
+#include "cellgate/launcher/status.hpp"
+
+namespace cellgate::launcher {
+
+inline void write_all(int fd, const std::string& text) {
+  if (fd < 0) {
+    return;
+  }
+  std::size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) {
+      continue;
+    }
+    if (n <= 0) {
+      return;  // the reader went away; the kernel still runs and is still reaped
+    }
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+inline void report(int fd, const StatusEvent& ev) { write_all(fd, ev.to_line()); }
+
+inline StatusEvent setup_error(std::string message) {
+  StatusEvent ev;
+  ev.kind = StatusEvent::Kind::kExited;
+  ev.reason = ExitReason::kSetupError;
+  ev.message = std::move(message);
+  return ev;
+}
+
+}  // namespace cellgate::launcher
