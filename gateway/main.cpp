@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
                        "interrupt the cell after this many seconds (0: never)");
   exec_cmd->add_flag("--no-jail", exec.no_jail, "run the kernel unjailed (not for untrusted code)");
   exec_cmd->add_option("--jail-spec", exec.jail_spec, "jail spec JSON (limits, mounts, env)");
+  exec_cmd->add_flag("-v,--verbose", exec.verbose, "log what the host supports");
 
   CLI11_PARSE(app, argc, argv);
   if (exec_cmd->parsed()) {

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <variant>
 
+#include "cellgate/jail/jail.hpp"
 #include "cellgate/kernel/client.hpp"
 #include "cellgate/kernel/process.hpp"
 #include "cellgate/text.hpp"
@@ -168,6 +169,9 @@ int run_exec(const ExecOptions& options) {
   kernel::LaunchRequest launch;
   launch.spec = std::move(spec).value();
   launch.die_with_parent = true;
+  if (options.verbose) {
+    std::cerr << "cellgate exec: host: " << jail::probe_host().describe() << "\n";
+  }
   if (!options.no_jail) {
     jail::JailSpec jail_spec;
     if (!options.jail_spec.empty()) {
@@ -184,6 +188,10 @@ int run_exec(const ExecOptions& options) {
     return fail(process.error().describe());
   }
   auto& kp = *process.value();
+  if (options.verbose) {
+    std::cerr << "cellgate exec: kernel pid " << kp.pid() << (kp.jailed() ? " (jailed)" : " (unjailed)")
+              << ", runtime " << kp.connection_file() << ", log " << kp.log_file() << "\n";
+  }
 
   EventQueue events;
   kernel::ClientOptions client_options;

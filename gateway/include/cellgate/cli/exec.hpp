@@ -25,6 +25,7 @@ struct ExecOptions {
   double timeout_seconds = 0;      // 0: no limit
   bool no_jail = false;            // run the kernel unjailed (explicit only)
   std::string jail_spec;           // a JailSpec JSON file; "": the defaults
+  bool verbose = false;            // log what the host supports and where the kernel runs
 };
 
 int run_exec(const ExecOptions& options);
