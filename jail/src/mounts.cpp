@@ -231,7 +231,10 @@ Result<void> build_root(const JailSpec& spec, const RootPaths& paths, uid_t uid,
     CELLGATE_TRY(bind_mount(paths.work_dir, work, MS_NOSUID | MS_NODEV));
   }
   CELLGATE_TRY(make_dir(root + "/run"));
-  CELLGATE_TRY(bind_mount(paths.conn_dir, root + kJailConnDir, MS_NOSUID | MS_NODEV | MS_NOEXEC));
+  if (!paths.conn_dir.empty()) {
+    CELLGATE_TRY(
+        bind_mount(paths.conn_dir, root + kJailConnDir, MS_NOSUID | MS_NODEV | MS_NOEXEC));
+  }
   for (const auto& b : spec.binds) {
     // Parents of a bind target are made on the root tmpfs.
     std::string partial = root;

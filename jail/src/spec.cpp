@@ -124,17 +124,17 @@ Result<JailSpec> JailSpec::from_json(const json& j) {
       return false;
     }
     for (char c : s) {
-      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) {
+      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '@')) {
         return false;
       }
     }
     return true;
   };
   if (!plain_name(spec.cgroup_group)) {
-    return bad("cgroup_group must be a plain name ([A-Za-z0-9._-], not '.' or '..')");
+    return bad("cgroup_group must be a plain name ([A-Za-z0-9_@-])");
   }
   if (!spec.name.empty() && !plain_name(spec.name)) {
-    return bad("name must be a plain name ([A-Za-z0-9._-], not '.' or '..')");
+    return bad("name must be a plain name ([A-Za-z0-9_@-])");
   }
   for (const auto& b : spec.binds) {
     if (b.source.empty() || b.target.empty() || b.target.front() != '/' ||

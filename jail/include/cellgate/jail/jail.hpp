@@ -39,7 +39,7 @@ Result<pid_t> clone_jailed();
 Result<void> enter_cgroup_namespace();
 struct RootPaths {
   std::string staging;       // an empty root-owned directory to build the new root on
-  std::string conn_dir;      // host path, bound at kJailConnDir
+  std::string conn_dir;      // host path, bound at kJailConnDir ("" : none)
   std::string work_dir;      // host path bound at kJailWorkDir, or "" for a private tmpfs
 };
 Result<void> build_root(const JailSpec& spec, const RootPaths& paths, uid_t uid, gid_t gid);

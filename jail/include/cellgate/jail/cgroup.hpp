@@ -1,0 +1,144 @@
+// Per-kernel cgroups, v1 and v2 behind one interface.
+//
+// A kernel's cgroup is created only below the cgroup the calling process is already in (read from
+// /proc/self/cgroup), as <own cgroup>/<group>/<name>, in every hierarchy that holds a controller
+// it needs (v1: memory, pids, cpu; v2: the one unified hierarchy). Settings of cgroups we did not
+// create are never written. The Cgroup object owns what it created: its destructor kills every
+// process in it and removes it.
+//
+//   auto host = CgroupHost::detect_system();                 // Result<CgroupHost>
+//   log(host->describe());                                   // "cgroup v1: memory at …"
+//   CgroupLimits limits{.memory_bytes = 1 << 30, .pids = 256, .cpus = 1.0};
+//   auto cg = host->create("cellgate", "kernel-42", limits, /*optional=*/{}, &warnings);
+//   cg.value()->add_process(pid);
+//   auto stats = cg.value()->stats();                        // oom_kills, memory peak, …
+//
+// Limits are named "memory", "swap", "pids", "cpu". One that the host cannot enforce (no such
+// controller, or its file is missing) makes create() fail with kFailedPrecondition and a message
+// naming the limit and what the host lacks — unless its name is in `optional`, in which case a
+// warning is appended to `warnings` and the cgroup is created without it.
+//
+// Thread-safety: CgroupHost is immutable; a Cgroup has one owner.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cellgate/result.hpp"
+
+namespace cellgate::jail {
+
+enum class CgroupVersion { kV1, kV2 };
+
+struct CgroupLimits {
+  std::optional<std::uint64_t> memory_bytes;  // v1 memory.limit_in_bytes / v2 memory.max
+  bool swap_off = true;  // v1 memory.memsw.limit_in_bytes = memory / v2 memory.swap.max = 0
+  std::optional<std::int64_t> pids;  // pids.max
+  std::optional<double> cpus;        // v1 cpu.cfs_quota_us / cfs_period_us; v2 cpu.max
+};
+
+struct CgroupStats {
+  std::uint64_t oom_kills = 0;  // v1 memory.oom_control "oom_kill"; v2 memory.events "oom_kill"
+  std::uint64_t memory_current_bytes = 0;
+  std::uint64_t memory_peak_bytes = 0;  // v1 memory.max_usage_in_bytes; v2 memory.peak (0 if absent)
+  std::int64_t pids_current = 0;
+  std::uint64_t pids_limit_hits = 0;  // pids.events "max"
+  std::uint64_t cpu_usage_usec = 0;   // v1 cpuacct.usage / 1000 if available; v2 cpu.stat usage_usec
+};
+
+class Cgroup;
+
+class CgroupHost {
+ public:
+  // Reads /proc/self/cgroup and /proc/self/mountinfo. `root_prefix` is prepended to every
+  // filesystem path (a fake cgroupfs tree in tests; "" for the real one).
+  static Result<CgroupHost> detect(std::string_view proc_self_cgroup, std::string_view mountinfo,
+                                   std::string root_prefix = "");
+  static Result<CgroupHost> detect_system();
+
+  CgroupVersion version() const;
+  bool has_controller(std::string_view controller) const;  // "memory", "pids", "cpu"
+  // One line for the start-up log: version, and where each controller is.
+  std::string describe() const;
+
+  Result<std::unique_ptr<Cgroup>> create(const std::string& group, const std::string& name,
+                                         const CgroupLimits& limits,
+                                         const std::set<std::string>& optional,
+                                         std::vector<std::string>* warnings) const;
+
+ private:
+  friend class CgroupTestPeer;  // unit tests play the kernel's part in a fake cgroupfs tree
+
+  // A hook on a directory path; see after_mkdir_ / before_rmdir_.
+  using DirHook = std::function<void(const std::string& dir)>;
+
+  // One mounted hierarchy that holds controllers we use, and our own cgroup's directory in it.
+  struct Hierarchy {
+    std::vector<std::string> controllers;  // the usable ones of "memory", "pids", "cpu"
+    std::string own_dir;                   // root_prefix + mount point + own cgroup path
+  };
+
+  CgroupHost() = default;
+  const Hierarchy* hierarchy_for(std::string_view controller) const;
+  // Why `limit` cannot be enforced, or "" when it can (as far as the controllers go).
+  std::string controller_gap(const std::string& limit) const;
+
+  CgroupVersion version_ = CgroupVersion::kV1;
+  std::vector<Hierarchy> hierarchies_;
+  // controller -> what the host lacks for it ("no memory hierarchy is mounted"), for describe()
+  // and for create()'s limit_unavailable messages.
+  std::map<std::string, std::string> missing_;
+  std::string note_;  // extra for describe(), e.g. an unused v2 hierarchy on a hybrid host
+  // A real cgroupfs fills a new directory with control files and empties it on rmdir; a fake tree
+  // needs the test to do that. Both are empty in production.
+  DirHook after_mkdir_;
+  DirHook before_rmdir_;
+  // How long kill_all() waits for cgroup.procs to empty, and remove() for rmdir to stop EBUSY.
+  std::chrono::milliseconds settle_timeout_{3000};
+};
+
+class Cgroup {
+ public:
+  ~Cgroup();  // kill_all(), then remove()
+  Result<void> add_process(pid_t pid);  // into every hierarchy
+  Result<CgroupStats> stats() const;
+  // v2: cgroup.kill when present; otherwise (and on v1) SIGKILL every pid in cgroup.procs until
+  // it is empty (bounded retries).
+  Result<void> kill_all();
+  Result<void> remove();  // rmdir every directory it created (the leaf, and its group parent if now empty)
+  const std::vector<std::string>& paths() const;  // one directory per hierarchy
+
+ private:
+  friend class CgroupHost;
+  friend class CgroupTestPeer;
+
+  Cgroup(CgroupVersion version, std::function<void(const std::string&)> before_rmdir,
+         std::chrono::milliseconds settle_timeout);
+  Cgroup(const Cgroup&) = delete;
+  Cgroup& operator=(const Cgroup&) = delete;
+
+  // The leaf directory holding `controller`, or nullptr.
+  const std::string* dir_for(std::string_view controller) const;
+  Result<void> remove_tree(const std::string& dir);
+
+  CgroupVersion version_;
+  std::vector<std::string> paths_;                     // leaves, one per hierarchy
+  std::vector<std::vector<std::string>> controllers_;  // parallel to paths_
+  std::vector<std::string> groups_;  // group parents, removed when empty (even without a leaf)
+  std::function<void(const std::string&)> before_rmdir_;
+  std::chrono::milliseconds settle_timeout_;
+  // Set once remove() succeeded: a new cgroup may take the same path, and must not be touched.
+  bool removed_ = false;
+};
+
+}  // namespace cellgate::jail
