@@ -1,8 +1,10 @@
-// cellgate: the Jupyter kernel gateway. The composition root: parses the command line and hands
-// each subcommand its options.
+// cellgate: the Jupyter kernel gateway. The composition root: parses the command line (flags,
+// CELLGATE_* environment variables, an optional config file) and hands each subcommand its
+// options.
 #include <CLI/CLI.hpp>
 
 #include "cellgate/cli/exec.hpp"
+#include "cellgate/server/server.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"cellgate: jailed Jupyter kernels for JupyterLab, agents and notebook runs"};
@@ -19,9 +21,65 @@ int main(int argc, char** argv) {
   exec_cmd->add_option("--jail-spec", exec.jail_spec, "jail spec JSON (limits, mounts, env)");
   exec_cmd->add_flag("-v,--verbose", exec.verbose, "log what the host supports");
 
+  cellgate::server::ServeOptions serve;
+  auto* serve_cmd = app.add_subcommand(
+      "serve", "serve the Jupyter Kernel Gateway API (HTTP + WebSocket) with jailed kernels");
+  serve_cmd->set_config("--config", "", "read options from this TOML/INI file");
+  serve_cmd->add_option("--ip", serve.ip, "address to listen on")
+      ->envname("CELLGATE_IP")->capture_default_str();
+  serve_cmd->add_option("--port", serve.port, "port (0: any free one)")
+      ->envname("CELLGATE_PORT")->capture_default_str();
+  serve_cmd->add_option("--token", serve.token, "API token (default: a random one, printed once)")
+      ->envname("CELLGATE_TOKEN");
+  serve_cmd->add_option("--state-dir", serve.state_dir,
+                        "state directory (default: $CELLGATE_STATE_DIR or ~/.local/state/cellgate)");
+  serve_cmd->add_option("--base-url", serve.base_url, "URL prefix of every route")
+      ->envname("CELLGATE_BASE_URL")->capture_default_str();
+  serve_cmd->add_option("--max-kernels", serve.max_kernels, "kernels that may run at once")
+      ->envname("CELLGATE_MAX_KERNELS")->capture_default_str();
+  serve_cmd->add_option("--cull-idle-timeout", serve.cull_idle_timeout,
+                        "shut down kernels idle this many seconds (0: never)")
+      ->envname("CELLGATE_CULL_IDLE_TIMEOUT")->capture_default_str();
+  serve_cmd->add_option("--cull-interval", serve.cull_interval, "seconds between cull checks")
+      ->capture_default_str();
+  serve_cmd->add_flag("--cull-connected", serve.cull_connected,
+                      "also cull kernels with open WebSockets");
+  serve_cmd->add_flag("--cull-busy", serve.cull_busy, "also cull busy kernels");
+  serve_cmd->add_option("--allow-origin", serve.allow_origins,
+                        "browser origins allowed (repeat; '*' for any)")
+      ->envname("CELLGATE_ALLOW_ORIGIN");
+  serve_cmd->add_option("--certfile", serve.certfile, "TLS certificate chain (PEM)")
+      ->envname("CELLGATE_CERTFILE");
+  serve_cmd->add_option("--keyfile", serve.keyfile, "TLS private key (PEM)")
+      ->envname("CELLGATE_KEYFILE");
+  serve_cmd->add_option("--max-body-bytes", serve.max_body_bytes, "largest request body")
+      ->capture_default_str();
+  serve_cmd->add_option("--max-ws-message-bytes", serve.max_ws_message_bytes,
+                        "largest WebSocket message from a client")
+      ->capture_default_str();
+  serve_cmd->add_option("--ws-ping-interval", serve.ws_ping_interval,
+                        "WebSocket keepalive ping seconds (0: off)")
+      ->capture_default_str();
+  serve_cmd->add_option("--env-allow", serve.env_allowlist,
+                        "client env names passed to kernels besides KERNEL_* (repeat)");
+  serve_cmd->add_option("--restart-limit", serve.restart_limit,
+                        "automatic restarts of a dying kernel before it is left dead")
+      ->capture_default_str();
+  serve_cmd->add_option("--memory", serve.jail.memory_bytes, "per-kernel memory limit (bytes)")
+      ->capture_default_str();
+  serve_cmd->add_option("--cpus", serve.jail.cpus, "per-kernel CPU quota")->capture_default_str();
+  serve_cmd->add_option("--pids", serve.jail.pids, "per-kernel process limit")
+      ->capture_default_str();
+  serve_cmd->add_flag("--no-jail", serve.no_jail,
+                      "run kernels UNJAILED (never with untrusted code)");
+  serve_cmd->add_option("--threads", serve.threads, "network threads")->capture_default_str();
+
   CLI11_PARSE(app, argc, argv);
   if (exec_cmd->parsed()) {
     return cellgate::cli::run_exec(exec);
+  }
+  if (serve_cmd->parsed()) {
+    return cellgate::server::run_serve(std::move(serve));
   }
   return 2;
 }

@@ -286,10 +286,13 @@ struct KernelClient::Impl {
   void dispatch(Channel channel, protocol::Message msg) {
     if (channel == Channel::kIopub) {
       iopub_seen.store(true);
+      if (options.on_iopub) {
+        options.on_iopub(channel, msg);
+      }
     }
     auto it = routes.find(msg.parent_msg_id());
     if (it == routes.end()) {
-      if (options.on_unrouted) {
+      if (options.on_unrouted && !(channel == Channel::kIopub && options.on_iopub)) {
         options.on_unrouted(channel, msg);
       }
       return;
@@ -439,6 +442,11 @@ std::string KernelClient::send(Channel channel, protocol::Message msg, RequestHa
 std::string KernelClient::send(Channel channel, std::string_view msg_type, json content,
                                RequestHandlers handlers) {
   return send(channel, impl_->session.make(msg_type, std::move(content)), std::move(handlers));
+}
+
+void KernelClient::post(Channel channel, protocol::Message msg) {
+  msg.identities.clear();
+  impl_->enqueue(Impl::Outgoing{channel, std::move(msg), std::nullopt});
 }
 
 void KernelClient::send_input(const protocol::Message& input_request, std::string value) {

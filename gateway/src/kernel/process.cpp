@@ -64,10 +64,14 @@ Result<std::unique_ptr<KernelProcess>> KernelProcess::start(LaunchRequest reques
     return errno_error(ErrorCode::kInternal, "runtime_dir", "mkdtemp('" + templ + "')", errno);
   }
   kp->runtime_dir_ = templ;
-  kp->work_dir_ = templ + "/work";
-  if (::mkdir(kp->work_dir_.c_str(), 0700) != 0) {
-    return errno_error(ErrorCode::kInternal, "runtime_dir", "mkdir('" + kp->work_dir_ + "')",
-                       errno);
+  if (request.work_dir.empty()) {
+    kp->work_dir_ = templ + "/work";
+    if (::mkdir(kp->work_dir_.c_str(), 0700) != 0) {
+      return errno_error(ErrorCode::kInternal, "runtime_dir", "mkdir('" + kp->work_dir_ + "')",
+                         errno);
+    }
+  } else {
+    kp->work_dir_ = request.work_dir;
   }
   kp->jailed_ = request.jail.has_value();
   // The connection dir holds the ipc sockets and, for a jailed kernel, is bound into the jail.
@@ -110,7 +114,7 @@ Result<std::unique_ptr<KernelProcess>> KernelProcess::start(LaunchRequest reques
       }
     }
     args.insert(args.end(), {"--spec", spec_file});
-    kp->work_mounted_ = spec.work_dir == kp->work_dir_;
+    kp->work_mounted_ = request.work_dir.empty();  // ours to unmount only when we made it
     // The launcher's own environment: nothing but what was asked (the kernel's is the spec's).
     env_map = request.launcher_env;
   } else {

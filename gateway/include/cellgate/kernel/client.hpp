@@ -44,7 +44,11 @@ struct ClientOptions {
   protocol::Limits limits;
   std::string username = "cellgate";
 
-  // Messages whose parent is no request of ours: status at start-up, other clients' iopub.
+  // Every iopub message, whether or not it answers a request of ours (it is also given to that
+  // request's handler). When set, on_unrouted no longer sees iopub messages.
+  MessageHandler on_iopub;
+  // Messages whose parent is no request of ours: status at start-up, other clients' iopub,
+  // replies to messages sent with post().
   MessageHandler on_unrouted;
   // The kernel stopped answering heartbeats. Called once.
   std::function<void(const std::string& reason)> on_dead;
@@ -96,6 +100,11 @@ class KernelClient {
   std::string send(Channel channel, protocol::Message msg, RequestHandlers handlers);
   std::string send(Channel channel, std::string_view msg_type, nlohmann::json content,
                    RequestHandlers handlers);
+
+  // Sends a message as it is (its own header, session and parent), re-signed with the kernel's
+  // key, without tracking a reply: what comes back goes to on_unrouted. For bridging clients
+  // (WebSockets) that route replies themselves.
+  void post(Channel channel, protocol::Message msg);
 
   // Answers an input_request received on the stdin channel.
   void send_input(const protocol::Message& input_request, std::string value);

@@ -35,6 +35,10 @@ struct LaunchRequest {
   std::string launcher_path;
   // Parent of the per-kernel runtime directory; "" means $TMPDIR or /tmp.
   std::string runtime_parent;
+  // An existing work dir to use (and keep: a restarted kernel finds its files again). The caller
+  // owns it, and the tmpfs the launcher mounts on it. "" means a fresh one in the runtime dir,
+  // removed with it.
+  std::string work_dir;
   // The kernel's entire environment. Nothing else from the caller's environment is passed.
   // For a jailed kernel it becomes the spec's env (HOME is the jail's work dir).
   std::map<std::string, std::string> env;

@@ -1,0 +1,46 @@
+// ServeOptions: everything `cellgate serve` is configured with (flags, an optional config file,
+// CELLGATE_* environment variables; see gateway/main.cpp for the precedence).
+//
+// Thread-safety: a value, fixed once the server starts.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cellgate/jail/spec.hpp"
+
+namespace cellgate::server {
+
+struct ServeOptions {
+  std::string ip = "127.0.0.1";
+  int port = 8888;
+  std::string token;      // "" with no_token false: a random one is made and printed once
+  bool no_token = false;  // allow every request (only for loopback experiments)
+  std::string state_dir;  // "" : $CELLGATE_STATE_DIR or ~/.local/state/cellgate
+  std::string base_url = "/";
+  std::size_t max_kernels = 64;
+  double cull_idle_timeout = 0;  // seconds; 0: never cull
+  double cull_interval = 300;
+  bool cull_connected = false;
+  bool cull_busy = false;
+  std::vector<std::string> allow_origins;  // exact origins, or "*"
+  std::string certfile;
+  std::string keyfile;
+  std::size_t max_body_bytes = 16u << 20;
+  std::size_t max_header_bytes = 16u << 10;
+  std::size_t max_ws_message_bytes = 64u << 20;  // one inbound WebSocket message
+  std::size_t max_ws_queue_bytes = 256u << 20;   // unsent outbound bytes before a client is dropped
+  double ws_ping_interval = 30;                   // seconds; 0: off
+  int threads = 2;
+  std::set<std::string> env_allowlist;  // client env names passed besides KERNEL_*
+  int restart_limit = 5;                // auto-restarts of a dying kernel before it is dead
+  double kernel_start_timeout = 60;     // seconds until the kernel must answer kernel_info
+  bool no_jail = false;                 // run kernels unjailed (explicit only)
+  jail::JailSpec jail;                  // limits for every kernel
+};
+
+}  // namespace cellgate::server

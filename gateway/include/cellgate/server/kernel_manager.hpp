@@ -1,0 +1,159 @@
+// KernelManager: the gateway's live kernels — start, find, interrupt, restart, shut down, cull —
+// and the bridge between each kernel's ZeroMQ client and the WebSockets attached to it.
+//
+//   KernelManager km(options);
+//   auto model = km.start("python3", env);          // blocking: returns once kernel_info answers
+//   auto kernel = km.find(model->id);               // shared_ptr<ManagedKernel>
+//   kernel.value()->attach(listener);               // a WebSocket receives iopub and its replies
+//   kernel.value()->post(Channel::kShell, msg);     // a WebSocket's request
+//
+// Replies on shell/control/stdin go to the WebSocket whose messages carried the same
+// header.session (each WebSocket's client session); iopub goes to every attached WebSocket.
+//
+// Thread-safety: every public method is thread-safe. Blocking ones (start, restart, shutdown)
+// must not run on the network threads. Listener callbacks run on kernel I/O threads and the
+// manager's monitor thread; listeners must only queue work.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cellgate/kernel/client.hpp"
+#include "cellgate/kernel/connection.hpp"
+#include "cellgate/kernel/process.hpp"
+#include "cellgate/result.hpp"
+#include "cellgate/server/config.hpp"
+
+namespace cellgate::server {
+
+struct KernelModel {
+  std::string id;
+  std::string name;
+  std::string last_activity;  // ISO 8601 UTC with microseconds and Z
+  std::string execution_state;  // starting | idle | busy | restarting | dead
+  int connections = 0;
+  std::string reason;  // why it is dead, when it is
+  nlohmann::json to_json() const;
+};
+
+// A WebSocket (or anything else) that receives a kernel's messages.
+class ChannelListener {
+ public:
+  virtual ~ChannelListener() = default;
+  // A message for this listener. Must not block.
+  virtual void deliver(kernel::Channel channel, std::shared_ptr<const protocol::Message> msg) = 0;
+  // The kernel is gone (deleted or culled): close with a normal closure.
+  virtual void kernel_gone(const std::string& reason) = 0;
+};
+
+class ManagedKernel {
+ public:
+  ManagedKernel(std::string id, kernel::KernelSpec spec, std::string home);
+  ~ManagedKernel();
+
+  const std::string& id() const { return id_; }
+  const kernel::KernelSpec& spec() const { return spec_; }
+  KernelModel model() const;
+
+  // Attaches a listener for the client session `session_id` ("" when the client gave none).
+  // Returns false when the kernel is already gone.
+  bool attach(const std::shared_ptr<ChannelListener>& listener, const std::string& session_id);
+  void detach(const ChannelListener* listener);
+  // Forwards a client's message; records the sender's header.session for routing replies.
+  Result<void> post(kernel::Channel channel, protocol::Message msg,
+                    const std::shared_ptr<ChannelListener>& sender);
+  // The kernel client for the gateway's own requests (agents, restart checks). May be null
+  // while the kernel restarts.
+  std::shared_ptr<kernel::KernelClient> client() const;
+
+ private:
+  friend class KernelManager;
+  struct Attached {
+    std::weak_ptr<ChannelListener> listener;
+    std::string session_id;
+  };
+
+  void on_iopub(const protocol::Message& msg);
+  void on_unrouted(kernel::Channel channel, const protocol::Message& msg);
+  void publish_status(const std::string& state);
+  void touch();
+  std::vector<std::shared_ptr<ChannelListener>> listeners_snapshot();
+
+  const std::string id_;
+  const kernel::KernelSpec spec_;
+  const std::string home_;  // state_dir/kernels/<id>: work dir lives here
+
+  mutable std::mutex mu_;
+  std::unique_ptr<kernel::KernelProcess> process_;
+  std::shared_ptr<kernel::KernelClient> client_;
+  std::vector<Attached> attached_;
+  std::map<std::string, std::weak_ptr<ChannelListener>> by_session_;  // header.session → sender
+  std::string execution_state_ = "starting";
+  std::string reason_;
+  std::chrono::system_clock::time_point last_activity_;
+  std::chrono::steady_clock::time_point last_activity_steady_;
+  std::map<std::string, std::string> env_;
+  uid_t uid_ = 0;
+  int restarts_ = 0;
+  bool gone_ = false;
+  bool restarting_ = false;
+};
+
+class KernelManager {
+ public:
+  explicit KernelManager(ServeOptions options);
+  ~KernelManager();  // shuts every kernel down
+
+  // Blocking. env: the client's env (filtered here: KERNEL_* and the allowlist only).
+  Result<KernelModel> start(const std::string& name, const nlohmann::json& env);
+  Result<std::shared_ptr<ManagedKernel>> find(const std::string& id) const;
+  std::vector<KernelModel> list() const;
+  Result<void> interrupt(const std::string& id);
+  Result<KernelModel> restart(const std::string& id);  // blocking
+  Result<void> shutdown(const std::string& id);        // blocking
+  void shutdown_all();
+
+  // Kernelspecs: the standard directories; every one runs through cellgate-kernel.
+  std::vector<kernel::KernelSpec> kernelspecs() const;
+  Result<kernel::KernelSpec> kernelspec(const std::string& name) const;
+  const std::string& default_kernel_name() const { return default_kernel_; }
+  const ServeOptions& options() const { return options_; }
+  const std::string& state_dir() const { return state_dir_; }
+
+ private:
+  // (Re)starts the process and client; blocking.
+  Result<void> launch(const std::shared_ptr<ManagedKernel>& k);
+  void monitor_loop();
+  void handle_death(const std::shared_ptr<ManagedKernel>& k, const std::string& reason);
+  void cull();
+  Result<void> write_record(const ManagedKernel& k);
+  uid_t allocate_uid();
+
+  ServeOptions options_;
+  std::string state_dir_;
+  std::string default_kernel_ = "python3";
+
+  mutable std::mutex mu_;
+  std::map<std::string, std::shared_ptr<ManagedKernel>> kernels_;
+  std::size_t pending_ = 0;
+  std::set<uid_t> uids_in_use_;
+
+  std::mutex monitor_mu_;
+  std::condition_variable monitor_cv_;
+  bool stopping_ = false;
+  std::thread monitor_;
+};
+
+// The HTTP status for an error code: the one place codes map to HTTP.
+int http_status(ErrorCode code);
+
+}  // namespace cellgate::server

@@ -1,0 +1,783 @@
+#include "cellgate/server/kernel_manager.hpp"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "cellgate/unique_fd.hpp"
+
+namespace cellgate::server {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+using kernel::Channel;
+
+// jupyter_server does not let these requests' status messages change execution_state.
+const std::set<std::string> kUntracked = {"comm_info_request", "kernel_info_request",
+                                          "debug_request", "shutdown_request",
+                                          "interrupt_request"};
+
+constexpr uid_t kGatewayUidBase = 2000000;  // above the launcher's kUidBase + pid range
+
+std::string iso8601(std::chrono::system_clock::time_point t) {
+  const auto micros =
+      std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count() %
+      1000000;
+  const std::time_t secs = std::chrono::system_clock::to_time_t(t);
+  std::tm tm{};
+  ::gmtime_r(&secs, &tm);
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06lldZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                static_cast<long long>(micros));
+  return buf;
+}
+
+std::string default_state_dir() {
+  if (const char* d = std::getenv("CELLGATE_STATE_DIR"); d != nullptr && *d != '\0') {
+    return d;
+  }
+  const char* home = std::getenv("HOME");
+  return std::string(home != nullptr && *home != '\0' ? home : "/root") + "/.local/state/cellgate";
+}
+
+Result<void> make_private_dir(const std::string& path) {
+  std::error_code ec;
+  fs::create_directories(path, ec);
+  if (ec) {
+    return make_error(ErrorCode::kInternal, "state_dir",
+                      "cannot create " + path + ": " + ec.message());
+  }
+  if (::chmod(path.c_str(), 0700) != 0) {
+    return errno_error(ErrorCode::kInternal, "state_dir", "chmod('" + path + "', 0700)", errno);
+  }
+  return {};
+}
+
+// Atomic, owner-only write: temp file, fsync, rename.
+Result<void> write_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd) {
+    return errno_error(ErrorCode::kInternal, "state", "open('" + tmp + "')", errno);
+  }
+  if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()) ||
+      ::fsync(fd.get()) != 0) {
+    return errno_error(ErrorCode::kInternal, "state", "write('" + tmp + "')", errno);
+  }
+  fd.reset();
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    return errno_error(ErrorCode::kInternal, "state", "rename('" + tmp + "')", errno);
+  }
+  return {};
+}
+
+// Field 22 of /proc/<pid>/stat: with the pid it identifies the process across pid reuse.
+std::string process_start_time(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  auto close = text.rfind(')');
+  if (close == std::string::npos) {
+    return "";
+  }
+  std::istringstream rest(text.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && rest >> field; ++i) {
+  }
+  return field;
+}
+
+// Client env: only KERNEL_* and allowlisted names, string values without control characters.
+// jupyter_server 1.23 sends its whole environment here: everything else is dropped unlogged.
+Result<std::map<std::string, std::string>> filter_env(const json& env,
+                                                      const std::set<std::string>& allow) {
+  std::map<std::string, std::string> out;
+  if (env.is_null()) {
+    return out;
+  }
+  if (!env.is_object()) {
+    return make_error(ErrorCode::kInvalidArgument, "bad_env", "'env' must be an object");
+  }
+  for (const auto& [key, value] : env.items()) {
+    if (!key.starts_with("KERNEL_") && allow.count(key) == 0) {
+      continue;
+    }
+    if (!value.is_string()) {
+      return make_error(ErrorCode::kInvalidArgument, "bad_env",
+                        "env value of " + key + " must be a string");
+    }
+    const auto& v = value.get_ref<const std::string&>();
+    if (v.size() > 4096 || v.find_first_of(std::string("\0\n\r", 3)) != std::string::npos) {
+      return make_error(ErrorCode::kInvalidArgument, "bad_env",
+                        "env value of " + key + " is too long or has control characters");
+    }
+    out[key] = v;
+  }
+  return out;
+}
+
+}  // namespace
+
+int http_status(ErrorCode code) {
+  switch (code) {
+    case ErrorCode::kInvalidArgument:
+      return 400;
+    case ErrorCode::kUnauthenticated:
+      return 401;
+    case ErrorCode::kPermissionDenied:
+      return 403;
+    case ErrorCode::kNotFound:
+      return 404;
+    case ErrorCode::kFailedPrecondition:
+      return 409;
+    case ErrorCode::kResourceExhausted:
+      return 403;  // jupyter's "Resource Limit" for max_kernels; clients expect 403
+    case ErrorCode::kDeadlineExceeded:
+      return 504;
+    case ErrorCode::kUnavailable:
+      return 503;
+    case ErrorCode::kInternal:
+      return 500;
+  }
+  return 500;
+}
+
+json KernelModel::to_json() const {
+  json j = {{"id", id},
+            {"name", name},
+            {"last_activity", last_activity},
+            {"execution_state", execution_state},
+            {"connections", connections}};
+  if (!reason.empty()) {
+    j["reason"] = reason;
+  }
+  return j;
+}
+
+// ---- ManagedKernel ---------------------------------------------------------------------------
+
+ManagedKernel::ManagedKernel(std::string id, kernel::KernelSpec spec, std::string home)
+    : id_(std::move(id)),
+      spec_(std::move(spec)),
+      home_(std::move(home)),
+      last_activity_(std::chrono::system_clock::now()),
+      last_activity_steady_(Clock::now()) {}
+
+ManagedKernel::~ManagedKernel() {
+  // The client's I/O thread calls back into us: stop it before anything else goes.
+  std::shared_ptr<kernel::KernelClient> client;
+  std::unique_ptr<kernel::KernelProcess> process;
+  {
+    std::lock_guard lock(mu_);
+    client = std::move(client_);
+    process = std::move(process_);
+  }
+  client.reset();
+  process.reset();
+}
+
+KernelModel ManagedKernel::model() const {
+  std::lock_guard lock(mu_);
+  KernelModel m;
+  m.id = id_;
+  m.name = spec_.name;
+  m.last_activity = iso8601(last_activity_);
+  m.execution_state = execution_state_;
+  m.reason = reason_;
+  for (const auto& a : attached_) {
+    if (!a.listener.expired()) {
+      ++m.connections;
+    }
+  }
+  return m;
+}
+
+bool ManagedKernel::attach(const std::shared_ptr<ChannelListener>& listener,
+                           const std::string& session_id) {
+  std::shared_ptr<ChannelListener> replaced;
+  {
+    std::lock_guard lock(mu_);
+    if (gone_) {
+      return false;
+    }
+    if (!session_id.empty()) {
+      // jupyter_server: a second connection with the same session id replaces the stale one.
+      for (auto& a : attached_) {
+        if (a.session_id == session_id) {
+          replaced = a.listener.lock();
+          a.listener.reset();
+        }
+      }
+      by_session_[session_id] = listener;
+    }
+    std::erase_if(attached_, [](const Attached& a) { return a.listener.expired(); });
+    attached_.push_back({listener, session_id});
+    last_activity_ = std::chrono::system_clock::now();
+    last_activity_steady_ = Clock::now();
+  }
+  if (replaced) {
+    replaced->kernel_gone("replaced by a new connection with the same session_id");
+  }
+  return true;
+}
+
+void ManagedKernel::detach(const ChannelListener* listener) {
+  std::lock_guard lock(mu_);
+  std::erase_if(attached_, [&](const Attached& a) {
+    auto l = a.listener.lock();
+    return !l || l.get() == listener;
+  });
+  std::erase_if(by_session_, [&](const auto& entry) {
+    auto l = entry.second.lock();
+    return !l || l.get() == listener;
+  });
+}
+
+Result<void> ManagedKernel::post(Channel channel, protocol::Message msg,
+                                 const std::shared_ptr<ChannelListener>& sender) {
+  std::shared_ptr<kernel::KernelClient> client;
+  {
+    std::lock_guard lock(mu_);
+    if (gone_ || !client_) {
+      return make_error(ErrorCode::kUnavailable, "kernel_unavailable",
+                        "kernel " + id_ + " is " + (gone_ ? "gone" : execution_state_));
+    }
+    const std::string session = msg.header.value("session", "");
+    if (!session.empty() && sender) {
+      by_session_[session] = sender;
+    }
+    last_activity_ = std::chrono::system_clock::now();
+    last_activity_steady_ = Clock::now();
+    client = client_;
+  }
+  client->post(channel, std::move(msg));
+  return {};
+}
+
+std::shared_ptr<kernel::KernelClient> ManagedKernel::client() const {
+  std::lock_guard lock(mu_);
+  return client_;
+}
+
+void ManagedKernel::touch() {
+  last_activity_ = std::chrono::system_clock::now();
+  last_activity_steady_ = Clock::now();
+}
+
+std::vector<std::shared_ptr<ChannelListener>> ManagedKernel::listeners_snapshot() {
+  std::vector<std::shared_ptr<ChannelListener>> out;
+  for (const auto& a : attached_) {
+    if (auto l = a.listener.lock()) {
+      out.push_back(std::move(l));
+    }
+  }
+  return out;
+}
+
+void ManagedKernel::on_iopub(const protocol::Message& msg) {
+  auto shared = std::make_shared<const protocol::Message>(msg);
+  std::vector<std::shared_ptr<ChannelListener>> targets;
+  {
+    std::lock_guard lock(mu_);
+    touch();
+    if (msg.msg_type() == "status") {
+      const std::string parent_type = msg.parent_header.value("msg_type", "");
+      const std::string state = msg.content.value("execution_state", "");
+      if (kUntracked.count(parent_type) == 0 && (state == "busy" || state == "idle")) {
+        execution_state_ = state;
+      } else if (execution_state_ == "starting" && state == "idle") {
+        execution_state_ = "idle";
+      }
+    }
+    targets = listeners_snapshot();
+  }
+  for (auto& l : targets) {
+    l->deliver(Channel::kIopub, shared);
+  }
+}
+
+void ManagedKernel::on_unrouted(Channel channel, const protocol::Message& msg) {
+  std::shared_ptr<ChannelListener> target;
+  {
+    std::lock_guard lock(mu_);
+    auto it = by_session_.find(msg.parent_header.value("session", ""));
+    if (it != by_session_.end()) {
+      target = it->second.lock();
+    }
+  }
+  if (target) {
+    target->deliver(channel, std::make_shared<const protocol::Message>(msg));
+  }
+}
+
+void ManagedKernel::publish_status(const std::string& state) {
+  static const protocol::Session gateway_session("cellgate");
+  protocol::Message msg = gateway_session.make("status", json{{"execution_state", state}});
+  auto shared = std::make_shared<const protocol::Message>(std::move(msg));
+  std::vector<std::shared_ptr<ChannelListener>> targets;
+  {
+    std::lock_guard lock(mu_);
+    targets = listeners_snapshot();
+  }
+  for (auto& l : targets) {
+    l->deliver(Channel::kIopub, shared);
+  }
+}
+
+// ---- KernelManager ---------------------------------------------------------------------------
+
+KernelManager::KernelManager(ServeOptions options)
+    : options_(std::move(options)),
+      state_dir_(options_.state_dir.empty() ? default_state_dir() : options_.state_dir) {
+  for (const char* sub : {"", "/kernels", "/run"}) {
+    if (auto r = make_private_dir(state_dir_ + sub); !r) {
+      spdlog::error("{}", r.error().message);
+    }
+  }
+  if (!kernelspec(default_kernel_)) {
+    auto specs = kernelspecs();
+    if (!specs.empty()) {
+      default_kernel_ = specs.front().name;
+    }
+  }
+  monitor_ = std::thread([this] { monitor_loop(); });
+}
+
+KernelManager::~KernelManager() {
+  {
+    std::lock_guard lock(monitor_mu_);
+    stopping_ = true;
+  }
+  monitor_cv_.notify_all();
+  if (monitor_.joinable()) {
+    monitor_.join();
+  }
+  shutdown_all();
+}
+
+std::vector<kernel::KernelSpec> KernelManager::kernelspecs() const {
+  std::vector<kernel::KernelSpec> out;
+  std::set<std::string> seen;
+  for (const auto& dir : kernel::kernelspec_dirs()) {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (seen.count(name) != 0 || !fs::is_regular_file(entry.path() / "kernel.json", ec)) {
+        continue;
+      }
+      if (auto spec = kernel::KernelSpec::load(entry.path().string(), name)) {
+        seen.insert(name);
+        out.push_back(std::move(spec).value());
+      }
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return a.name < b.name; });
+  return out;
+}
+
+Result<kernel::KernelSpec> KernelManager::kernelspec(const std::string& name) const {
+  return kernel::find_kernelspec(name);
+}
+
+uid_t KernelManager::allocate_uid() {
+  uid_t uid = kGatewayUidBase;
+  while (uids_in_use_.count(uid) != 0) {
+    ++uid;
+  }
+  uids_in_use_.insert(uid);
+  return uid;
+}
+
+Result<KernelModel> KernelManager::start(const std::string& name, const json& env) {
+  CELLGATE_ASSIGN_OR_RETURN(auto client_env, filter_env(env, options_.env_allowlist));
+  CELLGATE_ASSIGN_OR_RETURN(kernel::KernelSpec spec,
+                            kernelspec(name.empty() ? default_kernel_ : name));
+  const std::string id = protocol::new_uuid();
+  std::shared_ptr<ManagedKernel> k;
+  {
+    std::lock_guard lock(mu_);
+    if (kernels_.size() + pending_ >= options_.max_kernels) {
+      return make_error(ErrorCode::kResourceExhausted, "max_kernels",
+                        "Resource Limit: at most " + std::to_string(options_.max_kernels) +
+                            " kernels may run at once (--max-kernels)");
+    }
+    ++pending_;
+    k = std::make_shared<ManagedKernel>(id, std::move(spec), state_dir_ + "/kernels/" + id);
+    k->uid_ = allocate_uid();
+  }
+  k->env_ = std::move(client_env);
+  auto launched = [&]() -> Result<void> {
+    CELLGATE_TRY(make_private_dir(k->home_ + "/work"));
+    return launch(k);
+  }();
+  std::lock_guard lock(mu_);
+  --pending_;
+  if (!launched) {
+    uids_in_use_.erase(k->uid_);
+    std::error_code ec;
+    ::umount2((k->home_ + "/work").c_str(), MNT_DETACH);
+    fs::remove_all(k->home_, ec);
+    return std::move(launched).error();
+  }
+  kernels_[id] = k;
+  spdlog::info("kernel {} started ({}), uid {}", id, k->spec_.name, k->uid_);
+  return k->model();
+}
+
+Result<void> KernelManager::launch(const std::shared_ptr<ManagedKernel>& k) {
+  kernel::LaunchRequest req;
+  req.spec = k->spec_;
+  req.runtime_parent = state_dir_ + "/run";
+  req.work_dir = k->home_ + "/work";
+  req.env = kernel::default_kernel_env(req.work_dir, !options_.no_jail);
+  for (const auto& [key, value] : k->env_) {
+    req.env[key] = value;
+  }
+  if (!options_.no_jail) {
+    jail::JailSpec spec = options_.jail;
+    spec.uid = k->uid_;
+    spec.gid = static_cast<gid_t>(k->uid_);
+    spec.name = "k-" + k->id_;
+    req.jail = std::move(spec);
+  }
+  CELLGATE_ASSIGN_OR_RETURN(auto process, kernel::KernelProcess::start(std::move(req)));
+
+  std::weak_ptr<ManagedKernel> weak = k;
+  kernel::ClientOptions co;
+  co.on_iopub = [weak](Channel, const protocol::Message& msg) {
+    if (auto self = weak.lock()) {
+      self->on_iopub(msg);
+    }
+  };
+  co.on_unrouted = [weak](Channel ch, const protocol::Message& msg) {
+    if (auto self = weak.lock()) {
+      self->on_unrouted(ch, msg);
+    }
+  };
+  co.on_dead = [this](const std::string&) { monitor_cv_.notify_all(); };
+  co.on_wire_error = [id = k->id_](Channel ch, const Error& e) {
+    spdlog::warn("kernel {}: dropped a message on {}: {}", id, kernel::to_string(ch),
+                 e.describe());
+  };
+  co.heartbeat_interval = std::chrono::milliseconds(500);
+  co.heartbeat_misses = 6;
+  CELLGATE_ASSIGN_OR_RETURN(std::unique_ptr<kernel::KernelClient> client_unique,
+                            kernel::KernelClient::connect(process->connection(), std::move(co)));
+  std::shared_ptr<kernel::KernelClient> client = std::move(client_unique);
+  auto ready = client->wait_ready(std::chrono::milliseconds(
+      static_cast<long long>(options_.kernel_start_timeout * 1000)));
+  if (!ready) {
+    std::string why = ready.error().message;
+    if (auto ended = process->poll_exit()) {
+      why = std::string("the kernel exited while starting (") +
+            launcher::to_string(ended->reason) + (ended->message.empty() ? "" : ": " + ended->message) +
+            "); its log ends with: " + process->log_tail(800);
+    }
+    return make_error(ErrorCode::kInternal, "kernel_start_failed", why);
+  }
+  {
+    std::lock_guard lock(k->mu_);
+    k->process_ = std::move(process);
+    k->client_ = std::move(client);
+    k->execution_state_ = "idle";
+    k->reason_.clear();
+    k->touch();
+  }
+  return write_record(*k);
+}
+
+Result<void> KernelManager::write_record(const ManagedKernel& k) {
+  json record;
+  {
+    std::lock_guard lock(k.mu_);
+    if (!k.process_) {
+      return {};
+    }
+    record = {{"id", k.id_},
+              {"kernelspec", k.spec_.name},
+              {"connection", k.process_->connection().to_json()},
+              {"connection_file", k.process_->connection_file()},
+              {"pid", k.process_->pid()},
+              {"pid_start_time", process_start_time(k.process_->pid())},
+              {"jailed", k.process_->jailed()},
+              {"uid", k.uid_},
+              {"cgroup", "k-" + k.id_},
+              {"work_dir", k.home_ + "/work"},
+              {"limits", options_.jail.to_json()},
+              {"started_at", iso8601(std::chrono::system_clock::now())}};
+  }
+  return write_atomically(state_dir_ + "/kernels/" + k.id_ + ".json", record.dump(1));
+}
+
+Result<std::shared_ptr<ManagedKernel>> KernelManager::find(const std::string& id) const {
+  std::lock_guard lock(mu_);
+  auto it = kernels_.find(id);
+  if (it == kernels_.end()) {
+    return make_error(ErrorCode::kNotFound, "no_such_kernel", "Kernel does not exist: " + id);
+  }
+  return it->second;
+}
+
+std::vector<KernelModel> KernelManager::list() const {
+  std::vector<std::shared_ptr<ManagedKernel>> snapshot;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, k] : kernels_) {
+      snapshot.push_back(k);
+    }
+  }
+  std::vector<KernelModel> out;
+  for (const auto& k : snapshot) {
+    out.push_back(k->model());
+  }
+  return out;
+}
+
+Result<void> KernelManager::interrupt(const std::string& id) {
+  CELLGATE_ASSIGN_OR_RETURN(auto k, find(id));
+  if (k->spec_.interrupt_mode == "message") {
+    auto client = k->client();
+    if (!client) {
+      return make_error(ErrorCode::kUnavailable, "kernel_unavailable", "the kernel is restarting");
+    }
+    auto r = client->request(Channel::kControl, "interrupt_request", json::object(),
+                             std::chrono::seconds(5), false);
+    if (!r) {
+      return std::move(r).error();
+    }
+    return {};
+  }
+  std::lock_guard lock(k->mu_);
+  if (!k->process_) {
+    return make_error(ErrorCode::kUnavailable, "kernel_unavailable", "the kernel is restarting");
+  }
+  return k->process_->signal(SIGINT);
+}
+
+Result<KernelModel> KernelManager::restart(const std::string& id) {
+  CELLGATE_ASSIGN_OR_RETURN(auto k, find(id));
+  std::shared_ptr<kernel::KernelClient> old_client;
+  std::unique_ptr<kernel::KernelProcess> old_process;
+  {
+    std::lock_guard lock(k->mu_);
+    if (k->restarting_) {
+      return make_error(ErrorCode::kFailedPrecondition, "restarting",
+                        "the kernel is already restarting");
+    }
+    k->restarting_ = true;
+    k->execution_state_ = "restarting";
+    old_client = std::move(k->client_);
+    old_process = std::move(k->process_);
+  }
+  old_client.reset();
+  old_process.reset();  // kills the old kernel and its cgroup
+  auto launched = launch(k);
+  {
+    std::lock_guard lock(k->mu_);
+    k->restarting_ = false;
+    if (!launched) {
+      k->execution_state_ = "dead";
+      k->reason_ = launched.error().message;
+      return std::move(launched).error();
+    }
+    k->restarts_ = 0;
+  }
+  return k->model();
+}
+
+Result<void> KernelManager::shutdown(const std::string& id) {
+  std::shared_ptr<ManagedKernel> k;
+  {
+    std::lock_guard lock(mu_);
+    auto it = kernels_.find(id);
+    if (it == kernels_.end()) {
+      return make_error(ErrorCode::kNotFound, "no_such_kernel", "Kernel does not exist: " + id);
+    }
+    k = it->second;
+    kernels_.erase(it);
+  }
+  std::shared_ptr<kernel::KernelClient> client;
+  std::unique_ptr<kernel::KernelProcess> process;
+  std::vector<std::shared_ptr<ChannelListener>> listeners;
+  {
+    std::lock_guard lock(k->mu_);
+    k->gone_ = true;
+    client = std::move(k->client_);
+    process = std::move(k->process_);
+    listeners = k->listeners_snapshot();
+    k->attached_.clear();
+    k->by_session_.clear();
+  }
+  if (client && client->is_alive()) {
+    // A polite shutdown first, so the kernel can clean up; the cgroup is killed either way.
+    (void)client->request(Channel::kControl, "shutdown_request", json{{"restart", false}},
+                          std::chrono::seconds(2), false);
+    if (process) {
+      process->wait_exit(std::chrono::seconds(1));
+    }
+  }
+  client.reset();
+  process.reset();
+  for (auto& l : listeners) {
+    l->kernel_gone("the kernel was shut down");
+  }
+  ::umount2((k->home_ + "/work").c_str(), MNT_DETACH);
+  std::error_code ec;
+  fs::remove_all(k->home_, ec);
+  fs::remove(state_dir_ + "/kernels/" + id + ".json", ec);
+  {
+    std::lock_guard lock(mu_);
+    uids_in_use_.erase(k->uid_);
+  }
+  spdlog::info("kernel {} shut down", id);
+  return {};
+}
+
+void KernelManager::shutdown_all() {
+  std::vector<std::string> ids;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [id, k] : kernels_) {
+      ids.push_back(id);
+    }
+  }
+  for (const auto& id : ids) {
+    (void)shutdown(id);
+  }
+}
+
+void KernelManager::handle_death(const std::shared_ptr<ManagedKernel>& k,
+                                 const std::string& reason) {
+  int restarts = 0;
+  {
+    std::lock_guard lock(k->mu_);
+    if (k->gone_ || k->restarting_ || k->execution_state_ == "dead") {
+      return;
+    }
+    restarts = ++k->restarts_;
+    k->reason_ = reason;
+    k->restarting_ = true;
+    k->execution_state_ = restarts <= options_.restart_limit ? "restarting" : "dead";
+  }
+  spdlog::warn("kernel {} died: {}", k->id_, reason);
+  if (restarts > options_.restart_limit) {
+    {
+      std::lock_guard lock(k->mu_);
+      k->restarting_ = false;
+    }
+    k->publish_status("dead");
+    return;
+  }
+  k->publish_status("restarting");
+  std::shared_ptr<kernel::KernelClient> old_client;
+  std::unique_ptr<kernel::KernelProcess> old_process;
+  {
+    std::lock_guard lock(k->mu_);
+    old_client = std::move(k->client_);
+    old_process = std::move(k->process_);
+  }
+  old_client.reset();
+  old_process.reset();
+  auto launched = launch(k);
+  {
+    std::lock_guard lock(k->mu_);
+    k->restarting_ = false;
+    if (!launched) {
+      k->execution_state_ = "dead";
+      k->reason_ = reason + "; the restart failed: " + launched.error().message;
+    }
+  }
+  if (!launched) {
+    spdlog::error("kernel {}: restart failed: {}", k->id_, launched.error().message);
+    k->publish_status("dead");
+  } else {
+    spdlog::info("kernel {} restarted after: {}", k->id_, reason);
+  }
+}
+
+void KernelManager::monitor_loop() {
+  auto next_cull = Clock::now();
+  std::unique_lock lock(monitor_mu_);
+  while (!stopping_) {
+    monitor_cv_.wait_for(lock, std::chrono::milliseconds(250));
+    if (stopping_) {
+      break;
+    }
+    lock.unlock();
+    std::vector<std::shared_ptr<ManagedKernel>> snapshot;
+    {
+      std::lock_guard klock(mu_);
+      for (const auto& [id, k] : kernels_) {
+        snapshot.push_back(k);
+      }
+    }
+    for (const auto& k : snapshot) {
+      std::string reason;
+      {
+        std::lock_guard klock(k->mu_);
+        if (k->gone_ || k->restarting_ || !k->process_) {
+          continue;
+        }
+        if (auto ended = k->process_->poll_exit()) {
+          reason = launcher::to_string(ended->reason);
+          if (ended->signal != 0) {
+            reason += " (signal " + std::to_string(ended->signal) + ")";
+          }
+          if (!ended->message.empty()) {
+            reason += ": " + ended->message;
+          }
+        } else if (k->client_ && !k->client_->is_alive()) {
+          reason = "the kernel stopped answering heartbeats";
+        }
+      }
+      if (!reason.empty()) {
+        handle_death(k, reason);
+      }
+    }
+    if (options_.cull_idle_timeout > 0 && Clock::now() >= next_cull) {
+      next_cull = Clock::now() + std::chrono::milliseconds(
+                                     static_cast<long long>(options_.cull_interval * 1000));
+      cull();
+    }
+    lock.lock();
+  }
+}
+
+void KernelManager::cull() {
+  const auto now = Clock::now();
+  const auto idle_limit =
+      std::chrono::milliseconds(static_cast<long long>(options_.cull_idle_timeout * 1000));
+  std::vector<std::string> victims;
+  for (const auto& model : list()) {
+    auto k = find(model.id);
+    if (!k) {
+      continue;
+    }
+    std::lock_guard lock(k.value()->mu_);
+    const bool idle_long = now - k.value()->last_activity_steady_ > idle_limit;
+    const bool busy_ok = options_.cull_busy || model.execution_state != "busy";
+    const bool conn_ok = options_.cull_connected || model.connections == 0;
+    if ((idle_long && busy_ok && conn_ok) || model.execution_state == "dead") {
+      victims.push_back(model.id);
+    }
+  }
+  for (const auto& id : victims) {
+    spdlog::info("culling kernel {} (idle)", id);
+    (void)shutdown(id);
+  }
+}
+
+}  // namespace cellgate::server
