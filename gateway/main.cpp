@@ -57,6 +57,9 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--max-ws-message-bytes", serve.max_ws_message_bytes,
                         "largest WebSocket message from a client")
       ->capture_default_str();
+  serve_cmd->add_option("--max-ws-queue-bytes", serve.max_ws_queue_bytes,
+                        "unsent bytes for one WebSocket before that client is disconnected")
+      ->capture_default_str();
   serve_cmd->add_option("--ws-ping-interval", serve.ws_ping_interval,
                         "WebSocket keepalive ping seconds (0: off)")
       ->capture_default_str();
