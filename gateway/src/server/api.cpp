@@ -324,7 +324,7 @@ json Api::spec_model(const kernel::KernelSpec& spec) const {
   json resources = json::object();
   std::error_code ec;
   for (const char* logo : {"logo-32x32.png", "logo-64x64.png", "logo-svg.svg"}) {
-    if (fs::exists(spec.resource_dir + "/" + logo, ec)) {
+    if (!spec.resource_dir.empty() && fs::exists(spec.resource_dir + "/" + logo, ec)) {
       std::string key = logo;
       key = key.substr(0, key.rfind('.'));
       resources[key] = base_ + "/kernelspecs/" + spec.name + "/" + logo;
@@ -372,7 +372,8 @@ void Api::kernelspec_file(const Request& req, const std::vector<std::string>& pa
                           Reply reply) {
   auto spec = manager_.kernelspec(parts[1]);
   const std::string& file = parts[2];
-  if (!spec || file.find('/') != std::string::npos || file.starts_with(".")) {
+  if (!spec || spec->resource_dir.empty() || file.find('/') != std::string::npos ||
+      file.starts_with(".")) {
     reply(error_response(req, make_error(ErrorCode::kNotFound, "not_found", "no such file")));
     return;
   }

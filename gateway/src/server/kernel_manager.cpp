@@ -128,6 +128,16 @@ Result<std::map<std::string, std::string>> filter_env(const json& env,
   return out;
 }
 
+// The built-in kernelspec, offered when no python3 kernelspec is installed: Debian's ipykernel.
+kernel::KernelSpec builtin_python3() {
+  kernel::KernelSpec spec;
+  spec.name = "python3";
+  spec.display_name = "Python 3";
+  spec.language = "python";
+  spec.argv = {"/usr/bin/python3", "-m", "ipykernel_launcher", "-f", "{connection_file}"};
+  return spec;
+}
+
 }  // namespace
 
 int http_status(ErrorCode code) {
@@ -322,9 +332,13 @@ void ManagedKernel::on_unrouted(Channel channel, const protocol::Message& msg) {
   }
 }
 
-void ManagedKernel::publish_status(const std::string& state) {
+void ManagedKernel::publish_status(const std::string& state, const std::string& reason) {
   static const protocol::Session gateway_session("cellgate");
-  protocol::Message msg = gateway_session.make("status", json{{"execution_state", state}});
+  json content = {{"execution_state", state}};
+  if (!reason.empty()) {
+    content["reason"] = reason;  // cellgate's addition; clients read only execution_state
+  }
+  protocol::Message msg = gateway_session.make("status", std::move(content));
   auto shared = std::make_shared<const protocol::Message>(std::move(msg));
   std::vector<std::shared_ptr<ChannelListener>> targets;
   {
@@ -383,13 +397,20 @@ std::vector<kernel::KernelSpec> KernelManager::kernelspecs() const {
       }
     }
   }
+  if (seen.count("python3") == 0) {
+    out.push_back(builtin_python3());
+  }
   std::sort(out.begin(), out.end(),
             [](const auto& a, const auto& b) { return a.name < b.name; });
   return out;
 }
 
 Result<kernel::KernelSpec> KernelManager::kernelspec(const std::string& name) const {
-  return kernel::find_kernelspec(name);
+  auto found = kernel::find_kernelspec(name);
+  if (!found && name == "python3" && found.error().code == ErrorCode::kNotFound) {
+    return builtin_python3();
+  }
+  return found;
 }
 
 uid_t KernelManager::allocate_uid() {
@@ -678,10 +699,10 @@ void KernelManager::handle_death(const std::shared_ptr<ManagedKernel>& k,
       std::lock_guard lock(k->mu_);
       k->restarting_ = false;
     }
-    k->publish_status("dead");
+    k->publish_status("dead", reason);
     return;
   }
-  k->publish_status("restarting");
+  k->publish_status("restarting", reason);
   std::shared_ptr<kernel::KernelClient> old_client;
   std::unique_ptr<kernel::KernelProcess> old_process;
   {
@@ -702,7 +723,7 @@ void KernelManager::handle_death(const std::shared_ptr<ManagedKernel>& k,
   }
   if (!launched) {
     spdlog::error("kernel {}: restart failed: {}", k->id_, launched.error().message);
-    k->publish_status("dead");
+    k->publish_status("dead", launched.error().message);
   } else {
     spdlog::info("kernel {} restarted after: {}", k->id_, reason);
   }

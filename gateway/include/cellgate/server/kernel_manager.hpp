@@ -84,7 +84,7 @@ class ManagedKernel {
 
   void on_iopub(const protocol::Message& msg);
   void on_unrouted(kernel::Channel channel, const protocol::Message& msg);
-  void publish_status(const std::string& state);
+  void publish_status(const std::string& state, const std::string& reason = "");
   void touch();
   std::vector<std::shared_ptr<ChannelListener>> listeners_snapshot();
 
