@@ -492,31 +492,36 @@ Result<Collected> KernelClient::request(Channel channel, std::string_view msg_ty
 
 Result<json> KernelClient::wait_ready(std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
+  std::optional<json> info;
   for (;;) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left <= std::chrono::milliseconds(0)) {
       break;
     }
-    // Until iopub is live the idle status may be lost, so wait for the reply alone; the kernel
-    // publishes status for every request, which proves the subscription once it arrives.
+    // Until iopub is live the idle status may be lost, so wait for the reply alone. The kernel
+    // publishes a status for every request: once one arrives, the subscription is proven. The
+    // status of the first request is usually published before our subscription reached the
+    // kernel, so ask again at once rather than wait for it.
     auto attempt = request(Channel::kShell, "kernel_info_request", json::object(),
                            std::min(left, std::chrono::milliseconds(1000)), false);
     if (attempt && attempt->end == RequestEnd::kKernelDead) {
       return make_error(ErrorCode::kUnavailable, "kernel_dead", "the kernel died while starting");
     }
     if (attempt && attempt->reply) {
-      // Give iopub a moment to deliver the status of this request.
-      for (int i = 0; i < 50 && !impl_->iopub_seen.load(); ++i) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      info = attempt->reply->content;
+      for (int i = 0; i < 20 && !impl_->iopub_seen.load(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
       if (impl_->iopub_seen.load()) {
-        return attempt->reply->content;
+        return *info;
       }
     }
   }
   return make_error(ErrorCode::kDeadlineExceeded, "kernel_not_ready",
-                    "the kernel did not answer kernel_info_request within " +
-                        std::to_string(timeout.count()) + " ms");
+                    info ? "the kernel answered kernel_info_request but its iopub channel "
+                           "delivered nothing within " + std::to_string(timeout.count()) + " ms"
+                         : "the kernel did not answer kernel_info_request within " +
+                               std::to_string(timeout.count()) + " ms");
 }
 
 bool KernelClient::is_alive() const { return impl_->alive.load(); }

@@ -81,7 +81,9 @@ class Api {
   const ServeOptions& options_;
   const std::string token_;
   std::string base_;  // base_url without its trailing slash ("" for "/")
-  boost::asio::thread_pool pool_{4};
+  // Blocking work (kernel starts, restarts, shutdowns): mostly waiting, so many threads; kernel
+  // starts must not queue behind each other (20 at once should take one start's time).
+  boost::asio::thread_pool pool_{32};
 
   std::mutex sessions_mu_;
   std::map<std::string, Session> sessions_;
