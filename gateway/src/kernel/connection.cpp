@@ -254,9 +254,20 @@ Result<KernelSpec> KernelSpec::load(const std::string& resource_dir, const std::
     }
     spec.argv.push_back(a.get<std::string>());
   }
-  spec.display_name = j.value("display_name", name);
-  spec.language = j.value("language", "");
-  spec.interrupt_mode = j.value("interrupt_mode", "signal");
+  // Untrusted files: a field of the wrong type is an error, never an exception.
+  auto string_field = [&](const char* key, std::string fallback) -> Result<std::string> {
+    auto it = j.find(key);
+    if (it == j.end()) {
+      return fallback;
+    }
+    if (!it->is_string()) {
+      return bad(std::string("'") + key + "' must be a string");
+    }
+    return it->get<std::string>();
+  };
+  CELLGATE_ASSIGN_OR_RETURN(spec.display_name, string_field("display_name", name));
+  CELLGATE_ASSIGN_OR_RETURN(spec.language, string_field("language", ""));
+  CELLGATE_ASSIGN_OR_RETURN(spec.interrupt_mode, string_field("interrupt_mode", "signal"));
   if (auto env = j.find("env"); env != j.end() && env->is_object()) {
     spec.env = *env;
   }

@@ -156,6 +156,18 @@ Api::Api(KernelManager& manager, const ServeOptions& options, std::string token)
 
 Api::~Api() { pool_.join(); }
 
+bool Api::strip_base(std::string& path) const {
+  if (base_.empty()) {
+    return true;
+  }
+  // "/prefix" serves "/prefix" and "/prefix/..." only, never "/prefixapi/...".
+  if (path.rfind(base_, 0) != 0 || (path.size() > base_.size() && path[base_.size()] != '/')) {
+    return false;
+  }
+  path = path.substr(base_.size());
+  return true;
+}
+
 Response Api::json_response(const Request& req, http::status status, const json& body) {
   Response res{status, req.version()};
   res.set(http::field::server, "cellgate");
@@ -252,13 +264,10 @@ void Api::offload(std::function<Response()> work, Reply reply) {
 
 void Api::handle(Request req, Reply reply) {
   Target target = Target::parse(req.target());
-  if (!base_.empty()) {
-    if (target.path.rfind(base_, 0) != 0) {
-      reply(error_response(req, make_error(ErrorCode::kNotFound, "not_found",
-                                           "no route for " + target.path)));
-      return;
-    }
-    target.path = target.path.substr(base_.size());
+  if (!strip_base(target.path)) {
+    reply(error_response(req, make_error(ErrorCode::kNotFound, "not_found",
+                                         "no route for " + target.path)));
+    return;
   }
   if (!origin_allowed(req)) {
     reply(error_response(req, make_error(ErrorCode::kPermissionDenied, "origin",
@@ -370,10 +379,16 @@ void Api::kernelspecs(const Request& req, const std::vector<std::string>& parts,
 
 void Api::kernelspec_file(const Request& req, const std::vector<std::string>& parts,
                           Reply reply) {
+  if (req.method() != http::verb::get && req.method() != http::verb::head) {
+    reply(method_not_allowed(req));
+    return;
+  }
   auto spec = manager_.kernelspec(parts[1]);
   const std::string& file = parts[2];
+  std::error_code ec;
   if (!spec || spec->resource_dir.empty() || file.find('/') != std::string::npos ||
-      file.starts_with(".")) {
+      file.starts_with(".") ||
+      !fs::is_regular_file(spec->resource_dir + "/" + file, ec)) {
     reply(error_response(req, make_error(ErrorCode::kNotFound, "not_found", "no such file")));
     return;
   }
@@ -494,11 +509,9 @@ void Api::kernels(Request req, const std::vector<std::string>& parts, Reply repl
 Api::ChannelsCheck Api::check_channels(const Request& req) {
   ChannelsCheck check;
   Target target = Target::parse(req.target());
-  if (!base_.empty() && target.path.rfind(base_, 0) == 0) {
-    target.path = target.path.substr(base_.size());
-  }
+  const bool under_base = strip_base(target.path);
   const auto parts = split_path(target.path);
-  if (parts.size() != 4 || parts[0] != "api" || parts[1] != "kernels" || parts[3] != "channels") {
+  if (!under_base || parts.size() != 4 || parts[0] != "api" || parts[1] != "kernels" || parts[3] != "channels") {
     check.refusal = error_response(req, make_error(ErrorCode::kNotFound, "not_found",
                                                    "no WebSocket route for " + target.path));
     return check;
@@ -614,6 +627,10 @@ void Api::sessions(Request req, const std::vector<std::string>& parts, Reply rep
           return res;
         },
         std::move(reply));
+    return;
+  }
+  if (parts.size() == 2) {
+    reply(method_not_allowed(req));
     return;
   }
   if (parts.size() != 3) {

@@ -754,6 +754,9 @@ void KernelManager::monitor_loop() {
         }
         if (auto ended = k->process_->poll_exit()) {
           reason = launcher::to_string(ended->reason);
+          if (ended->reason == launcher::ExitReason::kOk) {
+            reason = "exited with code " + std::to_string(ended->exit_code);
+          }
           if (ended->signal != 0) {
             reason += " (signal " + std::to_string(ended->signal) + ")";
           }

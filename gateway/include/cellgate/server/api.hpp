@@ -73,6 +73,8 @@ class Api {
   void kernelspecs(const Request& req, const std::vector<std::string>& parts, Reply reply);
   void kernelspec_file(const Request& req, const std::vector<std::string>& parts, Reply reply);
   nlohmann::json spec_model(const kernel::KernelSpec& spec) const;
+  // Removes base_url from the front of `path`; false when the path is not under it.
+  bool strip_base(std::string& path) const;
   nlohmann::json session_model(const Session& s) const;
   // Runs blocking work on the pool and replies from there.
   void offload(std::function<Response()> work, Reply reply);
