@@ -106,7 +106,7 @@ class Server:
                 self.proc.wait()
 
 
-def start_cellgate(bin_dir, tmp, max_kernels):
+def start_cellgate(bin_dir, tmp, max_kernels, extra_args=()):
     exe = pathlib.Path(bin_dir) / "cellgate"
     if not exe.is_file():
         raise InfraError(f"{exe} not found: build it (cmake --build build --target cellgate cellgate-kernel)"
@@ -118,7 +118,7 @@ def start_cellgate(bin_dir, tmp, max_kernels):
     # from it, and everything is copied to the log file.
     proc = subprocess.Popen(
         [str(exe), "serve", "--ip", "127.0.0.1", "--port", "0", "--token", token,
-         "--state-dir", str(state), "--max-kernels", str(max_kernels)],
+         "--state-dir", str(state), "--max-kernels", str(max_kernels), *extra_args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         start_new_session=True, preexec_fn=_pdeathsig)
     lines = queue.Queue()
