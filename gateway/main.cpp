@@ -68,6 +68,18 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--restart-limit", serve.restart_limit,
                         "automatic restarts of a dying kernel before it is left dead")
       ->capture_default_str();
+  serve_cmd->add_option("--execute-max-timeout", serve.execute_max_timeout,
+                        "longest timeout an execute request may ask for (seconds)")
+      ->capture_default_str();
+  serve_cmd->add_option("--execute-grace", serve.execute_grace,
+                        "seconds between a timed-out cell's interrupt and its kernel's restart")
+      ->capture_default_str();
+  serve_cmd->add_option("--execute-stream-bytes", serve.execute_stream_bytes,
+                        "stdout and stderr kept per executed cell, each")
+      ->capture_default_str();
+  serve_cmd->add_option("--execute-output-bytes", serve.execute_output_bytes,
+                        "largest single output kept per executed cell")
+      ->capture_default_str();
   serve_cmd->add_option("--memory", serve.jail.memory_bytes, "per-kernel memory limit (bytes)")
       ->capture_default_str();
   serve_cmd->add_option("--cpus", serve.jail.cpus, "per-kernel CPU quota")->capture_default_str();

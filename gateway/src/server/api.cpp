@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "cellgate/protocol/message.hpp"
+#include "cellgate/server/execute.hpp"
 
 namespace cellgate::server {
 namespace {
@@ -495,6 +496,34 @@ void Api::kernels(Request req, const std::vector<std::string>& parts, Reply repl
           auto model = manager_.restart(id);
           return model ? json_response(req, http::status::ok, model->to_json())
                        : error_response(req, model.error());
+        },
+        std::move(reply));
+    return;
+  }
+  if (parts.size() == 4 && method == http::verb::post && parts[3] == "execute") {
+    auto body = body_object(req);
+    if (!body) {
+      reply(error_response(req, body.error()));
+      return;
+    }
+    auto request = ExecuteRequest::from_json(*body, options_.execute_max_timeout);
+    if (!request) {
+      reply(error_response(req, request.error()));
+      return;
+    }
+    if (auto k = manager_.find(id); !k) {
+      reply(error_response(req, k.error()));
+      return;
+    }
+    ExecuteLimits limits;
+    limits.stream_bytes = options_.execute_stream_bytes;
+    limits.output_bytes = options_.execute_output_bytes;
+    limits.grace = std::chrono::milliseconds(static_cast<long long>(options_.execute_grace * 1000));
+    offload(
+        [this, req = std::move(req), id, request = std::move(request).value(), limits]() {
+          auto answer = execute_cell(manager_, id, request, limits);
+          return answer ? json_response(req, http::status::ok, *answer)
+                        : error_response(req, answer.error());
         },
         std::move(reply));
     return;

@@ -40,6 +40,11 @@ struct ServeOptions {
   int restart_limit = 5;                // auto-restarts of a dying kernel before it is dead
   double kernel_start_timeout = 60;     // seconds until the kernel must answer kernel_info
   bool no_jail = false;                 // run kernels unjailed (explicit only)
+  // POST /api/kernels/{id}/execute
+  double execute_max_timeout = 600;              // seconds; longer requests are clamped
+  double execute_grace = 5;                      // seconds between the interrupt and a restart
+  std::size_t execute_stream_bytes = 1u << 20;   // stdout and stderr kept per cell, each
+  std::size_t execute_output_bytes = 8u << 20;   // one display_data / execute_result
   jail::JailSpec jail;                  // limits for every kernel
 };
 
