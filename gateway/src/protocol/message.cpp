@@ -37,10 +37,11 @@ std::string new_uuid() {
          hex.substr(16, 4) + '-' + hex.substr(20);
 }
 
-std::string iso8601_now() {
+std::string iso8601_now() { return iso8601(std::chrono::system_clock::now()); }
+
+std::string iso8601(std::chrono::system_clock::time_point now) {
   // Not xeus::iso8601_now(): xeus 2.4.1 does not zero-pad the fraction, so 576 us comes out as
   // ".576Z", which every reader takes for 576 ms.
-  const auto now = std::chrono::system_clock::now();
   const auto micros =
       std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() %
       1000000;

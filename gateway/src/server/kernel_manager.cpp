@@ -31,19 +31,7 @@ const std::set<std::string> kUntracked = {"comm_info_request", "kernel_info_requ
 
 constexpr uid_t kGatewayUidBase = 2000000;  // above the launcher's kUidBase + pid range
 
-std::string iso8601(std::chrono::system_clock::time_point t) {
-  const auto micros =
-      std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count() %
-      1000000;
-  const std::time_t secs = std::chrono::system_clock::to_time_t(t);
-  std::tm tm{};
-  ::gmtime_r(&secs, &tm);
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06lldZ", tm.tm_year + 1900,
-                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                static_cast<long long>(micros));
-  return buf;
-}
+using protocol::iso8601;
 
 std::string default_state_dir() {
   if (const char* d = std::getenv("CELLGATE_STATE_DIR"); d != nullptr && *d != '\0') {

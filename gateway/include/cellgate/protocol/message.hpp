@@ -11,6 +11,7 @@
 // from several threads.
 #pragma once
 
+#include <chrono>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -38,7 +39,8 @@ struct Message {
 // A new random UUID4 in canonical form (8-4-4-4-12 lowercase hex).
 std::string new_uuid();
 
-// The current UTC time as ISO 8601 with microseconds and a "Z": 2026-11-21T21:47:11.729090Z.
+// A UTC time as ISO 8601 with microseconds and a "Z": 2026-11-21T21:47:11.729090Z.
+std::string iso8601(std::chrono::system_clock::time_point t);
 std::string iso8601_now();
 
 // Builds messages for one client session (spec: "session" and "username" header fields).
