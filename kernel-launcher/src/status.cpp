@@ -72,7 +72,9 @@ Result<StatusEvent> StatusEvent::parse_line(std::string_view line) {
   }
   StatusEvent ev;
   try {
-    return parse_object(j, ev) ? Result<StatusEvent>(ev) : Result<StatusEvent>(bad("bad status"));
+    return parse_object(j, ev)
+               ? Result<StatusEvent>(ev)
+               : Result<StatusEvent>(bad("status line has an unknown event or exit reason"));
   } catch (const nlohmann::json::exception& e) {
     return bad(std::string("status line has a field of the wrong type: ") + e.what());
   }

@@ -173,8 +173,9 @@ ManagedKernel::ManagedKernel(std::string id, kernel::KernelSpec spec, std::strin
       last_activity_(std::chrono::system_clock::now()),
       last_activity_steady_(Clock::now()) {}
 
-ManagedKernel::~ManagedKernel() {
-  // The client's I/O thread calls back into us: stop it before anything else goes.
+ManagedKernel::~ManagedKernel() { stop_process(); }
+
+void ManagedKernel::stop_process() {
   std::shared_ptr<kernel::KernelClient> client;
   std::unique_ptr<kernel::KernelProcess> process;
   {
@@ -182,6 +183,8 @@ ManagedKernel::~ManagedKernel() {
     client = std::move(client_);
     process = std::move(process_);
   }
+  // Outside the lock: the client's I/O thread calls back into us, so it stops first (joining
+  // its thread); then the process goes, which kills the kernel and its cgroup.
   client.reset();
   process.reset();
 }
@@ -578,8 +581,6 @@ Result<void> KernelManager::interrupt(const std::string& id) {
 
 Result<KernelModel> KernelManager::restart(const std::string& id) {
   CELLGATE_ASSIGN_OR_RETURN(auto k, find(id));
-  std::shared_ptr<kernel::KernelClient> old_client;
-  std::unique_ptr<kernel::KernelProcess> old_process;
   {
     std::lock_guard lock(k->mu_);
     if (k->restarting_) {
@@ -588,11 +589,8 @@ Result<KernelModel> KernelManager::restart(const std::string& id) {
     }
     k->restarting_ = true;
     k->execution_state_ = "restarting";
-    old_client = std::move(k->client_);
-    old_process = std::move(k->process_);
   }
-  old_client.reset();
-  old_process.reset();  // kills the old kernel and its cgroup
+  k->stop_process();
   auto launched = launch(k);
   {
     std::lock_guard lock(k->mu_);
@@ -691,15 +689,7 @@ void KernelManager::handle_death(const std::shared_ptr<ManagedKernel>& k,
     return;
   }
   k->publish_status("restarting", reason);
-  std::shared_ptr<kernel::KernelClient> old_client;
-  std::unique_ptr<kernel::KernelProcess> old_process;
-  {
-    std::lock_guard lock(k->mu_);
-    old_client = std::move(k->client_);
-    old_process = std::move(k->process_);
-  }
-  old_client.reset();
-  old_process.reset();
+  k->stop_process();
   auto launched = launch(k);
   {
     std::lock_guard lock(k->mu_);

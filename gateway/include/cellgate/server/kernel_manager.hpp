@@ -82,6 +82,8 @@ class ManagedKernel {
     std::string session_id;
   };
 
+  // Stops the client and ends the kernel process (and its cgroup); safe to call twice.
+  void stop_process();
   void on_iopub(const protocol::Message& msg);
   void on_unrouted(kernel::Channel channel, const protocol::Message& msg);
   void publish_status(const std::string& state, const std::string& reason = "");
