@@ -80,6 +80,35 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--execute-output-bytes", serve.execute_output_bytes,
                         "largest single output kept per executed cell")
       ->capture_default_str();
+  serve_cmd->add_option("--execute-keepalive", serve.execute_keepalive,
+                        "seconds between keepalive events of a streamed execute answer")
+      ->capture_default_str();
+  serve_cmd->add_option("--artifacts-per-kernel", serve.artifacts_per_kernel,
+                        "images and PDFs kept per kernel")
+      ->capture_default_str();
+  serve_cmd->add_option("--artifact-bytes-per-kernel", serve.artifact_bytes_per_kernel,
+                        "artifact bytes kept per kernel")
+      ->capture_default_str();
+  serve_cmd->add_option("--max-file-bytes", serve.max_file_bytes,
+                        "largest file read or written through the files API")
+      ->capture_default_str();
+  serve_cmd->add_option("--audit-log", serve.audit_log,
+                        "audit log file (default <state-dir>/audit.log; 'off' for none)")
+      ->envname("CELLGATE_AUDIT_LOG");
+  serve_cmd->add_option("--audit-max-bytes", serve.audit_max_bytes,
+                        "audit log size before it is rotated")
+      ->capture_default_str();
+  serve_cmd->add_option("--audit-keep", serve.audit_keep, "rotated audit logs kept")
+      ->capture_default_str();
+  serve_cmd->add_option("--audit-redact", serve.audit_redact,
+                        "another secret pattern (ECMAScript regex) to redact (repeat)");
+  serve_cmd->add_option("--e2b-port", serve.e2b_port,
+                        "also serve E2B-compatible endpoints on this port (0: off; E2B's SDK in "
+                        "debug mode uses 49999)")
+      ->envname("CELLGATE_E2B_PORT")->capture_default_str();
+  serve_cmd->add_flag("--e2b-no-token", serve.e2b_no_token,
+                      "accept E2B requests without a token, as E2B's SDK in debug mode sends "
+                      "none (only with a loopback --ip)");
   serve_cmd->add_option("--memory", serve.jail.memory_bytes, "per-kernel memory limit (bytes)")
       ->capture_default_str();
   serve_cmd->add_option("--cpus", serve.jail.cpus, "per-kernel CPU quota")->capture_default_str();

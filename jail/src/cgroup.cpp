@@ -15,6 +15,8 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <iterator>
+#include <sstream>
 #include <thread>
 #include <utility>
 
@@ -868,6 +870,79 @@ Result<CgroupStats> Cgroup::stats() const {
     // v2: cpu.stat's usage_usec is core, there with or without the cpu controller.
     CELLGATE_ASSIGN_OR_RETURN(const auto stat, read(paths_.front() + "/cpu.stat"));
     s.cpu_usage_usec = stat ? keyed_value(*stat, "usage_usec") : 0;
+  }
+  return s;
+}
+
+Result<CgroupStats> read_cgroup_stats(CgroupVersion version, const std::vector<std::string>& dirs) {
+  const bool v1 = version == CgroupVersion::kV1;
+  CgroupStats s;
+  for (const auto& dir : dirs) {
+    if (!is_dir(dir)) {
+      return make_error(ErrorCode::kNotFound, "cgroup_removed", dir + " no longer exists");
+    }
+    CELLGATE_ASSIGN_OR_RETURN(const auto current,
+                              read_optional(dir + (v1 ? "/memory.usage_in_bytes" : "/memory.current")));
+    if (current) {
+      s.memory_current_bytes = number_in(current);
+    }
+    CELLGATE_ASSIGN_OR_RETURN(const auto peak,
+                              read_optional(dir + (v1 ? "/memory.max_usage_in_bytes" : "/memory.peak")));
+    if (peak) {
+      s.memory_peak_bytes = number_in(peak);
+    }
+    CELLGATE_ASSIGN_OR_RETURN(const auto events,
+                              read_optional(dir + (v1 ? "/memory.oom_control" : "/memory.events")));
+    if (events) {
+      s.oom_kills = keyed_value(*events, "oom_kill");
+    }
+    CELLGATE_ASSIGN_OR_RETURN(const auto pids, read_optional(dir + "/pids.current"));
+    if (pids) {
+      s.pids_current = parse_int<std::int64_t>(*pids).value_or(0);
+    }
+    if (v1) {
+      CELLGATE_ASSIGN_OR_RETURN(const auto usage, read_optional(dir + "/cpuacct.usage"));
+      if (usage) {
+        s.cpu_usage_usec = number_in(usage) / 1000;
+        s.cpu_usage_known = true;
+      }
+    } else {
+      CELLGATE_ASSIGN_OR_RETURN(const auto stat, read_optional(dir + "/cpu.stat"));
+      if (stat) {
+        s.cpu_usage_usec = keyed_value(*stat, "usage_usec");
+        s.cpu_usage_known = true;
+      }
+    }
+  }
+  if (!s.cpu_usage_known && !dirs.empty()) {
+    // No CPU accounting in the cgroup: add up its processes' times from /proc.
+    CELLGATE_ASSIGN_OR_RETURN(const auto procs, read_optional(dirs.front() + "/cgroup.procs"));
+    if (procs) {
+      const long ticks = ::sysconf(_SC_CLK_TCK);
+      std::uint64_t total_ticks = 0;
+      std::istringstream pids(*procs);
+      for (std::string pid; pids >> pid;) {
+        auto stat = read_optional("/proc/" + pid + "/stat");
+        if (!stat || !*stat) {
+          continue;  // gone meanwhile
+        }
+        // Fields after the command (which may hold spaces) start after the last ')'.
+        const auto close = (*stat)->rfind(')');
+        if (close == std::string::npos) {
+          continue;
+        }
+        std::istringstream fields((*stat)->substr(close + 2));
+        std::vector<std::string> f(std::istream_iterator<std::string>(fields), {});
+        // state is field 3; utime, stime, cutime, cstime are fields 14-17.
+        for (std::size_t i = 11; i <= 14 && i < f.size(); ++i) {
+          total_ticks += parse_int<std::uint64_t>(f[i]).value_or(0);
+        }
+      }
+      if (ticks > 0) {
+        s.cpu_usage_usec = total_ticks * 1000000 / static_cast<std::uint64_t>(ticks);
+        s.cpu_usage_known = true;
+      }
+    }
   }
   return s;
 }

@@ -477,6 +477,10 @@ int run_jailed_mode(const LaunchOptions& options) {
   if (conn && conn->rewritten_from_tcp) {
     started.connection_file = conn->host_file;
   }
+  if (cgroup) {
+    started.cgroup_paths = cgroup->paths();
+    started.cgroup_version = cgroup->version() == jail::CgroupVersion::kV1 ? "v1" : "v2";
+  }
   report(status_fd, started);
 
   // Supervise: forward signals to init (which forwards them to the kernel), enforce the time

@@ -39,6 +39,10 @@ std::string StatusEvent::to_line() const {
     if (!connection_file.empty()) {
       j["connection_file"] = connection_file;
     }
+    if (!cgroup_paths.empty()) {
+      j["cgroup_paths"] = cgroup_paths;
+      j["cgroup_version"] = cgroup_version;
+    }
   } else {
     j = {{"event", "exited"}, {"reason", to_string(reason)}, {"pid", pid}};
     if (reason == ExitReason::kOk) {
@@ -101,6 +105,15 @@ bool StatusEvent::parse_object(const nlohmann::json& j, StatusEvent& ev) {
   }
   ev.pid = j.value("pid", 0);
   ev.connection_file = j.value("connection_file", "");
+  if (auto paths = j.find("cgroup_paths"); paths != j.end() && paths->is_array()) {
+    for (const auto& p : *paths) {
+      if (!p.is_string()) {
+        return false;
+      }
+      ev.cgroup_paths.push_back(p.get<std::string>());
+    }
+    ev.cgroup_version = j.value("cgroup_version", "");
+  }
   return true;
 }
 

@@ -322,4 +322,13 @@ KernelProcess::~KernelProcess() {
   }
 }
 
+Result<jail::CgroupStats> KernelProcess::cgroup_stats() const {
+  if (!started_ || started_->cgroup_paths.empty()) {
+    return make_error(ErrorCode::kNotFound, "no_cgroup", "the kernel has no cgroup of its own");
+  }
+  return jail::read_cgroup_stats(
+      started_->cgroup_version == "v2" ? jail::CgroupVersion::kV2 : jail::CgroupVersion::kV1,
+      started_->cgroup_paths);
+}
+
 }  // namespace cellgate::kernel

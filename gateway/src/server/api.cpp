@@ -8,13 +8,18 @@
 #include <sstream>
 
 #include "cellgate/protocol/message.hpp"
+#include "cellgate/server/artifacts.hpp"
 #include "cellgate/server/execute.hpp"
+#include "api_internal.hpp"
 
 namespace cellgate::server {
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using detail::bad_request;
+using detail::body_object;
+using detail::method_not_allowed;
 
 constexpr const char* kApiVersion = "2.14.0";  // the jupyter_server REST level we follow
 constexpr const char* kGatewayVersion = "0.1.0";
@@ -75,32 +80,6 @@ bool equal_constant_time(std::string_view a, std::string_view b) {
   return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
-Response method_not_allowed(const Request& req) {
-  return Api::json_response(req, http::status::method_not_allowed,
-                            json{{"reason", "Method Not Allowed"},
-                                 {"message", std::string(req.method_string()) +
-                                                 " is not allowed on this route"}});
-}
-
-Error bad_request(std::string message) {
-  return make_error(ErrorCode::kInvalidArgument, "bad_request", std::move(message));
-}
-
-// Body as a JSON object; an empty body is {}.
-Result<json> body_object(const Request& req) {
-  if (req.body().empty()) {
-    return json::object();
-  }
-  json j = json::parse(req.body(), nullptr, false);
-  if (j.is_discarded()) {
-    return bad_request("the request body is not valid JSON");
-  }
-  if (!j.is_object()) {
-    return bad_request("the request body must be a JSON object");
-  }
-  return j;
-}
-
 std::string content_type_for(const std::string& file) {
   auto ext = fs::path(file).extension().string();
   if (ext == ".png") {
@@ -146,6 +125,11 @@ Target Target::parse(std::string_view target) {
 
 Api::Api(KernelManager& manager, const ServeOptions& options, std::string token)
     : manager_(manager), options_(options), token_(std::move(token)) {
+  auto executor = Executor::create(manager_);
+  if (!executor) {
+    throw std::invalid_argument(executor.error().message);
+  }
+  executor_ = std::move(executor).value();
   base_ = options_.base_url;
   while (!base_.empty() && base_.back() == '/') {
     base_.pop_back();
@@ -183,9 +167,15 @@ Response Api::json_response(const Request& req, http::status status, const json&
 
 Response Api::error_response(const Request& req, const Error& error) {
   auto status = static_cast<http::status>(http_status(error.code));
+  if (error.reason == "too_large") {
+    status = http::status::payload_too_large;
+  } else if (error.reason == "no_space") {
+    status = http::status::insufficient_storage;
+  }
   return json_response(req, status,
                        json{{"reason", std::string(http::obsolete_reason(status))},
-                            {"message", error.message}});
+                            {"message", error.message},
+                            {"error", error.reason}});
 }
 
 bool Api::origin_allowed(const Request& req) const {
@@ -263,22 +253,22 @@ void Api::offload(std::function<Response()> work, Reply reply) {
   });
 }
 
-void Api::handle(Request req, Reply reply) {
+void Api::handle(Request req, std::shared_ptr<Exchange> exchange) {
   Target target = Target::parse(req.target());
   if (!strip_base(target.path)) {
-    reply(error_response(req, make_error(ErrorCode::kNotFound, "not_found",
+    exchange->reply(error_response(req, make_error(ErrorCode::kNotFound, "not_found",
                                          "no route for " + target.path)));
     return;
   }
   if (!origin_allowed(req)) {
-    reply(error_response(req, make_error(ErrorCode::kPermissionDenied, "origin",
+    exchange->reply(error_response(req, make_error(ErrorCode::kPermissionDenied, "origin",
                                          "origin not allowed (see --allow-origin)")));
     return;
   }
   if (req.method() == http::verb::options) {
     Response res = json_response(req, http::status::no_content, json());
     decorate(req, res);
-    reply(std::move(res));
+    exchange->reply(std::move(res));
     return;
   }
   const auto parts = split_path(target.path);
@@ -287,19 +277,19 @@ void Api::handle(Request req, Reply reply) {
   if (!open_route) {
     if (auto refusal = authenticate(req, target)) {
       decorate(req, *refusal);
-      reply(std::move(*refusal));
+      exchange->reply(std::move(*refusal));
       return;
     }
   }
-  auto decorated = [this, req_copy = Request(req.base(), ""), reply = std::move(reply)](
-                       Response res) mutable {
+  auto decorated = [this, req_copy = Request(req.base(), ""), exchange](Response res) mutable {
     decorate(req_copy, res);
-    reply(std::move(res));
+    exchange->reply(std::move(res));
   };
-  route(std::move(req), target, std::move(decorated));
+  route(std::move(req), target, std::move(decorated), std::move(exchange));
 }
 
-void Api::route(Request req, const Target& target, Reply reply) {
+void Api::route(Request req, const Target& target, Reply reply,
+                std::shared_ptr<Exchange> exchange) {
   const auto parts = split_path(target.path);
   if (parts.size() >= 1 && parts[0] == "api") {
     if (parts.size() == 1) {
@@ -308,7 +298,15 @@ void Api::route(Request req, const Target& target, Reply reply) {
       return;
     }
     if (parts[1] == "kernels") {
-      kernels(std::move(req), parts, std::move(reply));
+      kernels(std::move(req), parts, std::move(reply), std::move(exchange));
+      return;
+    }
+    if (parts[1] == "execute" && parts.size() == 2) {
+      execute_once(std::move(req), std::move(reply), std::move(exchange));
+      return;
+    }
+    if (parts[1] == "artifacts") {
+      artifact(req, parts, std::move(reply));
       return;
     }
     if (parts[1] == "sessions") {
@@ -412,7 +410,8 @@ void Api::kernelspec_file(const Request& req, const std::vector<std::string>& pa
 
 // ---- kernels ---------------------------------------------------------------------------------
 
-void Api::kernels(Request req, const std::vector<std::string>& parts, Reply reply) {
+void Api::kernels(Request req, const std::vector<std::string>& parts, Reply reply,
+                  std::shared_ptr<Exchange> exchange) {
   const auto method = req.method();
   auto not_allowed = [&] { reply(method_not_allowed(req)); };
   if (parts.size() == 2) {
@@ -471,6 +470,7 @@ void Api::kernels(Request req, const std::vector<std::string>& parts, Reply repl
       offload(
           [this, req = std::move(req), id]() {
             auto r = manager_.shutdown(id);
+            executor_->artifacts().forget(id);  // the content stays, by SHA-256
             return r ? json_response(req, http::status::no_content, json())
                      : error_response(req, r.error());
           },
@@ -501,31 +501,19 @@ void Api::kernels(Request req, const std::vector<std::string>& parts, Reply repl
     return;
   }
   if (parts.size() == 4 && method == http::verb::post && parts[3] == "execute") {
-    auto body = body_object(req);
-    if (!body) {
-      reply(error_response(req, body.error()));
+    execute(std::move(req), id, std::move(reply), std::move(exchange));
+    return;
+  }
+  if (parts.size() == 4 && parts[3] == "artifacts") {
+    if (method != http::verb::get) {
+      not_allowed();
       return;
     }
-    auto request = ExecuteRequest::from_json(*body, options_.execute_max_timeout);
-    if (!request) {
-      reply(error_response(req, request.error()));
-      return;
-    }
-    if (auto k = manager_.find(id); !k) {
-      reply(error_response(req, k.error()));
-      return;
-    }
-    ExecuteLimits limits;
-    limits.stream_bytes = options_.execute_stream_bytes;
-    limits.output_bytes = options_.execute_output_bytes;
-    limits.grace = std::chrono::milliseconds(static_cast<long long>(options_.execute_grace * 1000));
-    offload(
-        [this, req = std::move(req), id, request = std::move(request).value(), limits]() {
-          auto answer = execute_cell(manager_, id, request, limits);
-          return answer ? json_response(req, http::status::ok, *answer)
-                        : error_response(req, answer.error());
-        },
-        std::move(reply));
+    kernel_artifacts(req, id, std::move(reply));
+    return;
+  }
+  if (parts.size() >= 4 && parts[3] == "files") {
+    files(std::move(req), parts, std::move(reply));
     return;
   }
   if (parts.size() == 4 && parts[3] == "channels") {

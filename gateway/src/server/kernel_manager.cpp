@@ -267,6 +267,19 @@ Result<void> ManagedKernel::post(Channel channel, protocol::Message msg,
   return {};
 }
 
+uid_t ManagedKernel::uid() const {
+  std::lock_guard lock(mu_);
+  return uid_;
+}
+
+Result<jail::CgroupStats> ManagedKernel::cgroup_stats() const {
+  std::lock_guard lock(mu_);
+  if (!process_) {
+    return make_error(ErrorCode::kUnavailable, "kernel_not_running", "the kernel is not running");
+  }
+  return process_->cgroup_stats();
+}
+
 std::shared_ptr<kernel::KernelClient> ManagedKernel::client() const {
   std::lock_guard lock(mu_);
   return client_;

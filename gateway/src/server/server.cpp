@@ -20,6 +20,7 @@
 #include "cellgate/jail/jail.hpp"
 #include "cellgate/kernel/connection.hpp"
 #include "cellgate/server/api.hpp"
+#include "cellgate/server/e2b_api.hpp"
 #include "cellgate/server/kernel_manager.hpp"
 #include "cellgate/server/ws_frames.hpp"
 #include "sessions.hpp"
@@ -33,6 +34,12 @@ namespace ssl = net::ssl;
 using tcp = net::ip::tcp;
 using detail::HttpSession;
 
+bool address_is_loopback(const std::string& ip) {
+  beast::error_code ec;
+  auto address = net::ip::make_address(ip, ec);
+  return !ec && address.is_loopback();
+}
+
 }  // namespace
 
 // ---- Server ----------------------------------------------------------------------------------
@@ -44,26 +51,54 @@ struct Server::Impl {
   std::optional<ssl::context> tls;
   std::unique_ptr<KernelManager> manager;
   std::unique_ptr<Api> api;
+  std::unique_ptr<E2bApi> e2b;
   tcp::acceptor acceptor{net::make_strand(ioc)};
+  tcp::acceptor e2b_acceptor{net::make_strand(ioc)};
+  int e2b_port = 0;
 
-  void do_accept() {
-    acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
+  void do_accept(tcp::acceptor& from, Handler& handler) {
+    from.async_accept(net::make_strand(ioc), [this, &from, &handler](beast::error_code ec,
+                                                                      tcp::socket socket) {
       if (ec) {
         if (ec != net::error::operation_aborted) {
-          do_accept();
+          do_accept(from, handler);
         }
         return;
       }
       socket.set_option(tcp::no_delay(true), ec);
       if (tls) {
         std::make_shared<HttpSession<beast::ssl_stream<beast::tcp_stream>>>(
-            *api, options, std::move(socket), *tls)
+            handler, options, std::move(socket), *tls)
             ->run();
       } else {
-        std::make_shared<HttpSession<beast::tcp_stream>>(*api, options, std::move(socket))->run();
+        std::make_shared<HttpSession<beast::tcp_stream>>(handler, options, std::move(socket))
+            ->run();
       }
-      do_accept();
+      do_accept(from, handler);
     });
+  }
+
+  Result<int> listen(tcp::acceptor& into, const std::string& ip, int port) {
+    beast::error_code ec;
+    auto address = net::ip::make_address(ip, ec);
+    if (ec) {
+      return make_error(ErrorCode::kInvalidArgument, "bad_ip", "invalid --ip '" + ip + "'");
+    }
+    tcp::endpoint endpoint{address, static_cast<unsigned short>(port)};
+    into.open(endpoint.protocol(), ec);
+    if (!ec) {
+      into.set_option(net::socket_base::reuse_address(true), ec);
+      into.bind(endpoint, ec);
+    }
+    if (!ec) {
+      into.listen(net::socket_base::max_listen_connections, ec);
+    }
+    if (ec) {
+      return make_error(ErrorCode::kFailedPrecondition, "listen",
+                        "cannot listen on " + ip + ":" + std::to_string(port) + ": " +
+                            ec.message());
+    }
+    return static_cast<int>(into.local_endpoint().port());
   }
 };
 
@@ -75,16 +110,21 @@ Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->token = impl_->options.no_token ? "" : impl_->options.token;
   impl_->manager = std::make_unique<KernelManager>(impl_->options);
   impl_->api = std::make_unique<Api>(*impl_->manager, impl_->manager->options(), impl_->token);
+  impl_->e2b = std::make_unique<E2bApi>(
+      *impl_->manager, impl_->api->executor(), impl_->manager->options(), impl_->token,
+      impl_->options.e2b_no_token);
 }
 
 Server::~Server() {
   stop();
+  impl_->e2b.reset();
   impl_->api.reset();
   impl_->manager.reset();
 }
 
 const std::string& Server::token() const { return impl_->token; }
 KernelManager& Server::manager() { return *impl_->manager; }
+int Server::e2b_port() const { return impl_->e2b_port; }
 
 Result<int> Server::start() {
   auto& o = impl_->options;
@@ -104,28 +144,20 @@ Result<int> Server::start() {
                         std::string("cannot load the TLS certificate or key: ") + e.what());
     }
   }
-  beast::error_code ec;
-  auto address = net::ip::make_address(o.ip, ec);
-  if (ec) {
-    return make_error(ErrorCode::kInvalidArgument, "bad_ip", "invalid --ip '" + o.ip + "'");
+  CELLGATE_ASSIGN_OR_RETURN(const int port, impl_->listen(impl_->acceptor, o.ip, o.port));
+  impl_->do_accept(impl_->acceptor, *impl_->api);
+  if (o.e2b_port != 0) {
+    if (o.e2b_no_token && !address_is_loopback(o.ip)) {
+      return make_error(ErrorCode::kInvalidArgument, "e2b_no_token",
+                        "--e2b-no-token serves code execution without a token, so it is only "
+                        "allowed on a loopback --ip (127.0.0.1 or ::1), not " + o.ip);
+    }
+    CELLGATE_ASSIGN_OR_RETURN(const int e2b_port,
+                              impl_->listen(impl_->e2b_acceptor, o.ip, o.e2b_port));
+    impl_->e2b_port = e2b_port;
+    impl_->do_accept(impl_->e2b_acceptor, *impl_->e2b);
   }
-  tcp::endpoint endpoint{address, static_cast<unsigned short>(o.port)};
-  auto& acceptor = impl_->acceptor;
-  acceptor.open(endpoint.protocol(), ec);
-  if (!ec) {
-    acceptor.set_option(net::socket_base::reuse_address(true), ec);
-    acceptor.bind(endpoint, ec);
-  }
-  if (!ec) {
-    acceptor.listen(net::socket_base::max_listen_connections, ec);
-  }
-  if (ec) {
-    return make_error(ErrorCode::kFailedPrecondition, "listen",
-                      "cannot listen on " + o.ip + ":" + std::to_string(o.port) + ": " +
-                          ec.message());
-  }
-  impl_->do_accept();
-  return static_cast<int>(acceptor.local_endpoint().port());
+  return port;
 }
 
 void Server::run() {
@@ -146,7 +178,14 @@ int run_serve(ServeOptions options) {
   if (options.no_jail) {
     spdlog::warn("--no-jail: kernels run UNJAILED, as this user; do not give them untrusted code");
   }
-  Server server(std::move(options));
+  std::optional<Server> server_holder;
+  try {
+    server_holder.emplace(std::move(options));
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "cellgate serve: " << e.what() << "\n";
+    return 2;
+  }
+  Server& server = *server_holder;
   auto port = server.start();
   if (!port) {
     std::cerr << "cellgate serve: " << port.error().message << "\n";
@@ -163,6 +202,10 @@ int run_serve(ServeOptions options) {
   const std::string scheme = o.certfile.empty() ? "http" : "https";
   std::cout << "cellgate serve: listening on " << scheme << "://" << o.ip << ":" << *port
             << o.base_url << "\n";
+  if (server.e2b_port() != 0) {
+    std::cout << "cellgate serve: E2B-compatible endpoints on http://" << o.ip << ":"
+              << server.e2b_port() << "\n";
+  }
   if (!server.token().empty()) {
     std::cout << "cellgate serve: token " << server.token() << "\n"
               << "  JupyterLab / jupyter server: jupyter server --gateway-url=" << scheme << "://"

@@ -15,7 +15,10 @@
 #include <boost/beast/ssl.hpp>
 #include <boost/beast/websocket.hpp>
 #include <boost/beast/websocket/ssl.hpp>
+#include <atomic>
 #include <deque>
+#include <functional>
+#include <sstream>
 #include <optional>
 #include <type_traits>
 
@@ -89,6 +92,26 @@ void shutdown_send(Stream& stream) {
   } else if constexpr (requires { stream.close(); }) {
     stream.close();
   }
+}
+template <class Stream>
+void close_stream(Stream& stream) {
+  beast::error_code ec;
+  if constexpr (requires { beast::get_lowest_layer(stream).socket().close(ec); }) {
+    beast::get_lowest_layer(stream).socket().close(ec);
+  } else if constexpr (requires { beast::get_lowest_layer(stream).close(); }) {
+    beast::get_lowest_layer(stream).close();
+  }
+}
+template <class Stream>
+std::string peer_address(Stream& stream) {
+  if constexpr (requires { beast::get_lowest_layer(stream).socket().remote_endpoint(); }) {
+    beast::error_code ec;
+    auto ep = beast::get_lowest_layer(stream).socket().remote_endpoint(ec);
+    if (!ec) {
+      return ep.address().to_string() + ":" + std::to_string(ep.port());
+    }
+  }
+  return "";
 }
 template <class Stream>
 constexpr bool kIsTls = requires(Stream& s) {
@@ -272,14 +295,67 @@ class WsSession : public ChannelListener, public std::enable_shared_from_this<Ws
 };
 
 // ---- HTTP: one connection, one request at a time ----------------------------------------------
+//
+// While a request is being answered the session keeps a read posted on the connection, so it
+// learns when the client goes away mid-answer (an agent that gave up on a long cell) and can tell
+// the handler through Exchange::watch(). Bytes that arrive meanwhile (a pipelined request) stay in
+// the buffer for the next read, and end the watching.
+
+template <class Stream>
+class HttpSession;
+
+// Exchange over one HttpSession: every call is posted onto the session's strand.
+template <class Stream>
+class HttpExchange : public Exchange {
+ public:
+  HttpExchange(std::shared_ptr<HttpSession<Stream>> session,
+               std::shared_ptr<const std::atomic<bool>> gone, std::string peer)
+      : session_(std::move(session)), gone_(std::move(gone)), peer_(std::move(peer)) {}
+  std::string peer() const override { return peer_; }
+
+  void reply(Response res) override {
+    net::post(session_->stream_.get_executor(), [s = session_, res = std::move(res)]() mutable {
+      s->send(std::move(res));
+    });
+  }
+  void begin(Response head) override {
+    net::post(session_->stream_.get_executor(), [s = session_, head = std::move(head)]() mutable {
+      s->stream_begin(std::move(head));
+    });
+  }
+  bool write(std::string data) override {
+    if (gone_->load()) {
+      return false;
+    }
+    net::post(session_->stream_.get_executor(), [s = session_, data = std::move(data)]() mutable {
+      s->stream_chunk(std::move(data));
+    });
+    return true;
+  }
+  void end() override {
+    net::post(session_->stream_.get_executor(), [s = session_] { s->stream_end(); });
+  }
+  void watch(std::function<void()> on_gone) override {
+    net::post(session_->stream_.get_executor(), [s = session_, f = std::move(on_gone)]() mutable {
+      s->set_on_gone(std::move(f));
+    });
+  }
+
+ private:
+  std::shared_ptr<HttpSession<Stream>> session_;
+  std::shared_ptr<const std::atomic<bool>> gone_;
+  std::string peer_;
+};
 
 template <class Stream>
 class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
  public:
   static constexpr bool kTls = kIsTls<Stream>;
+  // A streamed answer the client does not read: past this many unsent bytes it is dropped.
+  static constexpr std::size_t kMaxStreamQueueBytes = 64u << 20;
 
   template <class... Args>
-  HttpSession(Api& api, const ServeOptions& options, Args&&... args)
+  HttpSession(Handler& api, const ServeOptions& options, Args&&... args)
       : stream_(std::forward<Args>(args)...), api_(api), options_(options) {}
 
   void run() {
@@ -288,6 +364,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
   }
 
  private:
+  friend class HttpExchange<Stream>;
+
   void start() {
     if constexpr (kTls) {
       set_deadline(stream_, std::chrono::seconds(30));
@@ -330,6 +408,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
                                   std::to_string(options_.max_body_bytes) + " bytes"
                             : "the request headers are over the limit"}});
       res.keep_alive(false);
+      answering_ = true;
       return send(std::move(res));
     }
     if (ec) {
@@ -340,6 +419,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
       auto check = api_.check_channels(req);
       if (check.refusal) {
         check.refusal->keep_alive(false);
+        answering_ = true;
         return send(std::move(*check.refusal));
       }
       auto ws = std::make_shared<WsSession<Stream>>(std::move(stream_), std::move(check.kernel),
@@ -347,29 +427,170 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
       ws->run(std::move(req));
       return;
     }
-    auto self = this->shared_from_this();
-    api_.handle(std::move(req), [self](Response res) {
-      net::post(self->stream_.get_executor(),
-                [self, res = std::move(res)]() mutable { self->send(std::move(res)); });
-    });
+    // The answer may take as long as a cell runs: no deadline until it is written.
+    clear_deadline(stream_);
+    answering_ = true;
+    keep_alive_ = req.keep_alive();
+    gone_flag_ = std::make_shared<std::atomic<bool>>(false);
+    watch_client();
+    api_.handle(std::move(req), std::make_shared<HttpExchange<Stream>>(this->shared_from_this(), gone_flag_,
+                                                                  peer_address(stream_)));
   }
 
-  void send(Response res) {
-    response_ = std::make_shared<Response>(std::move(res));
-    http::async_write(stream_, *response_,
-                      beast::bind_front_handler(&HttpSession::on_write, this->shared_from_this(),
-                                                response_->keep_alive()));
-  }
+  // ---- noticing a client that leaves mid-answer ----
 
-  void on_write(bool keep_alive, beast::error_code ec, std::size_t) {
-    response_.reset();
-    if (ec) {
+  void watch_client() {
+    // Bytes already waiting (a pipelined request) show the client is there; the next request
+    // is parsed from them once this answer is out, so there is nothing to watch for.
+    if (watching_ || !answering_ || buffer_.size() > 0) {
       return;
     }
-    if (!keep_alive) {
+    watching_ = true;
+    stream_.async_read_some(buffer_.prepare(4096),
+                            beast::bind_front_handler(&HttpSession::on_watch,
+                                                      this->shared_from_this()));
+  }
+
+  void on_watch(beast::error_code ec, std::size_t n) {
+    watching_ = false;
+    if (ec) {
+      client_gone();
+      return;
+    }
+    buffer_.commit(n);
+    if (answering_) {
+      watch_client();
+    } else if (resume_) {
+      resume_ = false;
+      do_read();
+    }
+  }
+
+  void client_gone() {
+    if (!answering_ || gone_flag_->exchange(true)) {
+      return;
+    }
+    stream_queue_.clear();
+    if (on_gone_) {
+      auto f = std::move(on_gone_);
+      on_gone_ = nullptr;
+      f();
+    }
+  }
+
+  void set_on_gone(std::function<void()> f) {
+    if (gone_flag_->load()) {
+      f();
+    } else if (answering_) {
+      on_gone_ = std::move(f);
+    }
+  }
+
+  // The answer is complete: read the next request once the watching read is back.
+  void answered() {
+    answering_ = false;
+    on_gone_ = nullptr;
+    if (gone_flag_ && gone_flag_->load()) {
+      return;
+    }
+    if (!keep_alive_) {
       return do_eof();
     }
-    do_read();
+    if (watching_) {
+      resume_ = true;
+      set_deadline(stream_, std::chrono::seconds(60));
+    } else {
+      do_read();
+    }
+  }
+
+  // ---- a whole response ----
+
+  void send(Response res) {
+    keep_alive_ = keep_alive_ && res.keep_alive();
+    response_ = std::make_shared<Response>(std::move(res));
+    http::async_write(stream_, *response_,
+                      beast::bind_front_handler(&HttpSession::on_write, this->shared_from_this()));
+  }
+
+  void on_write(beast::error_code ec, std::size_t) {
+    response_.reset();
+    if (ec) {
+      client_gone();
+      return;
+    }
+    answered();
+  }
+
+  // ---- a streamed response (chunked transfer coding) ----
+
+  void stream_begin(Response head) {
+    head.body().clear();
+    head.chunked(true);
+    keep_alive_ = keep_alive_ && head.keep_alive();
+    std::ostringstream os;
+    os << head.base();
+    stream_push(os.str());
+  }
+
+  void stream_chunk(std::string data) {
+    if (data.empty()) {
+      return;
+    }
+    std::ostringstream os;
+    os << std::hex << data.size() << "\r\n";
+    stream_push(os.str() + data + "\r\n");
+  }
+
+  void stream_end() {
+    stream_ending_ = true;
+    stream_push("0\r\n\r\n");
+  }
+
+  void stream_push(std::string bytes) {
+    if (gone_flag_->load()) {
+      return;
+    }
+    stream_queued_ += bytes.size();
+    if (stream_queued_ > kMaxStreamQueueBytes) {
+      spdlog::warn("a client fell {} bytes behind a streamed answer; disconnecting it",
+                   stream_queued_);
+      client_gone();
+      close_stream(stream_);
+      return;
+    }
+    stream_queue_.push_back(std::move(bytes));
+    if (!stream_writing_) {
+      stream_write_next();
+    }
+  }
+
+  void stream_write_next() {
+    stream_writing_ = true;
+    net::async_write(stream_, net::buffer(stream_queue_.front()),
+                     beast::bind_front_handler(&HttpSession::on_stream_write,
+                                               this->shared_from_this()));
+  }
+
+  void on_stream_write(beast::error_code ec, std::size_t) {
+    stream_writing_ = false;
+    if (ec) {
+      client_gone();
+      return;
+    }
+    if (stream_queue_.empty()) {
+      return;  // dropped meanwhile
+    }
+    stream_queued_ -= stream_queue_.front().size();
+    stream_queue_.pop_front();
+    if (!stream_queue_.empty()) {
+      return stream_write_next();
+    }
+    if (stream_ending_) {
+      stream_ending_ = false;
+      stream_queued_ = 0;
+      answered();
+    }
   }
 
   void do_eof() {
@@ -385,8 +606,19 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::shared_ptr<Response> response_;
-  Api& api_;
+  Handler& api_;
   const ServeOptions& options_;
+
+  bool answering_ = false;  // a request is being answered
+  bool keep_alive_ = true;
+  bool watching_ = false;   // a read is posted to notice the client leaving
+  bool resume_ = false;     // read the next request when the watching read completes
+  std::shared_ptr<std::atomic<bool>> gone_flag_ = std::make_shared<std::atomic<bool>>(false);
+  std::function<void()> on_gone_;
+  std::deque<std::string> stream_queue_;
+  std::size_t stream_queued_ = 0;
+  bool stream_writing_ = false;
+  bool stream_ending_ = false;
 };
 
 }  // namespace cellgate::server::detail

@@ -23,6 +23,7 @@
 
 #include "cellgate/jail/spec.hpp"
 #include "cellgate/kernel/connection.hpp"
+#include "cellgate/jail/cgroup.hpp"
 #include "cellgate/launcher/status.hpp"
 #include "cellgate/result.hpp"
 #include "cellgate/unique_fd.hpp"
@@ -80,6 +81,9 @@ class KernelProcess {
   pid_t pid() const { return kernel_pid_; }
 
   bool jailed() const { return jailed_; }
+  // The kernel cgroup's figures (CPU used, memory now and at peak); kNotFound for an unjailed
+  // kernel or once the cgroup is gone.
+  Result<jail::CgroupStats> cgroup_stats() const;
   // Sends a signal to the kernel (SIGINT interrupts an ipykernel), through the launcher, which
   // forwards it (into the jail).
   Result<void> signal(int sig);

@@ -45,6 +45,21 @@ struct ServeOptions {
   double execute_grace = 5;                      // seconds between the interrupt and a restart
   std::size_t execute_stream_bytes = 1u << 20;   // stdout and stderr kept per cell, each
   std::size_t execute_output_bytes = 8u << 20;   // one display_data / execute_result
+  double execute_keepalive = 3;                  // seconds between keepalives when streaming
+  // Artifacts (images and PDFs kernels display, stored by SHA-256 under <state>/artifacts)
+  std::size_t artifacts_per_kernel = 1000;
+  std::size_t artifact_bytes_per_kernel = 256u << 20;
+  // The files API (and one-shot files): the largest file read or written
+  std::size_t max_file_bytes = 16u << 20;
+  // The audit log: one JSON line per agent execution. "" : <state>/audit.log; "off": none.
+  std::string audit_log;
+  std::size_t audit_max_bytes = 64u << 20;  // rotated past this
+  int audit_keep = 5;                       // rotated files kept
+  std::vector<std::string> audit_redact;    // more secret patterns (ECMAScript regexes)
+  // E2B-compatible endpoints on a second listener (same --ip); 0: off.
+  int e2b_port = 0;
+  // E2B's SDK in debug mode sends no token: allow token-less E2B requests (loopback --ip only).
+  bool e2b_no_token = false;
   jail::JailSpec jail;                  // limits for every kernel
 };
 

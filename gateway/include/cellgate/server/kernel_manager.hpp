@@ -75,6 +75,15 @@ class ManagedKernel {
   // while the kernel restarts.
   std::shared_ptr<kernel::KernelClient> client() const;
 
+  // The kernel's work dir on the host (kept across restarts) and the uid/gid its files belong to.
+  std::string work_dir() const { return home_ + "/work"; }
+  uid_t uid() const;
+  // Its cgroup's CPU and memory figures; an error when unjailed or not running.
+  Result<jail::CgroupStats> cgroup_stats() const;
+  // Held by an agent execution from its first message to its answer, so two agent calls on one
+  // kernel run one after the other instead of interleaving.
+  std::timed_mutex& execution_mutex() { return execution_mu_; }
+
  private:
   friend class KernelManager;
   struct Attached {
@@ -95,6 +104,7 @@ class ManagedKernel {
   const std::string home_;  // state_dir/kernels/<id>: work dir lives here
 
   mutable std::mutex mu_;
+  std::timed_mutex execution_mu_;
   std::unique_ptr<kernel::KernelProcess> process_;
   std::shared_ptr<kernel::KernelClient> client_;
   std::vector<Attached> attached_;

@@ -27,6 +27,7 @@ class Server {
   void stop();
   const std::string& token() const;
   KernelManager& manager();
+  int e2b_port() const;  // 0 unless --e2b-port
 
  private:
   struct Impl;

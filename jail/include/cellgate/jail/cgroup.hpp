@@ -54,6 +54,9 @@ struct CgroupStats {
   std::int64_t pids_current = 0;
   std::uint64_t pids_limit_hits = 0;  // pids.events "max"
   std::uint64_t cpu_usage_usec = 0;   // v1 cpuacct.usage / 1000 if available; v2 cpu.stat usage_usec
+  // read_cgroup_stats only: whether cpu_usage_usec was measured. Where v1 has no cpuacct next to
+  // cpu, it is the user+system time of the cgroup's processes (and their reaped children).
+  bool cpu_usage_known = false;
 };
 
 class Cgroup;
@@ -107,6 +110,10 @@ class CgroupHost {
   std::chrono::milliseconds settle_timeout_{3000};
 };
 
+// The figures of a cgroup someone else created (a kernel's, named by its launcher), read from
+// whichever of `dirs` holds each file. Only reads; kNotFound once the cgroup is gone.
+Result<CgroupStats> read_cgroup_stats(CgroupVersion version, const std::vector<std::string>& dirs);
+
 class Cgroup {
  public:
   ~Cgroup();  // kill_all(), then remove()
@@ -117,6 +124,7 @@ class Cgroup {
   Result<void> kill_all();
   Result<void> remove();  // rmdir every directory it created (the leaf, and its group parent if now empty)
   const std::vector<std::string>& paths() const;  // one directory per hierarchy
+  CgroupVersion version() const { return version_; }
 
  private:
   friend class CgroupHost;

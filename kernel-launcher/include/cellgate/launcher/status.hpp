@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "cellgate/result.hpp"
 
@@ -42,6 +43,10 @@ struct StatusEvent {
   // kStarted: the connection file the gateway should use when it differs from the one given
   // (a tcp file was rewritten to ipc endpoints in the kernel's connection dir).
   std::string connection_file;
+  // kStarted, jailed kernels: the kernel's cgroup directories (one per hierarchy) and version
+  // ("v1"/"v2"), so the gateway can read its CPU and memory figures while it runs.
+  std::vector<std::string> cgroup_paths;
+  std::string cgroup_version;
   // kExited, jailed kernels: from the kernel's cgroup.
   std::uint64_t memory_peak_bytes = 0;
   std::uint64_t oom_kills = 0;
