@@ -20,6 +20,13 @@ int main(int argc, char** argv) {
   exec_cmd->add_flag("--no-jail", exec.no_jail, "run the kernel unjailed (not for untrusted code)");
   exec_cmd->add_option("--jail-spec", exec.jail_spec, "jail spec JSON (limits, mounts, env)");
   exec_cmd->add_flag("-v,--verbose", exec.verbose, "log what the host supports");
+  exec_cmd->add_option("--url", exec.url, "run on this running gateway (http[s]://host:port)")
+      ->envname("CELLGATE_URL");
+  exec_cmd->add_option("--token", exec.token, "the gateway's token")->envname("CELLGATE_TOKEN");
+  exec_cmd->add_option("--kernel-id", exec.kernel_id,
+                       "with --url: run in this kernel (state kept) instead of a fresh one");
+  exec_cmd->add_option("--artifacts", exec.artifacts_dir,
+                       "save displayed images and PDFs here (default: a new dir in $TMPDIR)");
 
   cellgate::server::ServeOptions serve;
   auto* serve_cmd = app.add_subcommand(

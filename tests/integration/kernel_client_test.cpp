@@ -196,6 +196,7 @@ TEST_F(KernelClientTest, SigintInterruptsALoopAndStateSurvives) {
   h.on_message = [&](Channel ch, const protocol::Message& msg) {
     std::lock_guard lock(mu);
     collected.messages.emplace_back(ch, msg);
+    cv.notify_all();
   };
   h.on_end = [&](RequestEnd) {
     std::lock_guard lock(mu);
@@ -204,7 +205,20 @@ TEST_F(KernelClientTest, SigintInterruptsALoopAndStateSurvives) {
   };
   kernel_.client->send(Channel::kShell, "execute_request", execute_content("while True: pass"),
                        std::move(h));
-  std::this_thread::sleep_for(500ms);
+  // ipykernel ignores SIGINT between cells: signal only once the cell is running (its
+  // execute_input is out), then a little later so the loop is entered.
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, 20s, [&] {
+      for (const auto& [ch, msg] : collected.messages) {
+        if (msg.msg_type() == "execute_input") {
+          return true;
+        }
+      }
+      return done;
+    })) << "the cell never started";
+  }
+  std::this_thread::sleep_for(300ms);
   {
     std::lock_guard lock(mu);
     EXPECT_FALSE(done) << "the loop ended by itself";

@@ -6,7 +6,9 @@
 #include <csignal>
 #include <cstdio>
 #include <deque>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <iostream>
 #include <iterator>
 #include <mutex>
@@ -17,6 +19,7 @@
 #include "cellgate/jail/jail.hpp"
 #include "cellgate/kernel/client.hpp"
 #include "cellgate/kernel/process.hpp"
+#include "cellgate/server/artifacts.hpp"
 #include "cellgate/text.hpp"
 
 namespace cellgate::cli {
@@ -89,25 +92,13 @@ Result<std::string> read_code(const ExecOptions& options, bool& from_stdin) {
   return std::string(std::istreambuf_iterator<char>(std::cin), {});
 }
 
-void print_bundle(const json& data) {
-  if (!data.is_object()) {
-    return;
-  }
-  if (auto text = data.find("text/plain"); text != data.end() && text->is_string()) {
-    std::cout << text->get<std::string>() << "\n" << std::flush;
-    return;
-  }
-  for (auto& [mime, value] : data.items()) {
-    std::size_t size = value.is_string() ? value.get_ref<const std::string&>().size() : 0;
-    std::cout << "<" << mime << ", " << size << " bytes>\n";
-  }
-  std::cout << std::flush;
-}
-
 class CellPrinter {
  public:
-  explicit CellPrinter(kernel::KernelClient& client, bool allow_stdin)
-      : client_(client), allow_stdin_(allow_stdin), color_(::isatty(STDERR_FILENO) == 1) {}
+  CellPrinter(kernel::KernelClient& client, bool allow_stdin, std::string artifacts_dir)
+      : client_(client),
+        allow_stdin_(allow_stdin),
+        color_(::isatty(STDERR_FILENO) == 1),
+        saver_(std::move(artifacts_dir)) {}
 
   void handle(Channel channel, const protocol::Message& msg) {
     const std::string type = msg.msg_type();
@@ -120,7 +111,7 @@ class CellPrinter {
       std::fwrite(text.data(), 1, text.size(), out);
       std::fflush(out);
     } else if (type == "execute_result" || type == "display_data") {
-      print_bundle(c.value("data", json::object()));
+      detail::print_bundle(c.value("data", json::object()), saver_);
     } else if (type == "error") {
       std::string tb;
       if (auto t = c.find("traceback"); t != c.end() && t->is_array()) {
@@ -151,16 +142,102 @@ class CellPrinter {
   kernel::KernelClient& client_;
   bool allow_stdin_;
   bool color_;
+  detail::ArtifactSaver saver_;
   std::string status_ = "error";
 };
 
 }  // namespace
+
+namespace detail {
+
+std::vector<std::string> ArtifactSaver::save(const json& data) {
+  std::vector<std::string> lines;
+  if (!data.is_object()) {
+    return lines;
+  }
+  static const std::map<std::string, std::string> kExtensions = {
+      {"image/png", "png"}, {"image/jpeg", "jpg"}, {"image/gif", "gif"},
+      {"image/svg+xml", "svg"}, {"application/pdf", "pdf"}};
+  for (const auto& [mime, ext] : kExtensions) {
+    auto it = data.find(mime);
+    if (it == data.end()) {
+      continue;
+    }
+    std::string text;
+    if (it->is_string()) {
+      text = it->get<std::string>();
+    } else if (it->is_array()) {
+      for (const auto& part : *it) {
+        text += part.is_string() ? part.get<std::string>() : std::string();
+      }
+    }
+    std::optional<std::string> bytes =
+        mime == "image/svg+xml" ? std::optional<std::string>(text) : base64_decode(text);
+    if (!bytes) {
+      lines.push_back("<" + mime + ": not valid base64, not saved>");
+      continue;
+    }
+    if (!made_) {
+      if (dir_.empty()) {
+        const char* tmp = std::getenv("TMPDIR");
+        std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
+                              "/cellgate-artifacts-XXXXXX";
+        if (::mkdtemp(pattern.data()) == nullptr) {
+          lines.push_back("<" + mime + ": cannot make a directory for artifacts>");
+          continue;
+        }
+        dir_ = pattern;
+      } else {
+        std::error_code ec;
+        std::filesystem::create_directories(dir_, ec);
+      }
+      made_ = true;
+    }
+    const std::string path = dir_ + "/" + server::sha256_hex(*bytes).substr(0, 16) + "." + ext;
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(bytes->data(), static_cast<std::streamsize>(bytes->size()));
+    lines.push_back(out ? "<" + mime + " saved to " + path + ">"
+                        : "<" + mime + ": cannot write " + path + ">");
+  }
+  return lines;
+}
+
+void print_bundle(const json& data, ArtifactSaver& saver) {
+  if (!data.is_object()) {
+    return;
+  }
+  const auto saved = saver.save(data);
+  for (const auto& line : saved) {
+    std::cout << line << "\n";
+  }
+  if (auto text = data.find("text/plain"); text != data.end() && text->is_string()) {
+    // A figure's text/plain is its repr ("<Figure size 640x480 with 1 Axes>"): the saved
+    // path says more.
+    if (saved.empty()) {
+      std::cout << text->get<std::string>() << "\n";
+    }
+  } else if (saved.empty()) {
+    for (auto& [mime, value] : data.items()) {
+      std::size_t size = value.is_string() ? value.get_ref<const std::string&>().size() : 0;
+      std::cout << "<" << mime << ", " << size << " bytes>\n";
+    }
+  }
+  std::cout << std::flush;
+}
+
+}  // namespace detail
 
 int run_exec(const ExecOptions& options) {
   bool from_stdin = false;
   auto code = read_code(options, from_stdin);
   if (!code) {
     return fail(code.error().message);
+  }
+  if (!options.url.empty()) {
+    return detail::run_remote_exec(options, *code);
+  }
+  if (!options.kernel_id.empty()) {
+    return fail("--kernel-id needs --url (a running gateway's kernel)");
   }
   auto spec = kernel::find_kernelspec(options.kernel);
   if (!spec) {
@@ -212,7 +289,7 @@ int run_exec(const ExecOptions& options) {
 
   // input() can only be answered from the terminal when the code did not come from stdin.
   const bool allow_stdin = !from_stdin;
-  CellPrinter printer(client, allow_stdin);
+  CellPrinter printer(client, allow_stdin, options.artifacts_dir);
   kernel::RequestHandlers handlers;
   handlers.on_message = [&events](Channel ch, const protocol::Message& msg) {
     events.push(Delivered{ch, msg});
