@@ -190,27 +190,80 @@ def proc_status_kib(pid: int, field: str) -> int:
     return 0
 
 
-@pytest.fixture(scope="module")
-def server():
+def processes_of(tmp: Path) -> list:
+    """Pids of the processes whose command line names `tmp` (our kernels' launchers)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if (str(tmp) + "/").encode() in cmd:
+                pids.append(int(entry))
+    return pids
+
+
+def reap_leftovers(tmp: Path) -> list:
+    """After the server stopped: its kernels should be gone. If it crashed they are not (and
+    their work-dir mounts stay): stop them by pid and unmount, so nothing outlives the test.
+    Returns what was found."""
+    found = processes_of(tmp)
+    for pid in found:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 10
+    while processes_of(tmp) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in processes_of(tmp):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
+              if line.split()[1].startswith(str(tmp) + "/")]
+    for mount in sorted(mounts, key=len, reverse=True):
+        subprocess.run(["umount", "-l", mount], check=False)
+    return found + mounts
+
+
+def started_server(prefix: str, extra_args=()):
     if not CELLGATE.exists():
         pytest.skip(f"{CELLGATE} is not built (cmake --build build --target cellgate cellgate-kernel)")
-    tmp = Path(tempfile.mkdtemp(prefix="cellgate-agent-"))
-    s = Server(tmp)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    s = Server(tmp, extra_args)
     try:
         s.start()
         yield s
     finally:
         s.stop()
+        leftovers = reap_leftovers(tmp)
+        if leftovers:
+            print(f"\nleft behind by the gateway (now stopped and removed): {leftovers}")
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def server():
+    yield from started_server("cellgate-agent-")
+
+
+def assert_alive(server) -> None:
+    if server.proc.poll() is not None or "terminate called" in server.err.read_text(errors="replace"):
+        pytest.fail(f"the gateway died (exit {server.proc.poll()}):\n{server.diagnostics()}")
 
 
 @pytest.fixture
 def kernel(server):
+    assert_alive(server)
     kid = server.start_kernel()
     try:
         yield kid
     finally:
-        server.delete_kernel(kid)
+        if server.proc.poll() is None:
+            server.delete_kernel(kid)
 
 
 def text_plain(answer):
@@ -349,18 +402,36 @@ def test_timeout_interrupts_and_keeps_state(server, kernel):
     assert after["status"] == "ok" and text_plain(after) == "42", after
 
 
-def test_timeout_restarts_a_kernel_that_ignores_the_interrupt(server, kernel):
-    assert server.execute(kernel, "x = 42")["status"] == "ok"
+@pytest.fixture
+def own_server():
+    """A server of its own, for a test that restarts kernels (a crash stays in that test)."""
+    yield from started_server("cellgate-agent-restart-")
+
+
+def test_timeout_restarts_a_kernel_that_ignores_the_interrupt(own_server):
+    server = own_server
+    kid = server.start_kernel()
+    assert server.execute(kid, "x = 42")["status"] == "ok"
     t0 = time.monotonic()
-    answer = server.execute(kernel, "import signal, time\n"
-                                    "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-                                    "time.sleep(1000)", timeout=2)
+    answer = server.execute(kid, "import signal, time\n"
+                                 "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                                 "time.sleep(1000)", timeout=2)
     took = time.monotonic() - t0
     assert answer["status"] == "timeout", answer
     assert answer["state_lost"] is True, answer
     assert took < 2 + GRACE + 15, f"took {took:.1f} s"
-    after = server.execute(kernel, "x", timeout=60)
+    after = server.execute(kid, "x", timeout=60)
     assert after["status"] == "error" and after["error"]["ename"] == "NameError", after
+    assert server.execute(kid, "1+1")["result"]["text/plain"] == "2"
+    # The gateway keeps working after the restart: delete, another kernel, a few seconds.
+    assert server.request("DELETE", f"/api/kernels/{kid}")[0] == 204
+    other = server.start_kernel()
+    assert server.execute(other, "1+1")["result"]["text/plain"] == "2"
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline and server.proc.poll() is None:
+        time.sleep(0.2)
+    assert_alive(server)
+    assert server.request("DELETE", f"/api/kernels/{other}", timeout=20)[0] == 204
 
 
 # ---- 4. a client that leaves ---------------------------------------------------------------
@@ -390,7 +461,12 @@ def test_client_disconnect_stops_the_cell(server, kernel):
 
 # ---- 5. a flood of output ------------------------------------------------------------------
 
-FLOOD_MIB = 1024  # 1 GiB of stdout
+# 1 GiB of stdout, flushed after every 1 MiB write. Unflushed, ipykernel 6.17 batches the writes
+# into one iopub message per flush interval: measured unjailed, the whole 1 GiB went out as one
+# message (39 s); jailed under the default --memory 1 GiB the kernel dies at once (status "dead"
+# after 4 s), and with --memory 4 GiB it had not finished after 400 s (--cpus 1). Flushed, it is
+# 1024 messages of 1 MiB, ~11 s here, which is what a cell printing without end looks like.
+FLOOD_MIB = 1024
 FLOOD_TIMEOUT = 240
 
 
@@ -414,7 +490,8 @@ def test_a_gigabyte_of_output_is_capped(server, kernel):
     t0 = time.monotonic()
     try:
         answer = server.execute(kernel, "import sys\nchunk = 'x' * (1 << 20)\n"
-                                        f"for _ in range({FLOOD_MIB}): sys.stdout.write(chunk)",
+                                        f"for _ in range({FLOOD_MIB}):\n"
+                                        "    sys.stdout.write(chunk); sys.stdout.flush()",
                                 timeout=FLOOD_TIMEOUT)
     finally:
         done.set()
@@ -585,7 +662,12 @@ def test_files_fifo_and_size_cap(server, kernel):
     status, _, raw = server.request("GET", files_url(kernel, "pipe"), timeout=20)
     assert 400 <= status < 500, (status, raw)
     assert time.monotonic() - t0 < 5, "reading a FIFO must not block"
-    assert server.request("PUT", files_url(kernel, "pipe"), body=b"x", timeout=20)[0] >= 400
+    # A write never opens the target: it renames a fresh file over the name, so the FIFO is
+    # replaced by a regular file, without blocking.
+    t0 = time.monotonic()
+    assert server.request("PUT", files_url(kernel, "pipe"), body=b"x", timeout=20)[0] == 201
+    assert time.monotonic() - t0 < 5, "writing over a FIFO must not block"
+    assert server.request("GET", files_url(kernel, "pipe"))[2] == b"x"
 
     status, err = server.json("GET", files_url(kernel, "big.bin"))
     assert status == 413, err
@@ -632,6 +714,55 @@ def test_audit_log_records_hashes_not_secrets(server, kernel):
     assert "agent-test/1.0" in mine[0]["client"], mine[0]
     mode = server.audit_log.stat().st_mode & 0o777
     assert mode & 0o077 == 0, oct(mode)
+
+
+# ---- 11. what the kernels inherit ---------------------------------------------------------
+
+def descendants(pid: int) -> list:
+    out = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            children = Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
+        except OSError:
+            continue
+        for child in map(int, children):
+            out += [child] + descendants(child)
+    return out
+
+
+def socket_links(pid: int) -> dict:
+    links = {}
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:"):
+                links[int(fd)] = link
+    except OSError:
+        pass
+    return links
+
+
+def test_kernel_processes_hold_no_gateway_sockets(server, kernel):
+    """The launcher and the kernel must not inherit the gateway's listening socket or its client
+    connections: a kernel that outlives the gateway would keep the port and the clients' calls
+    open, and nothing in the jail needs them."""
+    gateway = set(socket_links(server.proc.pid).values())
+    launchers = [p for p in processes_of(server.tmp) if p != server.proc.pid]
+    assert launchers, "no launcher process found for the kernel"
+    leaked = {}
+    for pid in sorted(set(launchers + [d for p in launchers for d in descendants(p)])):
+        shared = {fd: link for fd, link in socket_links(pid).items() if link in gateway}
+        if shared:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+            leaked[pid] = (cmd, shared)
+    assert not leaked, f"gateway sockets inherited by kernel processes: {leaked}"
 
 
 # ---- 10. bad input -------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <boost/beast/_experimental/test/stream.hpp>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -159,6 +160,112 @@ TEST_F(HttpSessionTest, WebSocketUpgradesAreCheckedBeforeUpgrading) {
   EXPECT_NE(unknown.find("Kernel does not exist"), std::string::npos) << unknown;
   auto other = exchange("GET /api/kernels?token=secret HTTP/1.1\r\n" + upgrade + "\r\n", "}");
   EXPECT_EQ(other.rfind("HTTP/1.1 404", 0), 0u) << other;
+}
+
+// A handler that answers /stream as a chunked stream of three pieces, /hang never (it only
+// watches for the client leaving), and anything else with a small whole response.
+class ScriptedHandler : public Handler {
+ public:
+  void handle(Request req, std::shared_ptr<Exchange> exchange) override {
+    const std::string target(req.target());
+    if (target == "/hang") {
+      exchange->watch([this] { gone.store(true); });
+      held = exchange;  // never answered
+      return;
+    }
+    if (target == "/stream") {
+      Response head{http::status::ok, req.version()};
+      head.set(http::field::content_type, "application/x-ndjson");
+      head.keep_alive(req.keep_alive());
+      exchange->begin(std::move(head));
+      for (const char* piece : {"{\"n\":1}\n", "{\"n\":2}\n", "{\"type\":\"end\"}\n"}) {
+        exchange->write(piece);
+      }
+      exchange->end();
+      return;
+    }
+    exchange->reply(Api::json_response(req, http::status::ok, nlohmann::json{{"t", target}}));
+  }
+  ChannelsCheck check_channels(const Request& req) override {
+    ChannelsCheck c;
+    c.refusal = Api::json_response(req, http::status::not_found, nlohmann::json::object());
+    return c;
+  }
+  std::atomic<bool> gone{false};
+  std::shared_ptr<Exchange> held;
+};
+
+class StreamingSessionTest : public ::testing::Test {
+ protected:
+  std::string run(TestStream& client, const std::string& until,
+                  std::chrono::milliseconds patience = std::chrono::seconds(5)) {
+    const auto deadline = std::chrono::steady_clock::now() + patience;
+    while (std::chrono::steady_clock::now() < deadline &&
+           client.str().find(until) == std::string::npos) {
+      ioc_.restart();
+      ioc_.run_for(std::chrono::milliseconds(10));
+    }
+    return std::string(client.str());
+  }
+
+  net::io_context ioc_;
+  ServeOptions options_;
+  ScriptedHandler handler_;
+};
+
+TEST_F(StreamingSessionTest, AStreamIsChunkedAndTheConnectionServesTheNextRequest) {
+  TestStream client(ioc_);
+  TestStream server(ioc_);
+  client.connect(server);
+  std::make_shared<HttpSession<TestStream>>(handler_, options_, std::move(server))->run();
+  net::write(client, net::buffer(std::string("GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")));
+  auto out = run(client, "0\r\n\r\n");
+  EXPECT_EQ(out.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << out;
+  EXPECT_NE(out.find("Transfer-Encoding: chunked"), std::string::npos) << out;
+  // Each piece is its own chunk: size in hex, CRLF, the bytes, CRLF; then the last chunk.
+  EXPECT_NE(out.find("\r\n\r\n8\r\n{\"n\":1}\n\r\n8\r\n{\"n\":2}\n\r\nf\r\n{\"type\":\"end\"}\n\r\n"
+                     "0\r\n\r\n"),
+            std::string::npos)
+      << out;
+  // Keep-alive: the watching read hands the next request over once the stream has ended.
+  net::write(client, net::buffer(std::string("GET /after HTTP/1.1\r\nHost: x\r\n\r\n")));
+  out = run(client, "/after\"}");
+  EXPECT_NE(out.find("{\"t\":\"/after\"}"), std::string::npos) << out;
+}
+
+TEST_F(StreamingSessionTest, AClientLeavingMidAnswerIsNoticed) {
+  TestStream client(ioc_);
+  TestStream server(ioc_);
+  client.connect(server);
+  std::make_shared<HttpSession<TestStream>>(handler_, options_, std::move(server))->run();
+  net::write(client, net::buffer(std::string("GET /hang HTTP/1.1\r\nHost: x\r\n\r\n")));
+  run(client, "never", std::chrono::milliseconds(100));
+  EXPECT_FALSE(handler_.gone.load()) << "the client is still there";
+  client.close();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!handler_.gone.load() && std::chrono::steady_clock::now() < deadline) {
+    ioc_.restart();
+    ioc_.run_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(handler_.gone.load()) << "the handler was not told the client left";
+  // Writing to a gone client is refused, so a producer knows to stop.
+  EXPECT_FALSE(handler_.held->write("late"));
+  handler_.held.reset();
+}
+
+TEST_F(StreamingSessionTest, PipelinedRequestsAreAnsweredInOrder) {
+  TestStream client(ioc_);
+  TestStream server(ioc_);
+  client.connect(server);
+  std::make_shared<HttpSession<TestStream>>(handler_, options_, std::move(server))->run();
+  net::write(client, net::buffer(std::string("GET /stream HTTP/1.1\r\nHost: x\r\n\r\n"
+                                             "GET /second HTTP/1.1\r\nHost: x\r\n\r\n")));
+  auto out = run(client, "/second\"}");
+  const auto end_of_stream = out.find("0\r\n\r\n");
+  const auto second = out.find("{\"t\":\"/second\"}");
+  ASSERT_NE(end_of_stream, std::string::npos) << out;
+  ASSERT_NE(second, std::string::npos) << out;
+  EXPECT_LT(end_of_stream, second) << out;
 }
 
 }  // namespace
