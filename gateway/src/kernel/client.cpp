@@ -1,5 +1,7 @@
 #include "cellgate/kernel/client.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -23,6 +25,7 @@ using nlohmann::json;
 
 constexpr int kReconnectIvlMs = 10;
 constexpr int kReconnectIvlMaxMs = 200;
+constexpr int kIopubReceiveHwm = 32;  // iopub messages queued in the gateway per kernel
 
 Error zmq_failure(const std::string& what, const zmq::error_t& e) {
   return make_error(ErrorCode::kUnavailable, "zmq_error", what + ": " + e.what());
@@ -137,6 +140,10 @@ struct KernelClient::Impl {
       shell.set(zmq::sockopt::routing_id, routing_id);
       stdin_sock.set(zmq::sockopt::routing_id, routing_id);
       iopub.set(zmq::sockopt::subscribe, "");
+      // Few messages wait in the gateway: when it parses slower than a kernel prints, the rest
+      // waits in the kernel's own PUB queue (its cgroup's memory), so a cell printing a gigabyte
+      // in 1 MiB pieces costs the gateway tens of MiB, not the default 1000 messages' worth.
+      iopub.set(zmq::sockopt::rcvhwm, kIopubReceiveHwm);
       shell.connect(info.endpoint(Channel::kShell));
       control.connect(info.endpoint(Channel::kControl));
       stdin_sock.connect(info.endpoint(Channel::kStdin));
@@ -427,6 +434,14 @@ KernelClient::~KernelClient() {
   }
   impl_->wake();
   if (impl_->thread.joinable()) {
+    if (impl_->thread.get_id() == std::this_thread::get_id()) {
+      // The last owner was a handler on the I/O thread itself: joining would deadlock. The loop
+      // sees `stopping` and returns; its state must outlive it, so it is left allocated.
+      spdlog::error("kernel client destroyed from its own I/O thread; leaking its state");
+      impl_->thread.detach();
+      (void)impl_.release();
+      return;
+    }
     impl_->thread.join();
   }
 }

@@ -154,6 +154,9 @@ Result<std::unique_ptr<KernelProcess>> KernelProcess::start(LaunchRequest reques
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, kp->log_file_.c_str(),
                                    O_WRONLY | O_CREAT | O_APPEND, 0600);
   posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  // Nothing else of the gateway's reaches the launcher or its kernel: not its listening socket
+  // (which an orphaned kernel would keep open), not client connections, not other kernels' fds.
+  posix_spawn_file_actions_addclosefrom_np(&actions, kLauncherStatusFd + 1);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   sigset_t none, all_default;

@@ -46,7 +46,9 @@ struct Collector {
   std::condition_variable cv;
   ExecuteLimits limits;
   std::deque<std::string> stdin_lines;
-  std::shared_ptr<kernel::KernelClient> client;
+  // Weak: the handlers below run on the client's I/O thread, and must never hold its last
+  // reference (its destructor would join that very thread).
+  std::weak_ptr<kernel::KernelClient> client;
   std::function<void(const json&)> sink;
   ArtifactStore* store = nullptr;
   std::string kernel_id;
@@ -237,7 +239,7 @@ struct Collector {
         answer = std::move(stdin_lines.front());
         stdin_lines.pop_front();
       }
-      auto c = client;
+      auto c = client.lock();
       lock.unlock();
       if (c) {
         c->send_input(msg, answer);
@@ -514,7 +516,6 @@ Result<json> Executor::run(const std::string& kernel_id, const ExecuteRequest& r
       std::lock_guard lock(collector->mu);
       collector->done = true;
       collector->end = end;
-      collector->client.reset();
       collector->cv.notify_all();
     };
     json content = kernel::execute_content(request.code, !request.stdin_lines.empty(),
