@@ -26,6 +26,8 @@ using nlohmann::json;
 constexpr int kReconnectIvlMs = 10;
 constexpr int kReconnectIvlMaxMs = 200;
 constexpr int kIopubReceiveHwm = 32;  // iopub messages queued in the gateway per kernel
+constexpr std::chrono::milliseconds kIdleGrace{3000};  // after a reply, for its idle status
+constexpr std::chrono::milliseconds kIdleCheck{250};
 
 Error zmq_failure(const std::string& what, const zmq::error_t& e) {
   return make_error(ErrorCode::kUnavailable, "zmq_error", what + ": " + e.what());
@@ -66,6 +68,7 @@ struct KernelClient::Impl {
     RequestHandlers handlers;
     bool got_reply = false;
     bool got_idle = false;
+    Clock::time_point reply_at;  // when got_reply became true
   };
 
   ConnectionInfo info;
@@ -195,6 +198,9 @@ struct KernelClient::Impl {
       items[4] = {hb.handle(), 0, ZMQ_POLLIN, 0};
       items[5] = {nullptr, wake_fd.get(), ZMQ_POLLIN, 0};
       auto timeout = heartbeat_tick();
+      if (awaiting_idle() && (timeout.count() < 0 || timeout > kIdleCheck)) {
+        timeout = kIdleCheck;
+      }
       try {
         zmq::poll(items.data(), items.size(), timeout);
       } catch (const zmq::error_t& e) {
@@ -215,6 +221,7 @@ struct KernelClient::Impl {
       drain(stdin_sock, Channel::kStdin);
       drain(iopub, Channel::kIopub);
       drain_heartbeat();
+      complete_lost_idles();
     }
     end_all(RequestEnd::kCancelled);
   }
@@ -240,7 +247,7 @@ struct KernelClient::Impl {
           }
           continue;
         }
-        routes.emplace(id, Route{std::move(*out.handlers)});
+        routes.emplace(id, Route{std::move(*out.handlers), false, false, {}});
       }
       std::vector<std::string> frames = protocol::encode(out.msg, signer);
       zmq::multipart_t multipart;
@@ -310,6 +317,7 @@ struct KernelClient::Impl {
     }
     if (channel == Channel::kShell || channel == Channel::kControl) {
       route.got_reply = true;
+      route.reply_at = Clock::now();
     } else if (channel == Channel::kIopub && msg.msg_type() == "status" &&
                msg.content.value("execution_state", "") == "idle") {
       route.got_idle = true;
@@ -319,6 +327,34 @@ struct KernelClient::Impl {
       routes.erase(it);
       if (handlers.on_end) {
         handlers.on_end(RequestEnd::kComplete);
+      }
+    }
+  }
+
+  // The kernel's PUB socket drops messages when the gateway's iopub queue is full, so the idle
+  // status of a request may never come. A request whose reply is in completes kIdleGrace after
+  // it, idle or not (jupyter_client's nbclient does the same with its iopub_timeout).
+  bool awaiting_idle() const {
+    for (const auto& [id, r] : routes) {
+      if (r.got_reply && !r.got_idle && r.handlers.wait_for_idle) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  void complete_lost_idles() {
+    const auto now = Clock::now();
+    for (auto it = routes.begin(); it != routes.end();) {
+      Route& r = it->second;
+      if (r.got_reply && !r.got_idle && r.handlers.wait_for_idle && now - r.reply_at >= kIdleGrace) {
+        RequestHandlers handlers = std::move(r.handlers);
+        it = routes.erase(it);
+        if (handlers.on_end) {
+          handlers.on_end(RequestEnd::kComplete);
+        }
+      } else {
+        ++it;
       }
     }
   }
