@@ -40,7 +40,8 @@ int main(int argc, char** argv) {
                       "write each executed notebook to DIR/<name>.ipynb");
   run_cmd->add_flag("--inplace", run.inplace, "write each executed notebook over its input");
   run_cmd->add_option("-p,--parameter", run.parameters,
-                      "NAME=VALUE: set a parameter after the cell tagged 'parameters' (repeat)");
+                      "NAME=VALUE: set a parameter after the cell tagged 'parameters' (repeat)")
+      ->allow_extra_args(false);  // one value per -p: the notebooks may follow
   run_cmd->add_option("-t,--timeout", run.timeout_seconds,
                       "interrupt a cell after this many seconds; the notebook fails (0: never)");
   run_cmd->add_flag("--allow-errors", run.allow_errors,
@@ -108,6 +109,13 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--restart-limit", serve.restart_limit,
                         "automatic restarts of a dying kernel before it is left dead")
       ->capture_default_str();
+  serve.pool_size = 2;  // ServeOptions' own default is 0 (off) for embedding code and tests
+  serve_cmd->add_option("--pool-size", serve.pool_size,
+                        "ready kernels kept per pooled kernelspec, claimed by new kernels that "
+                        "ask for no env (0: off; they count towards --max-kernels)")
+      ->envname("CELLGATE_POOL_SIZE")->check(CLI::NonNegativeNumber)->capture_default_str();
+  serve_cmd->add_option("--pool-kernel", serve.pool_kernels,
+                        "a kernelspec to pool (repeat; default: the default kernelspec)");
   serve_cmd->add_option("--execute-max-timeout", serve.execute_max_timeout,
                         "longest timeout an execute request may ask for (seconds)")
       ->capture_default_str();
@@ -158,7 +166,13 @@ int main(int argc, char** argv) {
                       "run kernels UNJAILED (never with untrusted code)");
   serve_cmd->add_option("--threads", serve.threads, "network threads")->capture_default_str();
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    // Every subcommand documents exit code 2 for usage errors (--help still exits 0).
+    return code != 0 ? 2 : code;
+  }
   if (exec_cmd->parsed()) {
     return cellgate::cli::run_exec(exec);
   }

@@ -6,6 +6,8 @@ its ipykernel and default `python3` kernelspec), and measures over the same REST
 (legacy JSON WebSocket format, token in an `Authorization` header):
 
   1. POST /api/kernels -> first execute_reply of `print(1)` (ms; n runs; median, min, max);
+     cellgate twice: with its warm pool off (every start a pool miss: a cold jailed start), and
+     claiming from a pool of 2 (--pool-size 2), waiting for the pool to refill between runs;
   2. trivial-cell round trip: execute_request `1` -> its execute_reply on one kernel,
      200 times after 20 warm-ups (us; median, p90);
   3. 10 MiB of stdout: stream bytes received until execute_reply + idle (MB/s, complete?);
@@ -20,7 +22,7 @@ after every recv) can be set: Nagle and delayed ACKs must not hide the servers' 
 Prints figures and ratios; a missed target is reported, not failed. Exits non-zero only on an
 infrastructure failure (a server does not start, a request errors or times out).
 
-  gateway_bench.py [--runs N] [--quick] [--bin-dir DIR] [--keep]
+  gateway_bench.py [--runs N] [--pool-runs N] [--quick] [--bin-dir DIR] [--keep]
 """
 
 import argparse
@@ -51,6 +53,7 @@ TOKEN_LEN = 32
 STDOUT_CODE = 'import sys\nfor i in range(10240): sys.stdout.write("x" * 1023 + "\\n")'
 STDOUT_BYTES = 10240 * 1024  # 10,485,760
 MIB = 1024 * 1024
+POOL_SIZE = 2  # cellgate serve's default --pool-size
 
 
 class InfraError(Exception):
@@ -106,14 +109,14 @@ class Server:
                 self.proc.wait()
 
 
-def start_cellgate(bin_dir, tmp, max_kernels, extra_args=()):
+def start_cellgate(bin_dir, tmp, max_kernels, extra_args=(), label="cellgate"):
     exe = pathlib.Path(bin_dir) / "cellgate"
     if not exe.is_file():
         raise InfraError(f"{exe} not found: build it (cmake --build build --target cellgate cellgate-kernel)"
                          " or pass --bin-dir")
     token = base64.b32encode(os.urandom(20)).decode().lower()[:TOKEN_LEN]
-    state = pathlib.Path(tmp) / "cellgate-state"
-    log_path = pathlib.Path(tmp) / "cellgate.log"
+    state = pathlib.Path(tmp) / f"{label}-state"
+    log_path = pathlib.Path(tmp) / f"{label}.log"
     # stdout and stderr both go through the pipe (the log lines go to stdout): the banner is read
     # from it, and everything is copied to the log file.
     proc = subprocess.Popen(
@@ -452,6 +455,48 @@ def measure_start(server, runs):
     return times
 
 
+POOL_READY = "kernel pool: kernel "  # cellgate's log line when a pooled kernel is ready
+
+
+def wait_pool_full(server, size, since, timeout=120.0):
+    """Waits for cellgate's log to report `size` ready pooled kernels after byte offset `since`."""
+    want = f"({size} ready,"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            text = pathlib.Path(server.log_path).read_bytes()[since:].decode(errors="replace")
+        except OSError:
+            text = ""
+        if any(POOL_READY in line and want in line for line in text.splitlines()):
+            return
+        time.sleep(0.02)
+    raise InfraError(f"{server.name}: the pool did not reach {size} ready kernels in {timeout:.0f} s")
+
+
+def log_size(server):
+    try:
+        return pathlib.Path(server.log_path).stat().st_size
+    except OSError:
+        return 0
+
+
+def measure_pool_start(server, runs, size):
+    """POST -> first execute_reply when a pooled kernel is claimed; the pool refills between runs."""
+    wait_pool_full(server, size, 0)
+    times = []
+    for _ in range(runs):
+        mark = log_size(server)
+        t0 = time.perf_counter()
+        kid = start_kernel(server)
+        kc = KernelClient(server, kid)
+        kc.run("print(1)")
+        times.append((time.perf_counter() - t0) * 1e3)
+        kc.close()
+        delete_kernel(server, kid)
+        wait_pool_full(server, size, mark)
+    return times
+
+
 def measure_round_trip(kc, count, warmup):
     for _ in range(warmup):
         kc.run("1")
@@ -548,6 +593,10 @@ def run_server(server, args, results, measures=("start", "rtt", "stdout", "many"
     if "start" in measures:
         r["start"] = measure_start(server, args.runs)
         print(f"  start -> first reply: median {statistics.median(r['start']):.1f} ms", flush=True)
+    if "pool" in measures:
+        r["pool"] = measure_pool_start(server, args.pool_runs, POOL_SIZE)
+        print(f"  start from the pool -> first reply: median {statistics.median(r['pool']):.1f} ms",
+              flush=True)
     if "rtt" in measures:
         kid = start_kernel(server)
         kc = KernelClient(server, kid)
@@ -597,12 +646,18 @@ def report(results, args, versions):
           "cellgate/reference for throughput: higher means cellgate is faster")
 
     s_c, s_j = c["start"], j["start"]
-    table(f"1. POST /api/kernels -> first execute_reply of print(1) (ms, n={len(s_c)})",
-          ["median", "min", "max"],
-          [(cg, *(f"{f(s_c):.1f}" for f in (statistics.median, min, max))),
-           (ref, *(f"{f(s_j):.1f}" for f in (statistics.median, min, max))),
-           ("ratio", ratio(statistics.median(s_j), statistics.median(s_c)), ratio(min(s_j), min(s_c)),
-            ratio(max(s_j), max(s_c)))])
+    s_p = results.get("cellgate (pool)", {}).get("pool")
+    rows = [(f"{cg} (pool miss)", *(f"{f(s_c):.1f}" for f in (statistics.median, min, max)))]
+    if s_p:
+        rows.append((f"{cg} (pool hit)", *(f"{f(s_p):.1f}" for f in (statistics.median, min, max))))
+    rows += [(ref, *(f"{f(s_j):.1f}" for f in (statistics.median, min, max))),
+             ("ratio (miss)", ratio(statistics.median(s_j), statistics.median(s_c)),
+              ratio(min(s_j), min(s_c)), ratio(max(s_j), max(s_c)))]
+    if s_p:
+        rows.append(("ratio (hit)", ratio(statistics.median(s_j), statistics.median(s_p)),
+                     ratio(min(s_j), min(s_p)), ratio(max(s_j), max(s_p))))
+    table(f"1. POST /api/kernels -> first execute_reply of print(1) (ms, n={len(s_c)} misses"
+          + (f", {len(s_p)} pool hits" if s_p else "") + ")", ["median", "min", "max"], rows)
 
     r_c, r_j = c["rtt"], j["rtt"]
     table(f"2. trivial cell round trip over the WebSocket (us, n={len(r_c)} after {args.warmup} warm-ups)",
@@ -643,6 +698,11 @@ def report(results, args, versions):
 
     rtt_ok = statistics.median(r_c) <= 0.5 * statistics.median(r_j)
     print("\ntargets:")
+    if s_p:
+        hit = statistics.median(s_p)
+        print(f"  pool start p50 <= 5 ms: {'PASS' if hit <= 5 else 'MISS'} ({hit:.1f} ms)")
+    miss = statistics.median(s_c)
+    print(f"  pool-miss start p50 <= 40 ms: {'PASS' if miss <= 40 else 'MISS'} ({miss:.1f} ms)")
     print(f"  round trip at most half the reference's: {'PASS' if rtt_ok else 'MISS'} "
           f"({statistics.median(r_c):.0f} us vs {statistics.median(r_j):.0f} us)")
     print(f"  10 MB delivered completely: {'PASS' if complete_c else 'MISS'} "
@@ -660,6 +720,8 @@ def main():
     here = pathlib.Path(__file__).resolve()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=5, help="kernel starts per server (default 5)")
+    ap.add_argument("--pool-runs", type=int, default=10,
+                    help="starts claimed from cellgate's warm pool (default 10; 0: skip)")
     ap.add_argument("--quick", action="store_true",
                     help="CI smoke: 2 starts, 50 round trips, one 10 MiB run, no concurrent-kernel run")
     ap.add_argument("--bin-dir", default=str(here.parents[2] / "build" / "bin"),
@@ -668,6 +730,7 @@ def main():
     args = ap.parse_args()
     if args.quick:
         args.runs, args.round_trips, args.warmup, args.stdout_runs, args.kernels = 2, 50, 10, 1, 0
+        args.pool_runs = min(args.pool_runs, 2)
     else:
         args.round_trips, args.warmup, args.stdout_runs, args.kernels = 200, 20, 3, 20
     if args.runs < 1:
@@ -680,12 +743,19 @@ def main():
     signal.signal(signal.SIGTERM, _interrupted)
     try:
         plan = [
-            ("cellgate", lambda: start_cellgate(args.bin_dir, tmp, max(64, args.kernels)), None),
+            # Pool off: every start is a cold jailed start, as before the pool existed.
+            ("cellgate", lambda: start_cellgate(args.bin_dir, tmp, max(64, args.kernels),
+                                                ["--pool-size", "0"]), None),
             ("jupyter_server", lambda: start_jupyter_server(tmp, "reference"), None),
             ("jupyter_server (unlimited)",
              lambda: start_jupyter_server(tmp, "unlimited", ["--ServerApp.iopub_data_rate_limit=1e10"]),
              ("stdout",)),
         ]
+        if args.pool_runs > 0:
+            plan.insert(1, ("cellgate (pool)",
+                            lambda: start_cellgate(args.bin_dir, tmp, 64,
+                                                   ["--pool-size", str(POOL_SIZE)], "cellgate-pool"),
+                            ("pool",)))
         for name, starter, measures in plan:
             server = starter()  # one server at a time: they do not compete for the 2 cores
             servers.append(server)

@@ -66,9 +66,9 @@ Result<Response> exchange(net::io_context& ioc, Stream& stream,
       });
   ioc.run();
   if (failed) {
-    return make_error(failed == beast::error::timeout ? ErrorCode::kDeadlineExceeded
-                                                      : ErrorCode::kUnavailable,
-                      "http", std::string("cannot ") + step + ": " + failed.message());
+    return make_error(
+        failed == beast::error::timeout ? ErrorCode::kDeadlineExceeded : ErrorCode::kUnavailable,
+        "http", std::string("cannot ") + step + ": " + failed.message());
   }
   Response res;
   res.status = static_cast<int>(parser.get().result_int());

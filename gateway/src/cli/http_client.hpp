@@ -48,8 +48,8 @@ class Client {
 
   // `target` is below the base URL ("/api/kernels"). A body is sent as application/json
   // unless content_type says otherwise. The whole exchange must finish within `timeout`.
-  Result<Response> request(std::string_view method, const std::string& target,
-                           std::string body, std::chrono::milliseconds timeout,
+  Result<Response> request(std::string_view method, const std::string& target, std::string body,
+                           std::chrono::milliseconds timeout,
                            std::string_view content_type = "application/json",
                            std::size_t body_limit = std::size_t{1} << 30) const;
 

@@ -11,6 +11,7 @@
 
 #include "cellgate/cli/exec.hpp"
 #include "cellgate/result.hpp"
+#include "http_client.hpp"
 
 namespace cellgate::cli::detail {
 namespace {
@@ -28,50 +29,6 @@ constexpr int kExitUsage = 2;
 constexpr int kExitKernelDied = 3;
 constexpr int kExitTimeout = 124;
 constexpr double kNoTimeoutSeconds = 86400;  // "no limit": the gateway clamps it to its maximum
-
-struct Url {
-  bool tls = false;
-  std::string host, port, base;  // base: "" or "/prefix"
-};
-
-Result<Url> parse_url(std::string_view text) {
-  Url u;
-  if (text.rfind("http://", 0) == 0) {
-    text.remove_prefix(7);
-  } else if (text.rfind("https://", 0) == 0) {
-    text.remove_prefix(8);
-    u.tls = true;
-  } else {
-    return make_error(ErrorCode::kInvalidArgument, "bad_url",
-                      "--url must start with http:// or https://");
-  }
-  auto slash = text.find('/');
-  std::string_view netloc = text.substr(0, slash);
-  u.base = slash == std::string_view::npos ? "" : std::string(text.substr(slash));
-  while (!u.base.empty() && u.base.back() == '/') {
-    u.base.pop_back();
-  }
-  if (!netloc.empty() && netloc.front() == '[') {  // [::1]:8888
-    auto close = netloc.find(']');
-    if (close == std::string_view::npos) {
-      return make_error(ErrorCode::kInvalidArgument, "bad_url", "unclosed [ in --url");
-    }
-    u.host = std::string(netloc.substr(1, close - 1));
-    netloc.remove_prefix(close + 1);
-    u.port = netloc.rfind(':', 0) == 0 ? std::string(netloc.substr(1)) : "";
-  } else {
-    auto colon = netloc.rfind(':');
-    u.host = std::string(netloc.substr(0, colon));
-    u.port = colon == std::string_view::npos ? "" : std::string(netloc.substr(colon + 1));
-  }
-  if (u.port.empty()) {
-    u.port = u.tls ? "443" : "80";
-  }
-  if (u.host.empty()) {
-    return make_error(ErrorCode::kInvalidArgument, "bad_url", "--url has no host");
-  }
-  return u;
-}
 
 // Prints each streamed event; remembers how the cell ended.
 class EventPrinter {
@@ -195,7 +152,7 @@ int exchange(Stream& stream, const http::request<http::string_body>& req, EventP
 }  // namespace
 
 int run_remote_exec(const ExecOptions& options, const std::string& code) {
-  auto url = parse_url(options.url);
+  auto url = http_client::parse_url(options.url);
   if (!url) {
     std::cerr << "cellgate exec: " << url.error().message << "\n";
     return kExitUsage;

@@ -42,6 +42,9 @@ constexpr int kExitFailed = 1;
 constexpr int kExitUsage = 2;
 constexpr int kExitInterrupted = 130;
 
+// A notebook's status, in the order summaries list them.
+constexpr const char* kStatuses[] = {"ok", "error", "timeout", "invalid", "aborted"};
+
 // What is copied into each kernel's work dir from beside the notebook.
 constexpr std::size_t kCopyTotalBytes = std::size_t{64} << 20;
 constexpr int kCopyDataDepth = 8;  // directories below data/
@@ -59,7 +62,9 @@ std::string format_seconds(double s) {
   return out.str();
 }
 
-double round_ms(double s) { return std::round(s * 1000) / 1000; }
+double round_ms(double s) {
+  return std::round(s * 1000) / 1000;
+}
 
 // ---- what is run -------------------------------------------------------------------------------
 
@@ -80,6 +85,7 @@ struct Outcome {
   std::size_t executed = 0;
   std::optional<std::size_t> cell;  // the failing cell's index in the (written) notebook
   std::string cell_source;          // its first line
+  int line = 0;                     // the failing line of that cell, when the traceback says
   std::string ename, evalue;
   std::vector<std::string> traceback;
   std::size_t errors = 0;  // cell errors let through by --allow-errors
@@ -199,16 +205,16 @@ class Progress {
 class SignalWatch {
  public:
   explicit SignalWatch(std::function<void()> on_signal) : set_(ctx_, SIGINT, SIGTERM) {
-    set_.async_wait([this, on_signal = std::move(on_signal)](const boost::system::error_code& ec,
-                                                            int) {
-      if (ec) {
-        return;
-      }
-      fired_ = true;
-      boost::system::error_code ignored;
-      set_.clear(ignored);
-      on_signal();
-    });
+    set_.async_wait(
+        [this, on_signal = std::move(on_signal)](const boost::system::error_code& ec, int) {
+          if (ec) {
+            return;
+          }
+          fired_ = true;
+          boost::system::error_code ignored;
+          set_.clear(ignored);
+          on_signal();
+        });
     thread_ = std::thread([this] { ctx_.run(); });
   }
   ~SignalWatch() {
@@ -249,8 +255,7 @@ Result<std::vector<std::string>> expand_inputs(const std::vector<std::string>& i
                           "cannot list " + input + ": " + ec.message());
       }
       if (found.empty()) {
-        return make_error(ErrorCode::kInvalidArgument, "bad_input",
-                          input + " has no .ipynb files");
+        return make_error(ErrorCode::kInvalidArgument, "bad_input", input + " has no .ipynb files");
       }
       std::sort(found.begin(), found.end());
       paths.insert(paths.end(), found.begin(), found.end());
@@ -340,8 +345,8 @@ void copy_neighbours(const Job& job, runner::KernelSession& session, std::size_t
       return true;
     }
     if (auto put = session.put_file(rel, *bytes); !put) {
-      out.warnings.push_back("cannot copy " + rel + " into the kernel's work dir: " +
-                             put.error().message);
+      out.warnings.push_back("cannot copy " + rel +
+                             " into the kernel's work dir: " + put.error().message);
       return true;
     }
     total += size;
@@ -352,7 +357,8 @@ void copy_neighbours(const Job& job, runner::KernelSession& session, std::size_t
   std::vector<fs::path> files;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     std::error_code type_ec;
-    if (!is_hidden(entry.path()) && entry.symlink_status(type_ec).type() == fs::file_type::regular) {
+    if (!is_hidden(entry.path()) &&
+        entry.symlink_status(type_ec).type() == fs::file_type::regular) {
       files.push_back(entry.path());
     }
   }
@@ -396,6 +402,7 @@ struct Settings {
   std::vector<notebook::Parameter> parameters;
   runner::Backend& backend;
   Progress& progress;
+  const std::atomic<bool>& interrupted;  // Ctrl-C or SIGTERM
 };
 
 std::string choose_kernel(const Settings& s, const json& nb, Outcome& out) {
@@ -415,6 +422,17 @@ std::string choose_kernel(const Settings& s, const json& nb, Outcome& out) {
   return fallback;
 }
 
+// The answer comes from a gateway over the network when --url is used: read it defensively.
+std::string string_at(const json& object, const char* key) {
+  auto it = object.find(key);
+  return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+json array_at(const json& object, const char* key) {
+  auto it = object.find(key);
+  return it != object.end() && it->is_array() ? *it : json::array();
+}
+
 void fail_at(Outcome& out, const std::string& status, std::size_t index, const json& cell) {
   out.status = status;
   out.cell = index;
@@ -426,10 +444,12 @@ void take_error(Outcome& out, const json& answer) {
   if (!error.is_object()) {
     return;
   }
-  out.ename = error.value("ename", "");
-  out.evalue = error.value("evalue", "");
+  out.ename = string_at(error, "ename");
+  out.evalue = string_at(error, "evalue");
+  out.line =
+      error.contains("line") && error["line"].is_number_integer() ? error["line"].get<int>() : 0;
   out.traceback.clear();
-  for (const auto& line : error.value("traceback", json::array())) {
+  for (const auto& line : array_at(error, "traceback")) {
     if (line.is_string()) {
       out.traceback.push_back(line.get<std::string>());
     }
@@ -469,6 +489,64 @@ void save_artifacts(const Job& job, const json& nb, Outcome& out) {
   }
 }
 
+// Fills the cell from its answer and judges it: true when the run goes on to the next cell.
+bool take_answer(const json& answer, std::size_t i, json& cell, const Settings& s, Outcome& out) {
+  cell["outputs"] = array_at(answer, "outputs");
+  const json count = answer.contains("execution_count") ? answer["execution_count"] : json();
+  cell["execution_count"] = count.is_number_integer() ? count : json();
+  ++out.executed;
+  for (const auto& notice : array_at(answer, "notices")) {
+    if (notice.is_string()) {
+      out.warnings.push_back("cells[" + std::to_string(i) + "]: " + notice.get<std::string>());
+    }
+  }
+  const std::string status = string_at(answer, "status");
+  if (s.interrupted && status != "ok") {
+    take_error(out, answer);
+    fail_at(out, "aborted", i, cell);
+    out.message = "interrupted";
+    return false;
+  }
+  if (status == "ok") {
+    return true;
+  }
+  if (status == "error" && notebook::has_tag(cell, "raises-exception")) {
+    return true;  // the error is the point of the cell (nbclient's convention)
+  }
+  if (status == "error" && s.options.allow_errors) {
+    ++out.errors;
+    return true;
+  }
+  take_error(out, answer);
+  if (status == "error") {
+    fail_at(out, "error", i, cell);
+  } else if (status == "timeout") {
+    fail_at(out, "timeout", i, cell);
+    std::ostringstream limit;
+    limit << s.options.timeout_seconds;
+    const std::string which =
+        s.options.timeout_seconds <= 0 ? "the gateway's --execute-max-timeout"
+        : s.options.url.empty()
+            ? "--timeout " + limit.str() + " s"
+            : "--timeout " + limit.str() + " s (or the gateway's --execute-max-timeout, if lower)";
+    out.message = "the cell ran past " + which + " and was interrupted" +
+                  (answer.contains("state_lost") && answer["state_lost"] == true
+                       ? "; the kernel was restarted"
+                       : "");
+  } else if (status == "aborted") {
+    fail_at(out, "aborted", i, cell);
+    out.message = "interrupted";
+  } else if (status == "dead") {
+    const std::string said = string_at(answer, "message");
+    fail_at(out, "error", i, cell);
+    out.message = said.empty() ? "the kernel died while running the cell" : said;
+  } else {
+    fail_at(out, "error", i, cell);
+    out.message = "the gateway answered an unknown status '" + status + "'";
+  }
+  return false;
+}
+
 Outcome run_one(const Job& job, std::size_t index, const Settings& s) {
   Outcome out;
   const auto started = Clock::now();
@@ -477,8 +555,9 @@ Outcome run_one(const Job& job, std::size_t index, const Settings& s) {
   if (!s.parameters.empty()) {
     auto injected = notebook::inject_parameters(nb, s.parameters);
     if (!injected.after_parameters_cell) {
-      out.warnings.push_back("no cell is tagged 'parameters': the parameters went in a new "
-                             "first cell");
+      out.warnings.push_back(
+          "no cell is tagged 'parameters': the parameters went in a new "
+          "first cell");
     }
   }
   json& cells = nb["cells"];
@@ -493,11 +572,12 @@ Outcome run_one(const Job& job, std::size_t index, const Settings& s) {
   out.kernel = choose_kernel(s, nb, out);
   s.progress.begin(index, fs::path(job.path).filename().string(), code.size());
 
-  auto session = s.backend.start(out.kernel);
+  auto session = code.empty() ? Result<std::unique_ptr<runner::KernelSession>>(nullptr)
+                              : s.backend.start(out.kernel);
   if (!session) {
     out.status = session.error().reason == "aborted" ? "aborted" : "error";
     out.message = "cannot start a '" + out.kernel + "' kernel: " + session.error().message;
-  } else {
+  } else if (*session) {
     copy_neighbours(job, **session, s.backend.max_file_bytes(), out);
     for (std::size_t k = 0; k < code.size(); ++k) {
       const std::size_t i = code[k];
@@ -509,44 +589,9 @@ Outcome run_one(const Job& job, std::size_t index, const Settings& s) {
         out.message = answer.error().message;
         break;
       }
-      cell["outputs"] = answer->value("outputs", json::array());
-      const json count = answer->value("execution_count", json());
-      cell["execution_count"] = count.is_number_integer() ? count : json();
-      ++out.executed;
-      for (const auto& notice : answer->value("notices", json::array())) {
-        if (notice.is_string()) {
-          out.warnings.push_back("cells[" + std::to_string(i) + "]: " + notice.get<std::string>());
-        }
+      if (!take_answer(*answer, i, cell, s, out)) {
+        break;
       }
-      const std::string status = answer->value("status", "error");
-      if (status == "ok") {
-        continue;
-      }
-      if (status == "error" && notebook::has_tag(cell, "raises-exception")) {
-        continue;  // the error is the point of the cell (nbclient's convention)
-      }
-      if (status == "error" && s.options.allow_errors) {
-        ++out.errors;
-        continue;
-      }
-      take_error(out, *answer);
-      const std::string said = answer->value("message", "");
-      if (status == "error") {
-        fail_at(out, "error", i, cell);
-      } else if (status == "timeout") {
-        fail_at(out, "timeout", i, cell);
-        std::ostringstream t;
-        t << s.options.timeout_seconds;
-        out.message = "the cell ran past --timeout " + t.str() + " s and was interrupted" +
-                      (answer->value("state_lost", false) ? "; the kernel was restarted" : "");
-      } else if (status == "aborted") {
-        fail_at(out, "aborted", i, cell);
-        out.message = "interrupted";
-      } else {  // dead
-        fail_at(out, "error", i, cell);
-        out.message = said.empty() ? "the kernel died while running the cell" : said;
-      }
-      break;
     }
     session->reset();  // shuts the kernel down
   }
@@ -583,7 +628,8 @@ std::string summary_line(const Job& job, const Outcome& o) {
     return line + o.message;
   }
   if (o.cell) {
-    line += "cells[" + std::to_string(*o.cell) + "] `" + o.cell_source + "`: ";
+    line += "cells[" + std::to_string(*o.cell) + "] `" + o.cell_source + "`" +
+            (o.line > 0 ? ", line " + std::to_string(o.line) : "") + ": ";
     if (!o.ename.empty() && o.status == "error") {
       line += o.ename + (o.evalue.empty() ? "" : ": " + o.evalue);
     } else {
@@ -608,7 +654,9 @@ std::string summary_line(const Job& job, const Outcome& o) {
   return line;
 }
 
-json nullable(const std::string& s) { return s.empty() ? json() : json(s); }
+json nullable(const std::string& s) {
+  return s.empty() ? json() : json(s);
+}
 
 json record(const Job& job, const Outcome& o) {
   json r = {{"path", job.path},
@@ -619,6 +667,7 @@ json record(const Job& job, const Outcome& o) {
             {"executed", o.executed},
             {"cell", o.cell ? json(*o.cell) : json()},
             {"cell_source", o.cell ? json(o.cell_source) : json()},
+            {"line", o.line > 0 ? json(o.line) : json()},
             {"ename", nullable(o.ename)},
             {"evalue", o.ename.empty() ? json() : json(o.evalue)},
             {"errors", o.errors},
@@ -658,8 +707,8 @@ std::string csv_field(const json& v) {
 
 std::string csv(const json& records) {
   static const std::vector<std::string> kColumns = {
-      "path", "status", "duration_s", "kernel", "cells", "executed", "cell", "cell_source",
-      "ename", "evalue", "errors", "artifacts", "output", "message"};
+      "path", "status", "duration_s", "kernel", "cells",     "executed", "cell",   "cell_source",
+      "line", "ename",  "evalue",     "errors", "artifacts", "output",   "message"};
   std::string text;
   for (std::size_t c = 0; c < kColumns.size(); ++c) {
     text += (c == 0 ? "" : ",") + kColumns[c];
@@ -697,53 +746,58 @@ Result<std::vector<std::string>> write_results(const std::string& file, const js
 // Kernel managers log through spdlog's default logger, which writes to stdout: send it to
 // stderr, warnings only, so stdout carries the summary (or the JSON) alone.
 void quiet_logging() {
-  auto logger = std::make_shared<spdlog::logger>(
-      "cellgate-run", std::make_shared<spdlog::sinks::stderr_sink_mt>());
+  auto logger = std::make_shared<spdlog::logger>("cellgate-run",
+                                                 std::make_shared<spdlog::sinks::stderr_sink_mt>());
   logger->set_level(spdlog::level::warn);
   spdlog::set_default_logger(std::move(logger));
 }
 
-}  // namespace
+// ---- the steps of run_notebooks -----------------------------------------------------------------
 
-int run_notebooks(const NotebookRunOptions& options) {
-  // -- check the request before anything starts
+Error usage_error(std::string message) {
+  return make_error(ErrorCode::kInvalidArgument, "usage", std::move(message));
+}
+
+// Checks the options that do not depend on the inputs; returns the parsed -p parameters.
+Result<std::vector<notebook::Parameter>> check_options(const NotebookRunOptions& options) {
   if (options.inputs.empty()) {
-    return usage("name a notebook (or a directory of them)");
+    return usage_error("name a notebook (or a directory of them)");
   }
   if (options.inplace && (!options.output.empty() || !options.output_dir.empty())) {
-    return usage("--inplace writes over the input: it goes with neither -o nor --output-dir");
+    return usage_error("--inplace writes over the input: it goes with neither -o nor --output-dir");
   }
   if (!options.output.empty() && !options.output_dir.empty()) {
-    return usage("-o names one output notebook, --output-dir a directory for many: pick one");
+    return usage_error("-o names one output notebook, --output-dir a directory for many: pick one");
   }
   if (options.timeout_seconds < 0) {
-    return usage("--timeout must be 0 (none) or a positive number of seconds");
+    return usage_error("--timeout must be 0 (none) or a positive number of seconds");
+  }
+  if (options.no_jail && !options.url.empty()) {
+    return usage_error("--no-jail is for the embedded gateway; a gateway at --url decides itself");
   }
   if (options.jobs < 1) {
-    return usage("--jobs must be at least 1");
+    return usage_error("--jobs must be at least 1");
   }
   std::vector<notebook::Parameter> parameters;
   for (const auto& p : options.parameters) {
-    auto parsed = notebook::parse_parameter(p);
-    if (!parsed) {
-      return usage(parsed.error().message);
-    }
-    parameters.push_back(std::move(parsed).value());
+    CELLGATE_ASSIGN_OR_RETURN(auto parsed, notebook::parse_parameter(p));
+    parameters.push_back(std::move(parsed));
   }
-  auto paths = expand_inputs(options.inputs);
-  if (!paths) {
-    return usage(paths.error().message);
-  }
-  if (!options.output.empty() && paths->size() != 1) {
-    return usage("-o takes one notebook; " + std::to_string(paths->size()) +
-                 " were given (use --output-dir DIR)");
-  }
+  return parameters;
+}
 
-  // -- where each notebook goes, and whether it is valid
+// The notebooks to run, where each goes, and whether each is valid (an invalid one is a Job
+// with `invalid` set, not an error: the others still run).
+Result<std::vector<Job>> plan_jobs(const NotebookRunOptions& options) {
+  CELLGATE_ASSIGN_OR_RETURN(auto paths, expand_inputs(options.inputs));
+  if (!options.output.empty() && paths.size() != 1) {
+    return usage_error("-o takes one notebook; " + std::to_string(paths.size()) +
+                       " were given (use --output-dir DIR)");
+  }
   std::vector<Job> jobs;
   std::set<std::string> outputs;
   std::map<std::string, int> artifact_names;
-  for (const auto& path : *paths) {
+  for (const auto& path : paths) {
     Job job;
     job.path = path;
     job.dir = fs::path(path).parent_path();
@@ -755,18 +809,19 @@ int run_notebooks(const NotebookRunOptions& options) {
       job.output = (fs::path(options.output_dir) / fs::path(path).filename()).string();
     }
     if (!job.output.empty() && !options.inplace && same_file(job.output, path)) {
-      return usage("the output " + job.output + " is the input notebook: pass --inplace to "
-                   "overwrite it, or choose another output");
+      return usage_error("the output " + job.output + " is the input notebook: pass --inplace " +
+                         "to overwrite it, or choose another output");
     }
-    if (!job.output.empty() && !outputs.insert(fs::weakly_canonical(job.output).string()).second) {
-      return usage("two notebooks would be written to " + job.output);
+    std::error_code ec;
+    if (!job.output.empty() &&
+        !outputs.insert(fs::weakly_canonical(job.output, ec).string()).second) {
+      return usage_error("two notebooks would be written to " + job.output);
     }
     if (!options.artifacts_dir.empty()) {
       const std::string stem = fs::path(path).stem().string();
       const int seen = artifact_names[stem]++;
-      job.artifacts_dir = (fs::path(options.artifacts_dir) /
-                           (seen == 0 ? stem : stem + "-" + std::to_string(seen + 1)))
-                              .string();
+      const std::string name = seen == 0 ? stem : stem + "-" + std::to_string(seen + 1);
+      job.artifacts_dir = (fs::path(options.artifacts_dir) / name).string();
     }
     auto text = read_file(path);
     if (!text) {
@@ -778,105 +833,59 @@ int run_notebooks(const NotebookRunOptions& options) {
     }
     jobs.push_back(std::move(job));
   }
+  return jobs;
+}
 
-  // -- the kernels' source
-  quiet_logging();
-  std::unique_ptr<runner::Backend> backend;
-  const bool any_valid =
-      std::any_of(jobs.begin(), jobs.end(), [](const Job& j) { return j.notebook.has_value(); });
-  if (any_valid) {
-    auto made = options.url.empty()
-                    ? runner::make_embedded_backend(
-                          {static_cast<std::size_t>(options.jobs), options.no_jail})
-                    : runner::make_remote_backend(options.url, options.token);
-    if (!made) {
-      return usage((options.url.empty() ? "cannot start the embedded gateway: "
-                                        : "cannot use the gateway at " + options.url + ": ") +
-                   made.error().message);
-    }
-    backend = std::move(made).value();
-    if (!options.kernel.empty() && backend->kernelspecs().count(options.kernel) == 0) {
-      std::string known;
-      for (const auto& name : backend->kernelspecs()) {
-        known += (known.empty() ? "" : ", ") + name;
-      }
-      return usage("no kernelspec named '" + options.kernel + "' (known: " + known + ")");
-    }
+Result<std::unique_ptr<runner::Backend>> make_backend(const NotebookRunOptions& options) {
+  auto made =
+      options.url.empty()
+          ? runner::make_embedded_backend({static_cast<std::size_t>(options.jobs), options.no_jail})
+          : runner::make_remote_backend(options.url, options.token);
+  if (!made) {
+    return usage_error((options.url.empty() ? "cannot start the embedded gateway: "
+                                            : "cannot use the gateway at " + options.url + ": ") +
+                       made.error().message);
   }
+  if (!options.kernel.empty() && (*made)->kernelspecs().count(options.kernel) == 0) {
+    std::string known;
+    for (const auto& name : (*made)->kernelspecs()) {
+      known += (known.empty() ? "" : ", ") + name;
+    }
+    return usage_error("no kernelspec named '" + options.kernel + "' (known: " + known + ")");
+  }
+  return made;
+}
 
-  // -- run
-  const bool single = jobs.size() == 1;
-  Progress progress(options.progress && ::isatty(STDERR_FILENO) == 1, jobs.size());
-  std::vector<Outcome> outcomes(jobs.size());
-  auto report = [&](std::size_t i) {
-    const Outcome& o = outcomes[i];
-    for (const auto& w : o.warnings) {
-      progress.print("cellgate run: " + jobs[i].path + ": " + w, stderr);
-    }
-    if (o.status == "invalid") {
-      progress.print("cellgate run: " + jobs[i].path + ": not a valid notebook: " + o.message,
-                     stderr);
-      return;
-    }
-    if (single && (o.status == "error" || o.status == "timeout") && !o.traceback.empty()) {
-      std::string tb;
-      for (const auto& line : o.traceback) {
-        tb += line + "\n";
-      }
-      progress.print(tb.substr(0, tb.size() - 1), stderr);
-    }
-    if (!options.json) {
-      progress.print(summary_line(jobs[i], o), stdout);
-    }
-  };
-  std::vector<std::size_t> runnable;
-  for (std::size_t i = 0; i < jobs.size(); ++i) {
-    if (jobs[i].notebook) {
-      runnable.push_back(i);
-    } else {
-      outcomes[i].status = "invalid";
-      outcomes[i].message = jobs[i].invalid;
-      report(i);
-    }
+// Prints what became of one notebook: warnings and, for a single notebook, the traceback on
+// stderr; the summary line on stdout (not with --json).
+void report(const NotebookRunOptions& options, const Job& job, const Outcome& o, bool single,
+            Progress& progress) {
+  for (const auto& w : o.warnings) {
+    progress.print("cellgate run: " + job.path + ": " + w, stderr);
   }
-  const auto started = Clock::now();
-  std::atomic<bool> interrupted{false};
-  if (!runnable.empty()) {
-    SignalWatch signals([&] {
-      interrupted = true;
-      backend->cancel();
-    });
-    Settings settings{options, parameters, *backend, progress};
-    std::atomic<std::size_t> next{0};
-    auto worker = [&] {
-      for (std::size_t k = next++; k < runnable.size(); k = next++) {
-        const std::size_t i = runnable[k];
-        if (interrupted) {
-          outcomes[i].status = "aborted";
-          outcomes[i].message = "not run: interrupted";
-        } else {
-          outcomes[i] = run_one(jobs[i], i, settings);
-        }
-        report(i);
-      }
-    };
-    std::vector<std::thread> workers;
-    const std::size_t n = std::min<std::size_t>(static_cast<std::size_t>(options.jobs),
-                                                runnable.size());
-    for (std::size_t w = 0; w < n; ++w) {
-      workers.emplace_back(worker);
-    }
-    for (auto& t : workers) {
-      t.join();
-    }
+  if (o.status == "invalid") {
+    progress.print("cellgate run: " + job.path + ": not a valid notebook: " + o.message, stderr);
+    return;
   }
-  progress.finish();
-  const double wall = std::chrono::duration<double>(Clock::now() - started).count();
-  backend.reset();  // the embedded gateway's kernels and temp dir go now
+  if (single && (o.status == "error" || o.status == "timeout") && !o.traceback.empty()) {
+    std::string tb;
+    for (const auto& line : o.traceback) {
+      tb += (tb.empty() ? "" : "\n") + line;
+    }
+    progress.print(tb, stderr);
+  }
+  if (!options.json) {
+    progress.print(summary_line(job, o), stdout);
+  }
+}
 
-  // -- summary
-  std::map<std::string, std::size_t> counts = {
-      {"ok", 0}, {"error", 0}, {"timeout", 0}, {"invalid", 0}, {"aborted", 0}};
+// The summary (printed, and written with --results) and the exit code.
+int summarize(const NotebookRunOptions& options, const std::vector<Job>& jobs,
+              const std::vector<Outcome>& outcomes, double wall, bool interrupted) {
+  std::map<std::string, std::size_t> counts;
+  for (const char* status : kStatuses) {
+    counts[status] = 0;
+  }
   json records = json::array();
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     ++counts[outcomes[i].status];
@@ -908,24 +917,94 @@ int run_notebooks(const NotebookRunOptions& options) {
   }
   if (options.json) {
     std::cout << summary.dump(2) << std::endl;
-  } else if (!single) {
-    std::string line = plural(jobs.size(), "notebook", "notebooks") + " in " +
-                       format_seconds(wall) + ":";
+  } else if (jobs.size() > 1) {
+    std::string line =
+        plural(jobs.size(), "notebook", "notebooks") + " in " + format_seconds(wall) + ":";
     bool first = true;
-    for (const auto& [status, n] : counts) {
-      if (n > 0) {
+    for (const char* status : kStatuses) {
+      if (const std::size_t n = counts[status]; n > 0) {
         line += (first ? " " : ", ") + std::to_string(n) + " " + status;
         first = false;
       }
     }
     std::cout << line << std::endl;
   }
+  const bool ran = jobs.size() > counts["invalid"];
   if (!options.json && options.output.empty() && options.output_dir.empty() && !options.inplace &&
-      !runnable.empty()) {
+      ran) {
     std::cerr << "cellgate run: executed notebooks were not saved (use -o OUT.ipynb, "
                  "--output-dir DIR or --inplace)\n";
   }
   return exit_code;
+}
+
+}  // namespace
+
+int run_notebooks(const NotebookRunOptions& options) {
+  auto parameters = check_options(options);
+  if (!parameters) {
+    return usage(parameters.error().message);
+  }
+  auto planned = plan_jobs(options);
+  if (!planned) {
+    return usage(planned.error().message);
+  }
+  const std::vector<Job>& jobs = *planned;
+  const bool single = jobs.size() == 1;
+  Progress progress(options.progress && ::isatty(STDERR_FILENO) == 1, jobs.size());
+  std::vector<Outcome> outcomes(jobs.size());
+  std::vector<std::size_t> runnable;
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    if (jobs[i].notebook) {
+      runnable.push_back(i);
+    } else {
+      outcomes[i].status = "invalid";
+      outcomes[i].message = jobs[i].invalid;
+      report(options, jobs[i], outcomes[i], single, progress);
+    }
+  }
+
+  const auto started = Clock::now();
+  std::atomic<bool> interrupted{false};
+  if (!runnable.empty()) {
+    quiet_logging();
+    auto backend = make_backend(options);
+    if (!backend) {
+      return usage(backend.error().message);
+    }
+    SignalWatch signals([&] {
+      interrupted = true;
+      (*backend)->cancel();
+    });
+    Settings settings{options, *parameters, **backend, progress, interrupted};
+    std::atomic<std::size_t> next{0};
+    auto worker = [&] {
+      for (std::size_t k = next++; k < runnable.size(); k = next++) {
+        const std::size_t i = runnable[k];
+        if (interrupted) {
+          outcomes[i].status = "aborted";
+          outcomes[i].message = "not run: interrupted";
+        } else {
+          outcomes[i] = run_one(jobs[i], i, settings);
+        }
+        report(options, jobs[i], outcomes[i], single, progress);
+      }
+    };
+    std::vector<std::thread> workers;
+    const std::size_t n =
+        std::min<std::size_t>(static_cast<std::size_t>(options.jobs), runnable.size());
+    for (std::size_t w = 0; w < n; ++w) {
+      workers.emplace_back(worker);
+    }
+    for (auto& t : workers) {
+      t.join();
+    }
+    progress.finish();
+    // Leaving this scope stops the signal watch, then the backend: the embedded gateway's
+    // kernels and temp dir go.
+  }
+  const double wall = std::chrono::duration<double>(Clock::now() - started).count();
+  return summarize(options, jobs, outcomes, wall, interrupted);
 }
 
 }  // namespace cellgate::cli

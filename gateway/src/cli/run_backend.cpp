@@ -2,10 +2,13 @@
 
 #include <stdlib.h>  // mkdtemp
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <iostream>
 #include <mutex>
 
+#include "cellgate/server/artifacts.hpp"
 #include "cellgate/server/execute.hpp"
 #include "cellgate/server/files.hpp"
 #include "cellgate/server/kernel_manager.hpp"
@@ -63,7 +66,10 @@ class EmbeddedSession final : public KernelSession {
  public:
   EmbeddedSession(server::KernelManager& manager, server::Executor& executor, std::string id,
                   std::shared_ptr<std::atomic<bool>> cancelled)
-      : manager_(manager), executor_(executor), id_(std::move(id)), cancelled_(std::move(cancelled)) {}
+      : manager_(manager),
+        executor_(executor),
+        id_(std::move(id)),
+        cancelled_(std::move(cancelled)) {}
   ~EmbeddedSession() override {
     (void)manager_.shutdown(id_);
     executor_.artifacts().forget(id_);
@@ -136,8 +142,8 @@ class EmbeddedBackend final : public Backend {
 // ---- remote ----------------------------------------------------------------------------------
 
 constexpr auto kRestTimeout = 30s;
-constexpr auto kStartTimeout = 180s;   // a jailed kernel start is inside POST /api/kernels
-constexpr auto kAnswerSlack = 120s;    // past a cell's timeout: the grace period and a restart
+constexpr auto kStartTimeout = 180s;  // a jailed kernel start is inside POST /api/kernels
+constexpr auto kAnswerSlack = 120s;   // past a cell's timeout: the grace period and a restart
 constexpr std::size_t kRemoteMaxFileBytes = std::size_t{16} << 20;  // serve's default
 
 Error http_error(const std::string& what, const http_client::Response& res) {
@@ -149,9 +155,9 @@ Error http_error(const std::string& what, const http_client::Response& res) {
   } else if (res.status >= 400 && res.status < 500) {
     code = ErrorCode::kInvalidArgument;
   }
-  return make_error(code, "http_" + std::to_string(res.status),
-                    what + ": the gateway answered " + std::to_string(res.status) + ": " +
-                        res.error_message());
+  return make_error(
+      code, "http_" + std::to_string(res.status),
+      what + ": the gateway answered " + std::to_string(res.status) + ": " + res.error_message());
 }
 
 class RemoteBackend;
@@ -173,7 +179,8 @@ class RemoteBackend final : public Backend {
   explicit RemoteBackend(http_client::Client client) : client_(std::move(client)) {}
 
   Result<void> init() {
-    CELLGATE_ASSIGN_OR_RETURN(auto res, client_.request("GET", "/api/kernelspecs", "", kRestTimeout));
+    CELLGATE_ASSIGN_OR_RETURN(auto res,
+                              client_.request("GET", "/api/kernelspecs", "", kRestTimeout));
     if (res.status != 200) {
       return http_error("GET /api/kernelspecs", res);
     }
@@ -197,9 +204,9 @@ class RemoteBackend final : public Backend {
     if (cancelled_.load()) {
       return aborted_error();
     }
-    CELLGATE_ASSIGN_OR_RETURN(auto res, client_.request("POST", "/api/kernels",
-                                                        json{{"name", kernel}}.dump(),
-                                                        kStartTimeout));
+    CELLGATE_ASSIGN_OR_RETURN(
+        auto res,
+        client_.request("POST", "/api/kernels", json{{"name", kernel}}.dump(), kStartTimeout));
     if (res.status != 201 && res.status != 200) {
       return http_error("POST /api/kernels", res);
     }
@@ -264,7 +271,8 @@ Result<json> RemoteSession::execute(const std::string& code, double timeout_seco
   }
   const double timeout = timeout_seconds > 0 ? timeout_seconds : kNoTimeoutSeconds;
   const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(
-                        std::chrono::duration<double>(timeout)) + kAnswerSlack;
+                        std::chrono::duration<double>(timeout)) +
+                    kAnswerSlack;
   CELLGATE_ASSIGN_OR_RETURN(
       auto res, backend_.client_.request("POST", "/api/kernels/" + id_ + "/execute",
                                          json{{"code", code}, {"timeout", timeout}}.dump(), wait));
@@ -299,8 +307,8 @@ Result<std::unique_ptr<Backend>> make_embedded_backend(const EmbeddedSettings& s
 Result<std::unique_ptr<Backend>> make_remote_backend(const std::string& url,
                                                      const std::string& token) {
   CELLGATE_ASSIGN_OR_RETURN(auto parsed, http_client::parse_url(url));
-  auto backend =
-      std::make_unique<RemoteBackend>(http_client::Client(std::move(parsed), token, "cellgate-run"));
+  auto backend = std::make_unique<RemoteBackend>(
+      http_client::Client(std::move(parsed), token, "cellgate-run"));
   CELLGATE_TRY(backend->init());
   return std::unique_ptr<Backend>(std::move(backend));
 }

@@ -17,12 +17,9 @@
 // and makes running and later cells stop soon (answers "aborted" or an interrupted cell).
 #pragma once
 
-#include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <set>
 #include <string>
 

@@ -39,8 +39,9 @@ const char* type_name(const json& v) {
 }
 
 bool is_multiline_string(const json& v) {
-  return v.is_string() ||
-         (v.is_array() && std::all_of(v.begin(), v.end(), [](const json& s) { return s.is_string(); }));
+  return v.is_string() || (v.is_array() && std::all_of(v.begin(), v.end(), [](const json& s) {
+                             return s.is_string();
+                           }));
 }
 
 Result<void> validate_metadata(const json& holder, const std::string& where) {
@@ -96,10 +97,10 @@ Result<void> validate_cell(const json& cell, std::size_t index) {
 
 // Python's keywords: not usable as parameter names.
 constexpr std::array<std::string_view, 35> kPythonKeywords = {
-    "False", "None",   "True",    "and",      "as",       "assert", "async",  "await",   "break",
-    "class", "continue", "def",   "del",      "elif",     "else",   "except", "finally", "for",
-    "from",  "global", "if",      "import",   "in",       "is",     "lambda", "nonlocal", "not",
-    "or",    "pass",   "raise",   "return",   "try",      "while",  "with",   "yield"};
+    "False", "None",     "True",  "and",    "as",   "assert", "async",  "await",    "break",
+    "class", "continue", "def",   "del",    "elif", "else",   "except", "finally",  "for",
+    "from",  "global",   "if",    "import", "in",   "is",     "lambda", "nonlocal", "not",
+    "or",    "pass",     "raise", "return", "try",  "while",  "with",   "yield"};
 
 std::string repr_string(std::string_view s) {
   const bool has_single = s.find('\'') != std::string_view::npos;
@@ -152,7 +153,8 @@ Result<json> parse(std::string_view text) {
   } catch (const json::parse_error& e) {
     // "[json.exception.parse_error.101] parse error at line 1, column 1: ..." without the tag.
     std::string what = e.what();
-    if (auto close = what.find("] "); what.rfind("[json.exception", 0) == 0 && close != std::string::npos) {
+    if (auto close = what.find("] ");
+        what.rfind("[json.exception", 0) == 0 && close != std::string::npos) {
       what.erase(0, close + 2);
     }
     return invalid("not JSON: " + what);
@@ -310,9 +312,9 @@ Result<Parameter> parse_parameter(std::string_view arg) {
   static const std::regex identifier("^[A-Za-z_][A-Za-z0-9_]*$");
   if (!std::regex_match(p.name, identifier) ||
       std::find(kPythonKeywords.begin(), kPythonKeywords.end(), p.name) != kPythonKeywords.end()) {
-    return make_error(ErrorCode::kInvalidArgument, "bad_parameter",
-                      "-p " + std::string(arg) + ": '" + p.name +
-                          "' is not a Python variable name");
+    return make_error(
+        ErrorCode::kInvalidArgument, "bad_parameter",
+        "-p " + std::string(arg) + ": '" + p.name + "' is not a Python variable name");
   }
   const std::string value(arg.substr(eq + 1));
   static const std::regex integer("^-?(0|[1-9][0-9]*)$");

@@ -370,7 +370,26 @@ KernelManager::KernelManager(ServeOptions options)
       default_kernel_ = specs.front().name;
     }
   }
+  if (options_.pool_size > 0) {
+    std::vector<std::string> wanted = options_.pool_kernels;
+    if (wanted.empty()) {
+      wanted.push_back(default_kernel_);
+    }
+    for (const auto& name : wanted) {
+      if (std::find(pool_names_.begin(), pool_names_.end(), name) != pool_names_.end()) {
+        continue;
+      }
+      if (auto spec = kernelspec(name); !spec) {
+        spdlog::warn("kernel pool: not pooling '{}': {}", name, spec.error().describe());
+        continue;
+      }
+      pool_names_.push_back(name);
+    }
+  }
   monitor_ = std::thread([this] { monitor_loop(); });
+  if (!pool_names_.empty()) {
+    pool_thread_ = std::thread([this] { pool_loop(); });
+  }
 }
 
 KernelManager::~KernelManager() {
@@ -383,6 +402,286 @@ KernelManager::~KernelManager() {
     monitor_.join();
   }
   shutdown_all();
+}
+
+// ---- The warm pool ----------------------------------------------------------------------------
+
+bool KernelManager::is_pooled(const std::string& name) const {
+  return std::find(pool_names_.begin(), pool_names_.end(), name) != pool_names_.end();
+}
+
+std::size_t KernelManager::pool_total_locked() const {
+  std::size_t n = 0;
+  for (const auto& [name, ready] : pool_) {
+    n += ready.size();
+  }
+  for (const auto& [name, starting] : pool_starting_) {
+    n += starting;
+  }
+  return n;
+}
+
+std::size_t KernelManager::pool_ready(const std::string& name) const {
+  std::lock_guard lock(mu_);
+  auto it = pool_.find(name.empty() ? default_kernel_ : name);
+  return it == pool_.end() ? 0 : it->second.size();
+}
+
+std::vector<pid_t> KernelManager::pool_pids(const std::string& name) const {
+  std::vector<std::shared_ptr<ManagedKernel>> ready;
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = pool_.find(name.empty() ? default_kernel_ : name); it != pool_.end()) {
+      ready = it->second;
+    }
+  }
+  std::vector<pid_t> out;
+  for (const auto& k : ready) {
+    std::lock_guard lock(k->mu_);
+    if (k->process_) {
+      out.push_back(k->process_->pid());
+    }
+  }
+  return out;
+}
+
+std::string KernelManager::death_reason_locked(ManagedKernel& k) {
+  if (!k.process_) {
+    return "";
+  }
+  if (auto ended = k.process_->poll_exit()) {
+    std::string reason = launcher::to_string(ended->reason);
+    if (ended->reason == launcher::ExitReason::kOk) {
+      reason = "exited with code " + std::to_string(ended->exit_code);
+    }
+    if (ended->signal != 0) {
+      reason += " (signal " + std::to_string(ended->signal) + ")";
+    }
+    if (!ended->message.empty()) {
+      reason += ": " + ended->message;
+    }
+    return reason;
+  }
+  if (k.client_ && !k.client_->is_alive()) {
+    return "the kernel stopped answering heartbeats";
+  }
+  return "";
+}
+
+std::shared_ptr<ManagedKernel> KernelManager::claim_pooled(const std::string& name) {
+  for (;;) {
+    std::shared_ptr<ManagedKernel> k;
+    {
+      std::lock_guard lock(mu_);
+      auto it = pool_.find(name);
+      if (it == pool_.end() || it->second.empty()) {
+        return nullptr;
+      }
+      k = it->second.front();
+      it->second.erase(it->second.begin());
+      ++pending_;  // still counted towards max_kernels while it moves
+    }
+    std::string dead;
+    {
+      std::lock_guard lock(k->mu_);
+      dead = death_reason_locked(*k);
+      k->touch();
+    }
+    Result<void> recorded = dead.empty() ? write_record(*k) : Result<void>();
+    const bool ok = dead.empty() && recorded.ok();
+    {
+      std::lock_guard lock(mu_);
+      --pending_;
+      if (ok) {
+        kernels_[k->id_] = k;
+      }
+    }
+    pool_cv_.notify_all();  // refill
+    if (ok) {
+      spdlog::info("kernel {} started ({}), uid {}, from the pool", k->id_, name, k->uid_);
+      return k;
+    }
+    spdlog::warn("kernel pool: dropping pooled kernel {} ({}): {}", k->id_, name,
+                 dead.empty() ? recorded.error().describe() : "it died: " + dead);
+    discard(k);
+  }
+}
+
+std::vector<std::shared_ptr<ManagedKernel>> KernelManager::evict_pooled_locked() {
+  std::vector<std::shared_ptr<ManagedKernel>> out;
+  std::size_t total = kernels_.size() + pending_ + pool_total_locked();
+  while (total > options_.max_kernels) {
+    auto fullest = pool_.end();
+    for (auto it = pool_.begin(); it != pool_.end(); ++it) {
+      if (!it->second.empty() &&
+          (fullest == pool_.end() || it->second.size() > fullest->second.size())) {
+        fullest = it;
+      }
+    }
+    if (fullest == pool_.end()) {
+      break;  // only pool starts in flight: refill() drops them when they finish
+    }
+    out.push_back(fullest->second.front());
+    fullest->second.erase(fullest->second.begin());
+    --total;
+  }
+  return out;
+}
+
+void KernelManager::discard(const std::shared_ptr<ManagedKernel>& k) {
+  {
+    std::lock_guard lock(k->mu_);
+    k->gone_ = true;
+  }
+  k->stop_process();
+  ::umount2((k->home_ + "/work").c_str(), MNT_DETACH);
+  std::error_code ec;
+  fs::remove_all(k->home_, ec);
+  std::lock_guard lock(mu_);
+  uids_in_use_.erase(k->uid_);
+}
+
+bool KernelManager::refill(const std::string& name) {
+  auto spec = kernelspec(name);
+  std::shared_ptr<ManagedKernel> k;
+  if (spec) {
+    std::lock_guard lock(mu_);
+    k = new_kernel_locked(std::move(spec).value());
+  }
+  Result<void> launched = k ? start_fresh(k) : Result<void>(std::move(spec).error());
+  if (launched) {
+    // An ipykernel's first cell costs ~10 ms more than later ones (IPython sets up its input
+    // transformers and display machinery lazily): pay it here. Silent and without history, so
+    // the execution count and In/Out are still a fresh kernel's.
+    if (auto client = k->client()) {
+      (void)client->request(Channel::kShell, "execute_request",
+                            kernel::execute_content("pass", false, false, true),
+                            std::chrono::seconds(10));
+    }
+  }
+  bool kept = false;
+  std::size_t ready = 0;
+  {
+    std::lock_guard lock(mu_);
+    --pool_starting_[name];
+    // A client start may have taken the room meanwhile (clients are never refused for the pool).
+    if (launched && !pool_stopping_ &&
+        kernels_.size() + pending_ + pool_total_locked() < options_.max_kernels) {
+      pool_[name].push_back(k);
+      kept = true;
+      ready = pool_[name].size();
+    }
+  }
+  if (kept) {
+    // At info like every other kernel start (tests/bench/gateway_bench.py waits for this line).
+    spdlog::info("kernel pool: kernel {} ready ({} ready, {})", k->id_, ready, name);
+  } else if (k) {
+    discard(k);
+  }
+  if (!launched) {
+    spdlog::warn("kernel pool: cannot start a '{}' kernel: {}", name, launched.error().describe());
+  }
+  return launched.ok();
+}
+
+void KernelManager::reap_dead_pooled() {
+  std::vector<std::shared_ptr<ManagedKernel>> ready;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [name, kernels] : pool_) {
+      ready.insert(ready.end(), kernels.begin(), kernels.end());
+    }
+  }
+  for (const auto& k : ready) {
+    std::string reason;
+    {
+      std::lock_guard lock(k->mu_);
+      reason = death_reason_locked(*k);
+    }
+    if (reason.empty()) {
+      continue;
+    }
+    bool mine = false;  // still pooled, not claimed meanwhile
+    {
+      std::lock_guard lock(mu_);
+      auto& kernels = pool_[k->spec_.name];
+      if (auto it = std::find(kernels.begin(), kernels.end(), k); it != kernels.end()) {
+        kernels.erase(it);
+        mine = true;
+      }
+    }
+    if (mine) {
+      spdlog::warn("kernel pool: pooled kernel {} ({}) died: {}; replacing it", k->id_,
+                   k->spec_.name, reason);
+      discard(k);
+    }
+  }
+}
+
+void KernelManager::pool_loop() {
+  constexpr auto kFirstBackoff = std::chrono::seconds(1);
+  constexpr auto kMaxBackoff = std::chrono::seconds(60);
+  std::map<std::string, Clock::time_point> retry_at;
+  std::map<std::string, Clock::duration> backoff;
+  for (;;) {
+    reap_dead_pooled();
+    std::string name;
+    {
+      std::unique_lock lock(mu_);
+      if (pool_stopping_) {
+        return;
+      }
+      const auto now = Clock::now();
+      if (kernels_.size() + pending_ + pool_total_locked() < options_.max_kernels) {
+        for (const auto& n : pool_names_) {
+          if (now >= retry_at[n] &&
+              pool_[n].size() + pool_starting_[n] < static_cast<std::size_t>(options_.pool_size)) {
+            name = n;
+            ++pool_starting_[n];
+            break;
+          }
+        }
+      }
+      if (name.empty()) {
+        pool_cv_.wait_for(lock, std::chrono::milliseconds(250));
+        continue;
+      }
+    }
+    // One start at a time: a refill never competes with more than one client start for CPU.
+    if (refill(name)) {
+      backoff.erase(name);
+      retry_at.erase(name);
+    } else {
+      auto& b = backoff[name];
+      b = b == Clock::duration::zero() ? Clock::duration(kFirstBackoff)
+                                       : std::min<Clock::duration>(b * 2, kMaxBackoff);
+      retry_at[name] = Clock::now() + b;
+      spdlog::warn("kernel pool: next '{}' start in {} s", name,
+                   std::chrono::duration_cast<std::chrono::seconds>(b).count());
+    }
+  }
+}
+
+void KernelManager::stop_pool() {
+  {
+    std::lock_guard lock(mu_);
+    pool_stopping_ = true;
+  }
+  pool_cv_.notify_all();
+  if (pool_thread_.joinable() && pool_thread_.get_id() != std::this_thread::get_id()) {
+    pool_thread_.join();  // waits for a start in flight
+  }
+  std::vector<std::shared_ptr<ManagedKernel>> ready;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [name, kernels] : pool_) {
+      ready.insert(ready.end(), kernels.begin(), kernels.end());
+    }
+    pool_.clear();
+  }
+  for (const auto& k : ready) {
+    discard(k);
+  }
 }
 
 std::vector<kernel::KernelSpec> KernelManager::kernelspecs() const {
@@ -426,43 +725,78 @@ uid_t KernelManager::allocate_uid() {
   return uid;
 }
 
+std::shared_ptr<ManagedKernel> KernelManager::new_kernel_locked(kernel::KernelSpec spec) {
+  const std::string id = protocol::new_uuid();
+  auto k = std::make_shared<ManagedKernel>(id, std::move(spec), state_dir_ + "/kernels/" + id);
+  k->uid_ = allocate_uid();
+  return k;
+}
+
+Result<void> KernelManager::start_fresh(const std::shared_ptr<ManagedKernel>& k) {
+  CELLGATE_TRY(make_private_dir(k->home_ + "/work"));
+  return start_process(k);
+}
+
 Result<KernelModel> KernelManager::start(const std::string& name, const json& env) {
   CELLGATE_ASSIGN_OR_RETURN(auto client_env, filter_env(env, options_.env_allowlist));
-  CELLGATE_ASSIGN_OR_RETURN(kernel::KernelSpec spec,
-                            kernelspec(name.empty() ? default_kernel_ : name));
-  const std::string id = protocol::new_uuid();
+  const std::string spec_name = name.empty() ? default_kernel_ : name;
+  if (is_pooled(spec_name)) {
+    // A pooled kernel started with no client env: it can only stand in for a start without one.
+    if (client_env.empty()) {
+      if (auto k = claim_pooled(spec_name)) {
+        spdlog::debug("kernel pool: hit ({}): kernel {}", spec_name, k->id_);
+        return k->model();
+      }
+    }
+    spdlog::debug("kernel pool: miss ({}): {}", spec_name,
+                  client_env.empty() ? "none ready" : "the client sets env");
+  }
+  CELLGATE_ASSIGN_OR_RETURN(kernel::KernelSpec spec, kernelspec(spec_name));
   std::shared_ptr<ManagedKernel> k;
+  std::vector<std::shared_ptr<ManagedKernel>> evicted;
   {
     std::lock_guard lock(mu_);
+    // Pooled kernels count towards max_kernels, but never cost a client its kernel: ready ones
+    // make room below.
     if (kernels_.size() + pending_ >= options_.max_kernels) {
       return make_error(ErrorCode::kResourceExhausted, "max_kernels",
                         "Resource Limit: at most " + std::to_string(options_.max_kernels) +
                             " kernels may run at once (--max-kernels)");
     }
     ++pending_;
-    k = std::make_shared<ManagedKernel>(id, std::move(spec), state_dir_ + "/kernels/" + id);
-    k->uid_ = allocate_uid();
+    k = new_kernel_locked(std::move(spec));
+    evicted = evict_pooled_locked();
+  }
+  for (const auto& e : evicted) {
+    spdlog::debug("kernel pool: ending pooled kernel {} to make room (--max-kernels)", e->id_);
+    discard(e);
   }
   k->env_ = std::move(client_env);
   auto launched = [&]() -> Result<void> {
-    CELLGATE_TRY(make_private_dir(k->home_ + "/work"));
-    return launch(k);
+    CELLGATE_TRY(start_fresh(k));
+    return write_record(*k);
   }();
-  std::lock_guard lock(mu_);
-  --pending_;
+  {
+    std::lock_guard lock(mu_);
+    --pending_;
+    if (launched) {
+      kernels_[k->id_] = k;
+    }
+  }
   if (!launched) {
-    uids_in_use_.erase(k->uid_);
-    std::error_code ec;
-    ::umount2((k->home_ + "/work").c_str(), MNT_DETACH);
-    fs::remove_all(k->home_, ec);
+    discard(k);
     return std::move(launched).error();
   }
-  kernels_[id] = k;
-  spdlog::info("kernel {} started ({}), uid {}", id, k->spec_.name, k->uid_);
+  spdlog::info("kernel {} started ({}), uid {}", k->id_, k->spec_.name, k->uid_);
   return k->model();
 }
 
 Result<void> KernelManager::launch(const std::shared_ptr<ManagedKernel>& k) {
+  CELLGATE_TRY(start_process(k));
+  return write_record(*k);
+}
+
+Result<void> KernelManager::start_process(const std::shared_ptr<ManagedKernel>& k) {
   kernel::LaunchRequest req;
   req.spec = k->spec_;
   req.runtime_parent = state_dir_ + "/run";
@@ -492,7 +826,10 @@ Result<void> KernelManager::launch(const std::shared_ptr<ManagedKernel>& k) {
       self->on_unrouted(ch, msg);
     }
   };
-  co.on_dead = [this](const std::string&) { monitor_cv_.notify_all(); };
+  co.on_dead = [this](const std::string&) {
+    monitor_cv_.notify_all();
+    pool_cv_.notify_all();
+  };
   co.on_wire_error = [id = k->id_](Channel ch, const Error& e) {
     spdlog::warn("kernel {}: dropped a message on {}: {}", id, kernel::to_string(ch),
                  e.describe());
@@ -521,7 +858,7 @@ Result<void> KernelManager::launch(const std::shared_ptr<ManagedKernel>& k) {
     k->reason_.clear();
     k->touch();
   }
-  return write_record(*k);
+  return {};
 }
 
 Result<void> KernelManager::write_record(const ManagedKernel& k) {
@@ -667,6 +1004,7 @@ Result<void> KernelManager::shutdown(const std::string& id) {
 }
 
 void KernelManager::shutdown_all() {
+  stop_pool();
   std::vector<std::string> ids;
   {
     std::lock_guard lock(mu_);
@@ -743,20 +1081,7 @@ void KernelManager::monitor_loop() {
         if (k->gone_ || k->restarting_ || !k->process_) {
           continue;
         }
-        if (auto ended = k->process_->poll_exit()) {
-          reason = launcher::to_string(ended->reason);
-          if (ended->reason == launcher::ExitReason::kOk) {
-            reason = "exited with code " + std::to_string(ended->exit_code);
-          }
-          if (ended->signal != 0) {
-            reason += " (signal " + std::to_string(ended->signal) + ")";
-          }
-          if (!ended->message.empty()) {
-            reason += ": " + ended->message;
-          }
-        } else if (k->client_ && !k->client_->is_alive()) {
-          reason = "the kernel stopped answering heartbeats";
-        }
+        reason = death_reason_locked(*k);
       }
       if (!reason.empty()) {
         handle_death(k, reason);

@@ -41,11 +41,11 @@ struct NotebookRunOptions {
   std::string kernel;                   // "": the notebook's kernelspec when known, else python3
   std::string url;                      // a running gateway; "": an embedded one
   std::string token;
-  bool json = false;                    // the summary as JSON on stdout
-  int jobs = 1;                         // notebooks at once
-  std::string results;                  // FILE.json / FILE.csv (by extension; none: both)
-  bool no_jail = false;                 // embedded kernels unjailed (explicit only)
-  bool progress = true;                 // a progress line on stderr when it is a terminal
+  bool json = false;     // the summary as JSON on stdout
+  int jobs = 1;          // notebooks at once
+  std::string results;   // FILE.json / FILE.csv (by extension; none: both)
+  bool no_jail = false;  // embedded kernels unjailed (explicit only)
+  bool progress = true;  // a progress line on stderr when it is a terminal
 };
 
 int run_notebooks(const NotebookRunOptions& options);

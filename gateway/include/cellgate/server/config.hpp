@@ -40,6 +40,10 @@ struct ServeOptions {
   int restart_limit = 5;                // auto-restarts of a dying kernel before it is dead
   double kernel_start_timeout = 60;     // seconds until the kernel must answer kernel_info
   bool no_jail = false;                 // run kernels unjailed (explicit only)
+  // The warm pool: ready kernels kept per pooled kernelspec (0: off). Off here so embedding
+  // code and tests start nothing unasked; `cellgate serve` defaults to 2 (gateway/main.cpp).
+  int pool_size = 0;
+  std::vector<std::string> pool_kernels;  // kernelspecs pooled; empty: the default one
   // POST /api/kernels/{id}/execute
   double execute_max_timeout = 600;              // seconds; longer requests are clamped
   double execute_grace = 5;                      // seconds between the interrupt and a restart

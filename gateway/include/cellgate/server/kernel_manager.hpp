@@ -10,6 +10,11 @@
 // Replies on shell/control/stdin go to the WebSocket whose messages carried the same
 // header.session (each WebSocket's client session); iopub goes to every attached WebSocket.
 //
+// The warm pool (ServeOptions::pool_size, pool_kernels): per pooled kernelspec, a background
+// thread keeps that many kernels fully started (kernel_info answered) but invisible to clients.
+// start() with no client env hands one over at once; it is then an ordinary kernel and never
+// goes back to the pool. A pooled kernel that dies is dropped and replaced, not restarted.
+//
 // Thread-safety: every public method is thread-safe. Blocking ones (start, restart, shutdown)
 // must not run on the network threads. Listener callbacks run on kernel I/O threads and the
 // manager's monitor thread; listeners must only queue work.
@@ -125,14 +130,21 @@ class KernelManager {
   explicit KernelManager(ServeOptions options);
   ~KernelManager();  // shuts every kernel down
 
-  // Blocking. env: the client's env (filtered here: KERNEL_* and the allowlist only).
+  // Blocking. env: the client's env (filtered here: KERNEL_* and the allowlist only). With
+  // nothing left after filtering, a ready pooled kernel of `name` is claimed instead (a pool hit).
   Result<KernelModel> start(const std::string& name, const nlohmann::json& env);
   Result<std::shared_ptr<ManagedKernel>> find(const std::string& id) const;
   std::vector<KernelModel> list() const;
   Result<void> interrupt(const std::string& id);
   Result<KernelModel> restart(const std::string& id);  // blocking
   Result<void> shutdown(const std::string& id);        // blocking
+  // Ends every kernel, pooled ones included, and stops refilling the pool for good.
   void shutdown_all();
+
+  // Pooled kernels of kernelspec `name` ("" : the default) ready to be claimed.
+  std::size_t pool_ready(const std::string& name) const;
+  // Their kernel pids (host pid namespace), for tests.
+  std::vector<pid_t> pool_pids(const std::string& name) const;
 
   // Kernelspecs: the standard directories; every one runs through cellgate-kernel.
   std::vector<kernel::KernelSpec> kernelspecs() const;
@@ -142,8 +154,29 @@ class KernelManager {
   const std::string& state_dir() const { return state_dir_; }
 
  private:
-  // (Re)starts the process and client; blocking.
+  // (Re)starts the process and client and writes the state record; blocking.
   Result<void> launch(const std::shared_ptr<ManagedKernel>& k);
+  // launch() without the state record (pooled kernels get theirs when claimed).
+  Result<void> start_process(const std::shared_ptr<ManagedKernel>& k);
+  // A new kernel object with its uid (nothing started yet); mu_ held.
+  std::shared_ptr<ManagedKernel> new_kernel_locked(kernel::KernelSpec spec);
+  // Makes the work dir and starts the process (no state record).
+  Result<void> start_fresh(const std::shared_ptr<ManagedKernel>& k);
+  // Ends a kernel no client ever saw (a failed start, a pooled one): no shutdown_request.
+  void discard(const std::shared_ptr<ManagedKernel>& k);
+  // A ready pooled kernel of `name` moved into kernels_, or null.
+  std::shared_ptr<ManagedKernel> claim_pooled(const std::string& name);
+  // Ready pooled kernels given up so live + pending + pool fits max_kernels again.
+  std::vector<std::shared_ptr<ManagedKernel>> evict_pooled_locked();
+  std::size_t pool_total_locked() const;
+  // Why a kernel has died ("" while it runs); k.mu_ held.
+  static std::string death_reason_locked(ManagedKernel& k);
+  bool is_pooled(const std::string& name) const;
+  void pool_loop();
+  // Starts one kernel for the pool of `name`; false when it failed.
+  bool refill(const std::string& name);
+  void reap_dead_pooled();
+  void stop_pool();
   void monitor_loop();
   void handle_death(const std::shared_ptr<ManagedKernel>& k, const std::string& reason);
   void cull();
@@ -159,10 +192,18 @@ class KernelManager {
   std::size_t pending_ = 0;
   std::set<uid_t> uids_in_use_;
 
+  std::vector<std::string> pool_names_;  // the pooled kernelspecs; fixed by the constructor
+  // The warm pool, under mu_: ready kernels per kernelspec name (oldest first), starts in flight.
+  std::map<std::string, std::vector<std::shared_ptr<ManagedKernel>>> pool_;
+  std::map<std::string, std::size_t> pool_starting_;
+  std::condition_variable pool_cv_;  // with mu_; wakes pool_loop: a claim, a death, stopping
+  bool pool_stopping_ = false;       // under mu_: no more refills
+
   std::mutex monitor_mu_;
   std::condition_variable monitor_cv_;
-  bool stopping_ = false;
+  bool stopping_ = false;  // the monitor ends
   std::thread monitor_;
+  std::thread pool_thread_;
 };
 
 // The HTTP status for an error code: the one place codes map to HTTP.
