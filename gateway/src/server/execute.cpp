@@ -120,7 +120,7 @@ struct Collector {
     // nbformat keeps consecutive text of one stream in one output.
     if (!outputs.empty() && outputs.back().value("output_type", "") == "stream" &&
         outputs.back().value("name", "") == name) {
-      outputs.back()["text"] = outputs.back()["text"].get<std::string>() + kept;
+      outputs.back()["text"].get_ref<std::string&>() += kept;  // no copy of what is there
     } else {
       add_output(json{{"output_type", "stream"}, {"name", name}, {"text", kept}});
     }
