@@ -1,17 +1,21 @@
-// cellgate-kernel: starts one Jupyter kernel inside the jail and reports on a status fd.
-// See launcher.hpp and jail/README.md.
+// cellgate-kernel: starts one Jupyter kernel inside the jail and reports on a status fd, or, with
+// --zygote, serves as the fork server kernels are started from. See launcher.hpp, zygote.hpp and
+// jail/README.md.
 #include <CLI/CLI.hpp>
 
 #include "cellgate/launcher/launcher.hpp"
+#include "cellgate/launcher/zygote.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"cellgate-kernel: start one Jupyter kernel in a jail and report how it ends"};
   cellgate::launcher::LaunchOptions options;
+  cellgate::launcher::ZygoteOptions zygote;
   bool no_jail = false;
   bool probe_host = false;
+  bool zygote_mode = false;
   app.add_option("--spec", options.spec_path, "jail spec (JSON); default: the built-in limits");
   app.add_option("--status-fd", options.status_fd,
-                 "write JSON status lines (started, exited) to this fd");
+                 "write JSON status lines (started, exited; ready for --zygote) to this fd");
   app.add_option("--connection-file", options.connection_file,
                  "the kernel's connection file (rewritten to ipc endpoints in the jail)");
   app.add_option("--cwd", options.cwd, "working directory (unjailed kernels only)");
@@ -19,10 +23,21 @@ int main(int argc, char** argv) {
                "kill the kernel when the launcher's parent dies");
   app.add_flag("--no-jail", no_jail, "run the kernel unjailed (explicitly allowed only)");
   app.add_flag("--probe-host", probe_host, "print what this host supports and exit");
+  app.add_option("--zygote-socket", options.zygote_socket,
+                 "fork a python3 ipykernel from the zygote listening here (cold if none answers)");
+  app.add_flag("--zygote", zygote_mode, "run as the zygote (fork server) on --socket");
+  app.add_option("--socket", zygote.socket_path, "the zygote's socket path (with --zygote)");
+  app.add_option("--preload", zygote.preload, "modules the zygote imports (with --zygote)")
+      ->delimiter(',');
   app.add_option("argv", options.argv, "the kernel's command line, after --");
   CLI11_PARSE(app, argc, argv);
   if (probe_host) {
     return cellgate::launcher::run_probe_host();
+  }
+  if (zygote_mode) {
+    zygote.status_fd = options.status_fd;
+    zygote.self_argv.assign(argv, argv + argc);
+    return cellgate::launcher::run_zygote(zygote);
   }
   if (no_jail) {
     return cellgate::launcher::run_exec_mode(options);

@@ -9,11 +9,17 @@
 // Messages from inside travel on one pipe as lines: "R" (the kernel exec'd), "E<text>" (a step
 // failed), "X<wait status>" (the kernel ended).
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -32,8 +38,10 @@
 #include "cellgate/jail/seccomp.hpp"
 #include "cellgate/jail/spec.hpp"
 #include "cellgate/launcher/launcher.hpp"
+#include "cellgate/launcher/zygote.hpp"
 #include "cellgate/unique_fd.hpp"
 #include "report.hpp"
+#include "zygote_wire.hpp"
 
 namespace cellgate::launcher {
 namespace {
@@ -319,6 +327,234 @@ std::string read_line(int fd, std::string& buffer) {
   }
 }
 
+// Reports how the kernel ended (its wait status, the cgroup's figures) and removes the cgroup.
+// Returns the launcher's exit code.
+int finish(int status_fd, const jail::JailSpec& spec, std::unique_ptr<jail::Cgroup> cgroup,
+           pid_t init, int status, bool timed_out) {
+  StatusEvent exited;
+  exited.kind = StatusEvent::Kind::kExited;
+  exited.pid = init;
+  jail::CgroupStats stats;
+  if (cgroup) {
+    if (auto s = cgroup->stats(); s) {
+      stats = *s;
+    }
+  }
+  exited.memory_peak_bytes = stats.memory_peak_bytes;
+  exited.oom_kills = stats.oom_kills;
+  int exit_code = 0;
+  if (WIFSIGNALED(status)) {
+    exited.signal = WTERMSIG(status);
+    exit_code = 128 + exited.signal;
+    if (timed_out) {
+      exited.reason = ExitReason::kTimeout;
+      exited.message = "the kernel ran past its time limit of " +
+                       std::to_string(spec.time_limit_seconds) + " s";
+    } else if (exited.signal == SIGKILL && stats.oom_kills > 0) {
+      exited.reason = ExitReason::kOom;
+      exited.message = "killed by the memory limit of " + std::to_string(spec.memory_bytes) +
+                       " bytes";
+    } else if (exited.signal == SIGSYS) {
+      exited.reason = ExitReason::kViolation;
+      exited.message = "killed by the seccomp policy";
+    } else {
+      exited.reason = ExitReason::kSignaled;
+    }
+  } else {
+    exited.reason = timed_out ? ExitReason::kTimeout : ExitReason::kOk;
+    exited.exit_code = WEXITSTATUS(status);
+    exit_code = exited.exit_code;
+  }
+  cgroup.reset();  // kills anything left and removes the cgroup
+  report(status_fd, exited);
+  return exit_code;
+}
+
+// The deadline of the spec's time limit, from now.
+std::optional<timespec> time_limit_deadline(const jail::JailSpec& spec) {
+  if (spec.time_limit_seconds <= 0) {
+    return std::nullopt;
+  }
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);
+  const auto add_ns = static_cast<long long>(spec.time_limit_seconds * 1e9);
+  long long ns = now.tv_nsec + add_ns % 1000000000LL;
+  return timespec{now.tv_sec + static_cast<time_t>(add_ns / 1000000000LL + ns / 1000000000LL),
+                  static_cast<long>(ns % 1000000000LL)};
+}
+
+long long ns_until(const timespec& deadline) {
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);
+  return (deadline.tv_sec - now.tv_sec) * 1000000000LL + (deadline.tv_nsec - now.tv_nsec);
+}
+
+// The kernel command lines the zygote can serve: /usr/bin/python3 (the interpreter it embeds)
+// -m ipykernel_launcher|ipykernel [args]. Sets the args after the module name.
+bool zygote_can_serve(const std::vector<std::string>& argv, const std::string& program,
+                      std::vector<std::string>* kernel_args) {
+  if (argv.size() < 3 || argv[1] != "-m" ||
+      (argv[2] != "ipykernel_launcher" && argv[2] != "ipykernel")) {
+    return false;
+  }
+  std::error_code ec1, ec2;
+  const auto a = fs::canonical(program, ec1);
+  const auto b = fs::canonical("/usr/bin/python3", ec2);
+  if (ec1 || ec2 || a != b) {
+    return false;
+  }
+  kernel_args->assign(argv.begin() + 3, argv.end());
+  return true;
+}
+
+struct ZygoteKernel {
+  pid_t pid = -1;
+  UniqueFd pidfd;
+  UniqueFd go_write;  // "G" once in the cgroup; kept open as the jail's lifeline
+  UniqueFd rep_read;
+};
+
+// Asks the zygote for a jail. kUnavailable: no zygote answered (the caller may start the kernel
+// cold); any other error: the zygote refused or failed.
+Result<ZygoteKernel> request_zygote_kernel(const std::string& socket_path,
+                                           const jail::JailSpec& spec, uid_t uid, gid_t gid,
+                                           const jail::RootPaths& paths,
+                                           const std::vector<std::string>& kernel_args,
+                                           const std::vector<std::string>& env) {
+  UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  if (!sock || socket_path.size() >= sizeof addr.sun_path) {
+    return make_error(ErrorCode::kUnavailable, "zygote", "bad zygote socket " + socket_path);
+  }
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size());
+  if (::connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    return errno_error(ErrorCode::kUnavailable, "zygote", "connect('" + socket_path + "')", errno);
+  }
+  timeval tv{10, 0};  // the zygote answers right after its clone
+  ::setsockopt(sock.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+
+  json env_object = json::object();
+  for (const auto& e : env) {
+    auto eq = e.find('=');
+    env_object[e.substr(0, eq)] = eq == std::string::npos ? "" : e.substr(eq + 1);
+  }
+  const json request = {{"spec", spec.to_json()},      {"uid", uid},
+                        {"gid", gid},                  {"staging", paths.staging},
+                        {"conn_dir", paths.conn_dir},  {"work_dir", paths.work_dir},
+                        {"args", kernel_args},         {"env", env_object}};
+  UniqueFd mntns(::open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC));
+  int go[2], rep[2];
+  if (!mntns || ::pipe2(go, O_CLOEXEC) != 0) {
+    return errno_error(ErrorCode::kInternal, "zygote", "open('/proc/self/ns/mnt') or pipe2()",
+                       errno);
+  }
+  ZygoteKernel k;
+  UniqueFd go_read(go[0]);
+  k.go_write.reset(go[1]);
+  if (::pipe2(rep, O_CLOEXEC) != 0) {
+    return errno_error(ErrorCode::kInternal, "zygote", "pipe2()", errno);
+  }
+  k.rep_read.reset(rep[0]);
+  UniqueFd rep_write(rep[1]);
+  CELLGATE_TRY(zygote_wire::send_message(
+      sock.get(), request.dump(),
+      {mntns.get(), rep_write.get(), go_read.get(), STDOUT_FILENO, STDERR_FILENO}));
+  auto reply = zygote_wire::recv_message(sock.get());
+  if (!reply) {
+    return reply.error();
+  }
+  const json answer = json::parse(reply->text, nullptr, false);
+  if (!answer.is_object() || !answer.contains("pid") || reply->fds.size() != 1) {
+    return make_error(ErrorCode::kUnavailable, "zygote",
+                      "the zygote refused: " + (answer.is_object()
+                                                    ? answer.value("error", reply->text)
+                                                    : reply->text));
+  }
+  k.pid = answer["pid"].get<pid_t>();
+  k.pidfd = std::move(reply->fds[0]);
+  return k;
+}
+
+// Supervises a zygote kernel: the jail's pid 1 is the zygote's child, so it is watched through
+// its pidfd and its kernel's wait status arrives on the report pipe.
+int run_zygote_kernel(ZygoteKernel k, int status_fd, const jail::JailSpec& spec,
+                      std::unique_ptr<jail::Cgroup> cgroup, const Connection* conn,
+                      const sigset_t& wait_set) {
+  auto fail = [&](const std::string& message) {
+    ::syscall(SYS_pidfd_send_signal, k.pidfd.get(), SIGKILL, nullptr, 0);
+    report(status_fd, setup_error(message));
+    return 127;
+  };
+  if (cgroup) {
+    if (auto added = cgroup->add_process(k.pid); !added) {
+      return fail(added.error().message);
+    }
+  }
+  write_all(k.go_write.get(), "G");
+  std::string buffer;
+  std::string first = read_line(k.rep_read.get(), buffer);
+  if (first != "R") {
+    return fail(first.size() > 1 && first[0] == 'E'
+                    ? first.substr(1)
+                    : "the zygote's jail ended before the kernel started");
+  }
+  StatusEvent started;
+  started.kind = StatusEvent::Kind::kStarted;
+  started.pid = k.pid;
+  if (conn && conn->rewritten_from_tcp) {
+    started.connection_file = conn->host_file;
+  }
+  if (cgroup) {
+    started.cgroup_paths = cgroup->paths();
+    started.cgroup_version = cgroup->version() == jail::CgroupVersion::kV1 ? "v1" : "v2";
+  }
+  report(status_fd, started);
+
+  sigset_t forwarded = wait_set;
+  sigdelset(&forwarded, SIGCHLD);
+  UniqueFd sfd(::signalfd(-1, &forwarded, SFD_CLOEXEC));
+  const std::optional<timespec> deadline = time_limit_deadline(spec);
+  bool timed_out = false;
+  for (;;) {
+    int timeout_ms = -1;
+    if (deadline && !timed_out) {
+      const long long left = ns_until(*deadline);
+      if (left <= 0) {
+        timed_out = true;
+        ::syscall(SYS_pidfd_send_signal, k.pidfd.get(), SIGKILL, nullptr, 0);
+        continue;
+      }
+      timeout_ms = static_cast<int>(std::min<long long>(left / 1000000 + 1, 60000));
+    }
+    pollfd fds[2] = {{k.pidfd.get(), POLLIN, 0}, {sfd.get(), POLLIN, 0}};
+    if (::poll(fds, 2, timeout_ms) < 0) {
+      continue;
+    }
+    if (fds[1].revents & POLLIN) {
+      signalfd_siginfo info{};
+      if (::read(sfd.get(), &info, sizeof info) == sizeof info) {
+        ::syscall(SYS_pidfd_send_signal, k.pidfd.get(), static_cast<int>(info.ssi_signo), nullptr,
+                  0);
+      }
+    }
+    if (fds[0].revents != 0) {
+      break;  // pid 1 of the jail is gone
+    }
+  }
+  k.go_write.reset();
+  std::optional<int> kernel_status;
+  for (std::string line; !(line = read_line(k.rep_read.get(), buffer)).empty();) {
+    if (line[0] == 'X') {
+      kernel_status = std::atoi(line.c_str() + 1);
+    }
+  }
+  // Without the reaper's report (it was killed: the time limit, or the launcher's own signal),
+  // the jail ended by SIGKILL; the zygote, its parent, holds the real status.
+  return finish(status_fd, spec, std::move(cgroup), k.pid, kernel_status.value_or(SIGKILL),
+                timed_out);
+}
+
 }  // namespace
 
 int run_probe_host() {
@@ -429,6 +665,26 @@ int run_jailed_mode(const LaunchOptions& options) {
   sigaddset(&wait_set, SIGCHLD);
   ::sigprocmask(SIG_BLOCK, &wait_set, &original_mask);
 
+  if (!options.zygote_socket.empty()) {
+    std::vector<std::string> kernel_args;
+    if (!zygote_can_serve(argv, resolve(argv[0], spec), &kernel_args)) {
+      std::cerr << "cellgate-kernel: the zygote serves /usr/bin/python3 -m ipykernel_launcher "
+                   "only; starting this kernel cold\n";
+    } else {
+      auto k = request_zygote_kernel(options.zygote_socket, spec, uid, gid, paths, kernel_args,
+                                     env);
+      if (k) {
+        return run_zygote_kernel(std::move(k).value(), status_fd, spec, std::move(cgroup),
+                                 conn ? &*conn : nullptr, wait_set);
+      }
+      if (k.error().code != ErrorCode::kUnavailable) {
+        return fail(k.error().message);
+      }
+      std::cerr << "cellgate-kernel: warning: no zygote (" << k.error().message
+                << "); starting this kernel cold\n";
+    }
+  }
+
   int go[2], rep[2];
   if (::pipe2(go, O_CLOEXEC) != 0 || ::pipe2(rep, O_CLOEXEC) != 0) {
     return fail(errno_error(ErrorCode::kInternal, "", "pipe2()", errno).message);
@@ -485,25 +741,14 @@ int run_jailed_mode(const LaunchOptions& options) {
 
   // Supervise: forward signals to init (which forwards them to the kernel), enforce the time
   // limit, and wait for init to end.
-  std::optional<timespec> deadline;
-  if (spec.time_limit_seconds > 0) {
-    timespec now{};
-    ::clock_gettime(CLOCK_MONOTONIC, &now);
-    const auto add_ns = static_cast<long long>(spec.time_limit_seconds * 1e9);
-    long long ns = now.tv_nsec + add_ns % 1000000000LL;
-    deadline = timespec{now.tv_sec + static_cast<time_t>(add_ns / 1000000000LL + ns / 1000000000LL),
-                        static_cast<long>(ns % 1000000000LL)};
-  }
+  const std::optional<timespec> deadline = time_limit_deadline(spec);
   bool timed_out = false;
   int init_status = 0;
   for (;;) {
     siginfo_t info{};
     int sig;
     if (deadline && !timed_out) {
-      timespec now{};
-      ::clock_gettime(CLOCK_MONOTONIC, &now);
-      long long left = (deadline->tv_sec - now.tv_sec) * 1000000000LL +
-                       (deadline->tv_nsec - now.tv_nsec);
+      const long long left = ns_until(*deadline);
       if (left <= 0) {
         timed_out = true;
         ::kill(init, SIGKILL);
@@ -526,50 +771,14 @@ int run_jailed_mode(const LaunchOptions& options) {
     }
   }
 
-  StatusEvent exited;
-  exited.kind = StatusEvent::Kind::kExited;
-  exited.pid = init;
   std::optional<int> kernel_status;
   for (std::string line; !(line = read_line(rep_read.get(), buffer)).empty();) {
     if (line[0] == 'X') {
       kernel_status = std::atoi(line.c_str() + 1);
     }
   }
-  jail::CgroupStats stats;
-  if (cgroup) {
-    if (auto s = cgroup->stats(); s) {
-      stats = *s;
-    }
-  }
-  exited.memory_peak_bytes = stats.memory_peak_bytes;
-  exited.oom_kills = stats.oom_kills;
-  const int status = kernel_status.value_or(init_status);
-  int exit_code = 0;
-  if (WIFSIGNALED(status)) {
-    exited.signal = WTERMSIG(status);
-    exit_code = 128 + exited.signal;
-    if (timed_out) {
-      exited.reason = ExitReason::kTimeout;
-      exited.message = "the kernel ran past its time limit of " +
-                       std::to_string(spec.time_limit_seconds) + " s";
-    } else if (exited.signal == SIGKILL && stats.oom_kills > 0) {
-      exited.reason = ExitReason::kOom;
-      exited.message = "killed by the memory limit of " + std::to_string(spec.memory_bytes) +
-                       " bytes";
-    } else if (exited.signal == SIGSYS) {
-      exited.reason = ExitReason::kViolation;
-      exited.message = "killed by the seccomp policy";
-    } else {
-      exited.reason = ExitReason::kSignaled;
-    }
-  } else {
-    exited.reason = timed_out ? ExitReason::kTimeout : ExitReason::kOk;
-    exited.exit_code = WEXITSTATUS(status);
-    exit_code = exited.exit_code;
-  }
-  cgroup.reset();  // kills anything left and removes the cgroup
-  report(status_fd, exited);
-  return exit_code;
+  return finish(status_fd, spec, std::move(cgroup), init, kernel_status.value_or(init_status),
+                timed_out);
 }
 
 }  // namespace cellgate::launcher

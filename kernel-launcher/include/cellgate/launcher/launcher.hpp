@@ -26,6 +26,9 @@ struct LaunchOptions {
   // The kernel's connection file on the host. In the jail it becomes kJailConnDir/kernel.json
   // (ipc endpoints) and every argv element equal to this path is replaced by that.
   std::string connection_file;
+  // Jailed only: the zygote's socket (zygote.hpp). A python3 ipykernel is then forked from the
+  // zygote instead of started cold; any other kernel, or no zygote answering, starts cold.
+  std::string zygote_socket;
 };
 
 // Runs the kernel to completion. Returns the launcher's exit code: the kernel's exit code,
