@@ -116,6 +116,16 @@ int main(int argc, char** argv) {
       ->envname("CELLGATE_POOL_SIZE")->check(CLI::NonNegativeNumber)->capture_default_str();
   serve_cmd->add_option("--pool-kernel", serve.pool_kernels,
                         "a kernelspec to pool (repeat; default: the default kernelspec)");
+  serve.zygote = true;  // off in ServeOptions, like the pool
+  bool no_zygote = false;
+  serve_cmd->add_flag("--no-zygote", no_zygote,
+                      "start every kernel cold instead of forking python3 kernels from the "
+                      "zygote (a preloaded fork server)")
+      ->envname("CELLGATE_NO_ZYGOTE");
+  serve_cmd->add_option("--zygote-preload", serve.zygote_preload,
+                        "modules the zygote imports, comma-separated (default: ipykernel, "
+                        "IPython, numpy, pandas, matplotlib)")
+      ->delimiter(',');
   serve_cmd->add_option("--execute-max-timeout", serve.execute_max_timeout,
                         "longest timeout an execute request may ask for (seconds)")
       ->capture_default_str();
@@ -180,6 +190,7 @@ int main(int argc, char** argv) {
     return cellgate::cli::run_notebooks(run);
   }
   if (serve_cmd->parsed()) {
+    serve.zygote = !no_zygote;
     return cellgate::server::run_serve(std::move(serve));
   }
   return 2;

@@ -114,6 +114,9 @@ Result<std::unique_ptr<KernelProcess>> KernelProcess::start(LaunchRequest reques
       }
     }
     args.insert(args.end(), {"--spec", spec_file});
+    if (!request.zygote_socket.empty()) {
+      args.insert(args.end(), {"--zygote-socket", request.zygote_socket});
+    }
     kp->work_mounted_ = request.work_dir.empty();  // ours to unmount only when we made it
     // The launcher's own environment: nothing but what was asked (the kernel's is the spec's).
     env_map = request.launcher_env;

@@ -386,6 +386,13 @@ KernelManager::KernelManager(ServeOptions options)
       pool_names_.push_back(name);
     }
   }
+  if (options_.zygote && !options_.no_jail) {
+    kernel::ZygoteOptions zo;
+    zo.socket_path = state_dir_ + "/run/zygote.sock";
+    zo.log_file = state_dir_ + "/zygote.log";
+    zo.preload = options_.zygote_preload;
+    zygote_ = std::make_unique<kernel::Zygote>(std::move(zo));
+  }
   monitor_ = std::thread([this] { monitor_loop(); });
   if (!pool_names_.empty()) {
     pool_thread_ = std::thread([this] { pool_loop(); });
@@ -623,6 +630,21 @@ void KernelManager::pool_loop() {
   constexpr auto kMaxBackoff = std::chrono::seconds(60);
   std::map<std::string, Clock::time_point> retry_at;
   std::map<std::string, Clock::duration> backoff;
+  // Pool kernels forked from the zygote share its pages; cold ones would each hold their own.
+  // So the first fill waits a while for the zygote's preload.
+  if (zygote_) {
+    const auto give_up = Clock::now() + std::chrono::seconds(30);
+    while (!zygote_->wait_ready(std::chrono::milliseconds(200))) {
+      std::lock_guard lock(mu_);
+      if (pool_stopping_) {
+        return;
+      }
+      if (zygote_->failed() || Clock::now() >= give_up) {
+        spdlog::warn("kernel pool: no zygote ready; filling the pool cold");
+        break;
+      }
+    }
+  }
   for (;;) {
     reap_dead_pooled();
     std::string name;
@@ -801,6 +823,9 @@ Result<void> KernelManager::start_process(const std::shared_ptr<ManagedKernel>& 
   req.spec = k->spec_;
   req.runtime_parent = state_dir_ + "/run";
   req.work_dir = k->home_ + "/work";
+  if (zygote_) {
+    req.zygote_socket = zygote_->ready_socket();
+  }
   req.env = kernel::default_kernel_env(req.work_dir, !options_.no_jail);
   for (const auto& [key, value] : k->env_) {
     req.env[key] = value;
@@ -1067,6 +1092,9 @@ void KernelManager::monitor_loop() {
       break;
     }
     lock.unlock();
+    if (zygote_) {
+      zygote_->tick();
+    }
     std::vector<std::shared_ptr<ManagedKernel>> snapshot;
     {
       std::lock_guard klock(mu_);

@@ -50,6 +50,9 @@ struct LaunchRequest {
   // canary here). Empty by default.
   std::map<std::string, std::string> launcher_env;
   bool die_with_parent = false;
+  // Jailed only: a ready zygote's socket (zygote.hpp); a python3 ipykernel is then forked from
+  // it. "" (or no zygote answering, or another kernel): started cold.
+  std::string zygote_socket;
   // "ipc" (sockets in the runtime dir; what jailed kernels use) or "tcp" (loopback ports).
   std::string transport = "ipc";
   std::chrono::milliseconds start_timeout{10000};

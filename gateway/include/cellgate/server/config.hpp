@@ -44,6 +44,10 @@ struct ServeOptions {
   // code and tests start nothing unasked; `cellgate serve` defaults to 2 (gateway/main.cpp).
   int pool_size = 0;
   std::vector<std::string> pool_kernels;  // kernelspecs pooled; empty: the default one
+  // The zygote (fork server) python3 ipykernels are started from, jailed kernels only. Off here
+  // for the same reason as the pool; `cellgate serve` turns it on (gateway/main.cpp).
+  bool zygote = false;
+  std::vector<std::string> zygote_preload;  // empty: ipykernel, IPython, numpy, pandas, matplotlib
   // POST /api/kernels/{id}/execute
   double execute_max_timeout = 600;              // seconds; longer requests are clamped
   double execute_grace = 5;                      // seconds between the interrupt and a restart

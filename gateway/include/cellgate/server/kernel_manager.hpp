@@ -35,6 +35,7 @@
 #include "cellgate/kernel/client.hpp"
 #include "cellgate/kernel/connection.hpp"
 #include "cellgate/kernel/process.hpp"
+#include "cellgate/kernel/zygote.hpp"
 #include "cellgate/result.hpp"
 #include "cellgate/server/config.hpp"
 
@@ -198,6 +199,9 @@ class KernelManager {
   std::map<std::string, std::size_t> pool_starting_;
   std::condition_variable pool_cv_;  // with mu_; wakes pool_loop: a claim, a death, stopping
   bool pool_stopping_ = false;       // under mu_: no more refills
+
+  // The fork server python3 kernels start from (ServeOptions::zygote); ticked by the monitor.
+  std::unique_ptr<kernel::Zygote> zygote_;
 
   std::mutex monitor_mu_;
   std::condition_variable monitor_cv_;
