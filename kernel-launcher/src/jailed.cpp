@@ -574,6 +574,11 @@ int run_jailed_mode(const LaunchOptions& options) {
   if (options.argv.empty()) {
     return fail("no kernel command given");
   }
+  if (options.die_with_parent) {
+    // The jail follows: exec mode's init has its own death signal on us, a zygote jail's reaper
+    // sees its go pipe close.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  }
   if (::geteuid() != 0) {
     return fail("building the jail needs root (namespaces, cgroups, mounts); the user-namespace "
                 "mode for an unprivileged gateway is not implemented. Run as root, or pass "
