@@ -1,10 +1,52 @@
 // cellgate-kernel: starts one Jupyter kernel inside the jail and reports on a status fd, or, with
 // --zygote, serves as the fork server kernels are started from. See launcher.hpp, zygote.hpp and
 // jail/README.md.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
 
 #include "cellgate/launcher/launcher.hpp"
 #include "cellgate/launcher/zygote.hpp"
+
+namespace {
+
+// The zygote is its own binary beside this one (it links CPython; launchers do not): exec it
+// with an empty environment, so it never holds a secret of ours.
+int exec_zygote(const cellgate::launcher::ZygoteOptions& z) {
+  char self[4096];
+  const ssize_t len = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (len <= 0) {
+    std::cerr << "cellgate-kernel: readlink('/proc/self/exe'): " << std::strerror(errno) << "\n";
+    return 127;
+  }
+  std::string path(self, static_cast<std::size_t>(len));
+  path = path.substr(0, path.rfind('/')) + "/cellgate-zygote";
+  std::vector<std::string> args = {path, "--socket", z.socket_path};
+  if (z.status_fd >= 0) {
+    args.insert(args.end(), {"--status-fd", std::to_string(z.status_fd)});
+  }
+  std::string list;
+  for (const auto& m : z.preload) {
+    list += (list.empty() ? "" : ",") + m;
+  }
+  args.insert(args.end(), {"--preload", list});
+  std::vector<char*> argv;
+  for (auto& a : args) {
+    argv.push_back(a.data());
+  }
+  argv.push_back(nullptr);
+  char* empty[] = {nullptr};
+  ::execve(path.c_str(), argv.data(), empty);
+  std::cerr << "cellgate-kernel: execve('" << path << "'): " << std::strerror(errno) << "\n";
+  return 127;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"cellgate-kernel: start one Jupyter kernel in a jail and report how it ends"};
@@ -36,8 +78,7 @@ int main(int argc, char** argv) {
   }
   if (zygote_mode) {
     zygote.status_fd = options.status_fd;
-    zygote.self_argv.assign(argv, argv + argc);
-    return cellgate::launcher::run_zygote(zygote);
+    return exec_zygote(zygote);
   }
   if (no_jail) {
     return cellgate::launcher::run_exec_mode(options);

@@ -481,6 +481,9 @@ Result<ZygoteKernel> request_zygote_kernel(const std::string& socket_path,
 int run_zygote_kernel(ZygoteKernel k, int status_fd, const jail::JailSpec& spec,
                       std::unique_ptr<jail::Cgroup> cgroup, const Connection* conn,
                       const sigset_t& wait_set) {
+  // A jail that died early must not take the launcher with it when "G" meets a closed pipe (this
+  // process execs nothing in zygote mode, so ignoring SIGPIPE reaches no kernel).
+  ::signal(SIGPIPE, SIG_IGN);
   auto fail = [&](const std::string& message) {
     ::syscall(SYS_pidfd_send_signal, k.pidfd.get(), SIGKILL, nullptr, 0);
     report(status_fd, setup_error(message));

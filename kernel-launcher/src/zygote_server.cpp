@@ -117,6 +117,7 @@ if "zmq" in sys.modules and sys.modules["zmq"].Context._instance is not None:
     raise RuntimeError("the preload created a ZeroMQ context")
 sys.stdout.flush()
 sys.stderr.flush()
+_cellgate_preloaded = frozenset(sys.modules)
 gc.collect()
 gc.freeze()
 
@@ -403,18 +404,18 @@ Result<Request> parse_request(zygote_wire::Message message) {
   const int report_fd = r.fds[1].get();
   const int go_fd = r.fds[2].get();
   ::prctl(PR_SET_DUMPABLE, 0);
+  char go = 0;
+  while (::read(go_fd, &go, 1) < 0 && errno == EINTR) {
+  }
+  if (go != 'G') {
+    ::_exit(127);  // the launcher gave up (its cgroup attach failed) and reported why
+  }
   if (::setns(r.fds[0].get(), CLONE_NEWNS) != 0) {
     die_with(report_fd, "setns(host mount namespace): " + std::string(std::strerror(errno)));
   }
   r.fds[0].reset();
   if (::unshare(CLONE_NEWNS) != 0) {
     die_with(report_fd, "unshare(CLONE_NEWNS): " + std::string(std::strerror(errno)));
-  }
-  char go = 0;
-  while (::read(go_fd, &go, 1) < 0 && errno == EINTR) {
-  }
-  if (go != 'G') {
-    ::_exit(127);  // the launcher gave up (its cgroup attach failed) and reported why
   }
   auto root = jail::run_steps({
       {"cgroup namespace", [] { return jail::enter_cgroup_namespace(); }},
@@ -550,6 +551,13 @@ int run_zygote(const ZygoteOptions& options) {
   }
   if (options.status_fd >= 0) {
     ::fcntl(options.status_fd, F_SETFD, FD_CLOEXEC);
+  }
+  // A zygote outliving its gateway would be a root process nobody supervises; its kernels need
+  // it only to start.
+  const pid_t parent = ::getppid();
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (::getppid() != parent) {
+    return fail("the parent ended while the zygote started");
   }
   // Blocked for good: SIGCHLD and SIGTERM arrive on the signalfd, the rest stays blocked so a
   // jail's pid 1 inherits them blocked and its reaper receives them.

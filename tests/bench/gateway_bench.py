@@ -1,32 +1,62 @@
 #!/usr/bin/python3
 """Side-by-side benchmark: cellgate serve vs. the reference Jupyter server.
 
-Starts, one after the other on this machine, `cellgate serve` and Debian's jupyter_server (with
-its ipykernel and default `python3` kernelspec), and measures over the same REST + WebSocket API
-(legacy JSON WebSocket format, token in an `Authorization` header):
+Starts, one after the other on this machine, `cellgate serve` in several configurations and
+Debian's jupyter_server 1.23 (with its ipykernel and default `python3` kernelspec), and measures
+over the same REST + WebSocket API (legacy JSON WebSocket format, token in an `Authorization`
+header). Sections (select with --only, drop with --skip / --skip-200):
 
-  1. POST /api/kernels -> first execute_reply of `print(1)` (ms; n runs; median, min, max);
-     cellgate twice: with its warm pool off (every start a pool miss: a cold jailed start), and
-     claiming from a pool of 2 (--pool-size 2), waiting for the pool to refill between runs;
-  2. trivial-cell round trip: execute_request `1` -> its execute_reply on one kernel,
-     200 times after 20 warm-ups (us; median, p90);
-  3. 10 MiB of stdout: stream bytes received until execute_reply + idle (MB/s, complete?);
-     the reference runs as configured by default (iopub_data_rate_limit 1 MB/s, which drops
-     output) and once more with --ServerApp.iopub_data_rate_limit=1e10;
-  4. 20 kernels started at once (20 concurrent POSTs, each then runs `print(1)`): time until
-     all answered.
+  start   POST /api/kernels -> first execute_reply of `print(1)` on a pool miss (ms; n runs;
+          median, min, max, and the median split into POST -> 201, WebSocket open, execute ->
+          reply). A miss POSTs a client env ({"env": {"KERNEL_BENCH": "1"}}, which the pool never
+          serves; jupyter_server ignores it). cellgate with the zygote and its pool off, cellgate
+          --no-zygote with its pool off (a cold jailed `python3 -m ipykernel_launcher`), and the
+          reference;
+  pool    the same from cellgate's warm pool (--pool-size 2: POSTs without an env, waiting for
+          the pool to refill between runs), then pool misses on that server (POSTs with the env
+          while the pool is full);
+  rtt     trivial-cell round trip: execute_request `1` -> its execute_reply on one kernel,
+          200 times after 20 warm-ups (us; median, p90);
+  stdout  10 MiB of stdout: stream bytes received until execute_reply + idle (MB/s, complete?);
+          the reference runs as configured by default (iopub_data_rate_limit 1 MB/s, which drops
+          output) and once more with --ServerApp.iopub_data_rate_limit=1e10;
+  many    20 kernels started at once (20 concurrent POSTs, each then runs `print(1)`): time
+          until all answered;
+  cells   on those 20 kernels, 20 x 50 trivial cells (each kernel runs 50 cells in a row, the 20
+          kernels concurrently): wall time, cells/s, per-cell latency;
+  pss     on those 20 kernels, `import numpy, pandas, matplotlib.pyplot` in each, then the PSS
+          (/proc/<pid>/smaps_rollup) of every process belonging to the kernels, divided by 20.
+          cellgate: every descendant of the gateway process (launchers, the zygote, each jail's
+          reaper and kernel), so the zygote counts 1/20 per kernel; jupyter_server: every
+          descendant of the server process (the ipykernel processes). The servers' own RSS too.
+          many, cells and pss run on cellgate (zygote), cellgate --no-zygote and the reference;
+  idle    cellgate only (--max-kernels 250, zygote, pool off): 200 kernels POSTed, 10 clients at a
+          time, each answering one trivial cell; then idle for 10 s; then whether every one still
+          answers a cell, the gateway's VmRSS (and VmHWM), and the total PSS of the gateway and
+          all its descendants. The reference is not run at 200 (200 cold ipykernels would need
+          ~20 GB and minutes): compare with its per-kernel PSS at 20 in `pss`.
 
 The WebSocket client is hand-written over a raw socket so TCP_NODELAY and TCP_QUICKACK (re-armed
 after every recv) can be set: Nagle and delayed ACKs must not hide the servers' own cost.
 
-Prints figures and ratios; a missed target is reported, not failed. Exits non-zero only on an
-infrastructure failure (a server does not start, a request errors or times out).
+Prints figures, ratios and targets (pool start p50 <= 5 ms; pool-miss start p50 <= 40 ms; 20
+concurrent kernels all answering >= 20x sooner than the reference; <= 25 MiB PSS per kernel with
+the stack imported; 200 idle kernels alive at once; round trip at most half the reference's; 10 MB
+of stdout complete). A missed target is reported, not failed. Exits non-zero only on an
+infrastructure failure (a server does not start, a request errors or times out). Every process
+started is stopped by its pid (leftover descendants are killed by pid); the temp dir is removed.
 
-  gateway_bench.py [--runs N] [--pool-runs N] [--quick] [--bin-dir DIR] [--keep]
+  gateway_bench.py [--quick] [--only SECTION[,SECTION]] [--skip SECTION[,SECTION]] [--skip-200]
+                   [--runs N] [--pool-runs N] [--kernels N] [--cells N] [--idle-kernels N]
+                   [--bin-dir DIR] [--keep]
+
+--quick (CI smoke, well under 3 minutes): 2 starts of each kind, 50 round trips, one 10 MiB run,
+3 kernels x 5 cells with the stack imported, 5 idle kernels.
 """
 
 import argparse
 import base64
+import concurrent.futures
 import ctypes
 import datetime
 import hashlib
@@ -52,9 +82,12 @@ PYTHON = "/usr/bin/python3"
 TOKEN_LEN = 32
 STDOUT_CODE = 'import sys\nfor i in range(10240): sys.stdout.write("x" * 1023 + "\\n")'
 STDOUT_BYTES = 10240 * 1024  # 10,485,760
+STACK_CODE = "import numpy, pandas, matplotlib.pyplot"
+MISS_ENV = {"KERNEL_BENCH": "1"}  # a client env: the pool never serves such a POST
 MIB = 1024 * 1024
 POOL_SIZE = 2  # cellgate serve's default --pool-size
-
+SECTIONS = ("start", "pool", "rtt", "stdout", "many", "cells", "pss", "idle")
+FLEET = ("many", "cells", "pss")
 
 class InfraError(Exception):
     """A server did not start, a request failed or timed out: the benchmark cannot go on."""
@@ -98,15 +131,21 @@ class Server:
         return "\n".join(text.splitlines()[-lines:])
 
     def stop(self, timeout=20.0):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                print(f"  {self.name}: no exit {timeout:.0f} s after SIGTERM; SIGKILL pid {self.proc.pid}",
-                      file=sys.stderr)
-                self.proc.kill()
-                self.proc.wait()
+        """SIGTERM, then SIGKILL after `timeout` s; then SIGKILL by pid any process that was under
+        the server and outlived it."""
+        if self.proc.poll() is not None:
+            return
+        snapshot = snapshot_tree(self)
+        snapshot.pop(self.proc.pid, None)
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            print(f"  {self.name}: no exit {timeout:.0f} s after SIGTERM; SIGKILL pid {self.proc.pid}",
+                  file=sys.stderr)
+            self.proc.kill()
+            self.proc.wait()
+        kill_leftovers(self.name, snapshot)
 
 
 def start_cellgate(bin_dir, tmp, max_kernels, extra_args=(), label="cellgate"):
@@ -224,9 +263,13 @@ def http_request(server, method, path, body=None, timeout=60):
         conn.close()
 
 
-def start_kernel(server, timeout=120):
+def start_kernel(server, timeout=120, env=None):
+    """POST /api/kernels for python3, with a client env if given; the kernel id."""
+    body = {"name": "python3"}
+    if env is not None:
+        body["env"] = env
     try:
-        status, body = http_request(server, "POST", "/api/kernels", {"name": "python3"}, timeout=timeout)
+        status, body = http_request(server, "POST", "/api/kernels", body, timeout=timeout)
     except (OSError, http.client.HTTPException) as e:
         raise InfraError(f"{server.name}: POST /api/kernels failed: {e!r}") from e
     if status != 201:
@@ -439,20 +482,135 @@ class KernelClient:
 
 
 # --------------------------------------------------------------------------------------------
+# Processes under a server: /proc
+
+
+def proc_table():
+    """{pid: (ppid, starttime)} of every process now."""
+    table = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = pathlib.Path(f"/proc/{d}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        table[int(d)] = (int(fields[1]), int(fields[19]))
+    return table
+
+
+def descendants(root, table=None):
+    """[(pid, ppid)] of every descendant of root (not root itself), parents before children."""
+    table = proc_table() if table is None else table
+    children = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        for c in sorted(children.get(p, ())):
+            out.append((c, p))
+            todo.append(c)
+    return out
+
+
+def proc_kib(path, field):
+    """The value in kB of `field:` in a /proc file, or None if the process is gone."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def pss_kib(pid):
+    return proc_kib(f"/proc/{pid}/smaps_rollup", "Pss")
+
+
+def status_kib(pid, field="VmRSS"):
+    return proc_kib(f"/proc/{pid}/status", field)
+
+
+def cmdline(pid):
+    try:
+        return pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def snapshot_tree(server):
+    """{pid: starttime} of the server and its descendants, to kill leftovers by pid after a stop."""
+    table = proc_table()
+    root = server.proc.pid
+    pids = [root] + [p for p, _ in descendants(root, table)]
+    return {p: table[p][1] for p in pids if p in table}
+
+
+def kill_leftovers(name, snapshot, grace=10.0):
+    """SIGKILLs, by pid, processes of a snapshot still alive `grace` s after their server exited."""
+    deadline = time.monotonic() + grace
+    while True:
+        table = proc_table()
+        alive = [p for p, st in snapshot.items() if p in table and table[p][1] == st]
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for p in alive:
+        print(f"  {name}: pid {p} outlived its server: SIGKILL ({cmdline(p)[:100]})", file=sys.stderr)
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def kernel_pss(server, count, cellgate):
+    """PSS per kernel (kB) of every process under the server, split by role, and the server's RSS."""
+    gw = server.proc.pid
+    parts = {}
+    nprocs = 0
+    for pid, ppid in descendants(gw):
+        kb = pss_kib(pid)
+        if kb is None:
+            continue
+        nprocs += 1
+        if not cellgate:
+            role = "kernel processes"
+        elif ppid == gw and "--zygote" in cmdline(pid).split():
+            role = "zygote"
+        elif ppid == gw:
+            role = "launchers"
+        else:
+            role = "jails (reaper + kernel)"
+        parts[role] = parts.get(role, 0) + kb
+    total = sum(parts.values())
+    return {"per_kernel": total / count, "total": total, "parts": {k: v / count for k, v in parts.items()},
+            "procs": nprocs, "server_rss": status_kib(gw), "server_pss": pss_kib(gw), "count": count}
+
+
+# --------------------------------------------------------------------------------------------
 # Measures
 
 
-def measure_start(server, runs):
-    times = []
+def measure_start(server, runs, env=MISS_ENV):
+    """[{total, post, ws, exec} ms] of POST -> 201 -> WebSocket open -> execute_reply of print(1)."""
+    out = []
     for _ in range(runs):
         t0 = time.perf_counter()
-        kid = start_kernel(server)
+        kid = start_kernel(server, env=env)
+        t1 = time.perf_counter()
         kc = KernelClient(server, kid)
+        t2 = time.perf_counter()
         kc.run("print(1)")
-        times.append((time.perf_counter() - t0) * 1e3)
+        t3 = time.perf_counter()
+        out.append({"total": (t3 - t0) * 1e3, "post": (t1 - t0) * 1e3, "ws": (t2 - t1) * 1e3,
+                    "exec": (t3 - t2) * 1e3})
         kc.close()
         delete_kernel(server, kid)
-    return times
+    return out
 
 
 POOL_READY = "kernel pool: kernel "  # cellgate's log line when a pooled kernel is ready
@@ -473,6 +631,24 @@ def wait_pool_full(server, size, since, timeout=120.0):
     raise InfraError(f"{server.name}: the pool did not reach {size} ready kernels in {timeout:.0f} s")
 
 
+ZYGOTE_READY = "zygote: ready"  # cellgate's log line when the zygote has its preload imported
+
+
+def wait_log(server, text, timeout=120.0):
+    """Waits for a line with `text` in the server's log."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if text in pathlib.Path(server.log_path).read_bytes().decode(errors="replace"):
+                return
+        except OSError:
+            pass
+        if server.proc.poll() is not None:
+            break
+        time.sleep(0.02)
+    raise InfraError(f"{server.name}: no {text!r} in its log within {timeout:.0f} s:\n" + server.log_tail())
+
+
 def log_size(server):
     try:
         return pathlib.Path(server.log_path).stat().st_size
@@ -483,18 +659,12 @@ def log_size(server):
 def measure_pool_start(server, runs, size):
     """POST -> first execute_reply when a pooled kernel is claimed; the pool refills between runs."""
     wait_pool_full(server, size, 0)
-    times = []
+    out = []
     for _ in range(runs):
         mark = log_size(server)
-        t0 = time.perf_counter()
-        kid = start_kernel(server)
-        kc = KernelClient(server, kid)
-        kc.run("print(1)")
-        times.append((time.perf_counter() - t0) * 1e3)
-        kc.close()
-        delete_kernel(server, kid)
+        out += measure_start(server, 1, env=None)
         wait_pool_full(server, size, mark)
-    return times
+    return out
 
 
 def measure_round_trip(kc, count, warmup):
@@ -543,20 +713,17 @@ def measure_stdout_runs(server, runs):
         delete_kernel(server, kid)
 
 
-def measure_many(server, count):
+def run_together(server, count, fn, timeout):
+    """Runs fn(i) for i < count in threads released at once; (t0, [end time of i])."""
     barrier = threading.Barrier(count + 1)
-    kids = [None] * count
-    done = [None] * count
+    ends = [None] * count
     errors = []
 
     def one(i):
         try:
             barrier.wait()
-            kids[i] = start_kernel(server, timeout=300)
-            kc = KernelClient(server, kids[i], timeout=300)
-            kc.run("print(1)")
-            done[i] = time.perf_counter()
-            kc.close()
+            fn(i)
+            ends[i] = time.perf_counter()
         except Exception as e:  # reported below as an infrastructure failure
             errors.append(e)
 
@@ -565,38 +732,166 @@ def measure_many(server, count):
         t.start()
     barrier.wait()
     t0 = time.perf_counter()
+    deadline = time.monotonic() + timeout
     for t in threads:
-        t.join(400)
+        t.join(max(0.1, deadline - time.monotonic()))
+    if errors or any(e is None for e in ends):
+        raise InfraError(f"{server.name}: {count} concurrent clients: "
+                         + (repr(errors[0]) if errors else "a client did not finish"))
+    return t0, ends
+
+
+def measure_fleet(server, args, sections, r, cellgate):
+    """many, cells and pss on one set of args.kernels kernels started at once."""
+    n = args.kernels
+    kids, kcs = [None] * n, [None] * n
+
+    def start(i):
+        kids[i] = start_kernel(server, timeout=300)
+        kcs[i] = KernelClient(server, kids[i], timeout=300)
+        kcs[i].run("print(1)")
+
     try:
-        if errors or any(d is None for d in done):
-            raise InfraError(f"{server.name}: {count} concurrent kernels: "
-                             + (repr(errors[0]) if errors else "a client did not finish"))
-        return max(done) - t0, statistics.median(d - t0 for d in done)
+        t0, ends = run_together(server, n, start, 400)
+        if "many" in sections:
+            r["many"] = (max(ends) - t0, statistics.median(e - t0 for e in ends))
+            print(f"  {n} kernels at once: all answered after {r['many'][0]:.2f} s", flush=True)
+        if "cells" in sections and args.cells > 0:
+            lat = [[] for _ in range(n)]
+
+            def cells(i):
+                for _ in range(args.cells):
+                    s = time.perf_counter()
+                    kcs[i].run("1")
+                    lat[i].append((time.perf_counter() - s) * 1e3)
+
+            t0, ends = run_together(server, n, cells, 600)
+            wall = max(ends) - t0
+            flat = [x for xs in lat for x in xs]
+            r["cells"] = {"wall": wall, "rate": n * args.cells / wall, "median": statistics.median(flat),
+                          "p90": p90(flat), "n": n, "cells": args.cells}
+            print(f"  {n} x {args.cells} cells: {r['cells']['rate']:.0f} cells/s", flush=True)
+        if "pss" in sections:
+            t0, ends = run_together(server, n, lambda i: kcs[i].run(STACK_CODE), 600)
+            imported = max(ends) - t0
+            time.sleep(1.0)  # let the import's transient allocations settle
+            r["pss"] = kernel_pss(server, n, cellgate)
+            r["pss"]["import_s"] = imported
+            print(f"  PSS with the stack imported: {r['pss']['per_kernel'] / 1024:.1f} MiB per kernel "
+                  f"({r['pss']['procs']} processes)", flush=True)
     finally:
-        deleters = [threading.Thread(target=_delete_quiet, args=(server, k), daemon=True) for k in kids if k]
-        for t in deleters:
-            t.start()
-        for t in deleters:
-            t.join(120)
+        for kc in kcs:
+            if kc:
+                kc.close()
+        delete_all(server, [k for k in kids if k])
+
+
+def delete_all(server, kids, workers=10):
+    with concurrent.futures.ThreadPoolExecutor(workers) as ex:
+        list(ex.map(lambda k: _delete_quiet(server, k), kids))
 
 
 def _delete_quiet(server, kid):
     try:
-        delete_kernel(server, kid)
+        delete_kernel(server, kid, timeout=120)
     except InfraError as e:
         print(f"  warning: {e}", file=sys.stderr)
 
 
-def run_server(server, args, results, measures=("start", "rtt", "stdout", "many")):
+def measure_idle(server, args, r):
+    """args.idle_kernels kernels alive at once: start, idle, check, the gateway's memory."""
+    n, workers = args.idle_kernels, 10
+    gw = server.proc.pid
+    kids, failures = [], []  # failures: (POST refused?, error)
+    lock = threading.Lock()
+
+    def one(_):
+        try:
+            kid = start_kernel(server, timeout=300)
+        except InfraError as e:
+            with lock:
+                failures.append((True, str(e)))
+            return
+        with lock:
+            kids.append(kid)
+        try:
+            kc = KernelClient(server, kid, timeout=300)
+            try:
+                kc.run("1")
+            finally:
+                kc.close()
+        except InfraError as e:
+            with lock:
+                failures.append((False, str(e)))
+
+    def check(kid):
+        try:
+            kc = KernelClient(server, kid, timeout=60)
+            try:
+                kc.run("1")
+            finally:
+                kc.close()
+            return True
+        except InfraError:
+            return False
+
+    rss0 = status_kib(gw)
+    try:
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(workers) as ex:
+            list(ex.map(one, range(n)))
+        started = time.perf_counter() - t0
+        rss_started = status_kib(gw)
+        print(f"  {len(kids)} of {n} kernels started and answered in {started:.1f} s"
+              + (f"; {len(failures)} failures, first: {failures[0][1]}" if failures else ""), flush=True)
+        time.sleep(args.idle_wait)
+        listed = {}
+        try:
+            status, body = http_request(server, "GET", "/api/kernels", timeout=60)
+            if status == 200:
+                listed = {k["id"]: k.get("execution_state") for k in json.loads(body)}
+        except (OSError, ValueError, http.client.HTTPException):
+            pass
+        rss_idle, hwm = status_kib(gw), status_kib(gw, "VmHWM")
+        try:
+            fds = len(os.listdir(f"/proc/{gw}/fd"))
+        except OSError:
+            fds = None
+        table = proc_table()
+        procs = descendants(gw, table)
+        gw_pss = pss_kib(gw) or 0
+        total = gw_pss + sum(pss_kib(p) or 0 for p, _ in procs)
+        t1 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(workers) as ex:
+            alive = sum(ex.map(check, kids))
+        checked = time.perf_counter() - t1
+        r["idle"] = {"n": n, "started": len(kids), "failures": failures, "start_s": started, "fds": fds,
+                     "answered": len(kids) - sum(1 for refused, _ in failures if not refused),
+                     "listed": sum(1 for k in kids if k in listed),
+                     "dead": sum(1 for k in kids if listed.get(k) == "dead"), "alive": alive,
+                     "check_s": checked, "rss0": rss0, "rss_started": rss_started, "rss_idle": rss_idle,
+                     "hwm": hwm, "total_pss": total, "gw_pss": gw_pss, "procs": len(procs),
+                     "idle_wait": args.idle_wait}
+        print(f"  after {args.idle_wait:.0f} s idle: {alive} of {n} answer a cell; gateway VmRSS "
+              f"{rss_idle / 1024:.1f} MiB", flush=True)
+    finally:
+        delete_all(server, kids)
+
+
+def run_server(server, args, results, measures, cellgate, zygote):
     print(f"\n--- {server.name} on port {server.port} ---", flush=True)
     r = results.setdefault(server.name, {})
+    if zygote:  # measure kernels forked from the zygote, not ones started while it imports
+        wait_log(server, ZYGOTE_READY)
     if "start" in measures:
         r["start"] = measure_start(server, args.runs)
-        print(f"  start -> first reply: median {statistics.median(r['start']):.1f} ms", flush=True)
+        print(f"  start -> first reply: median {med(r['start'], 'total'):.1f} ms", flush=True)
     if "pool" in measures:
         r["pool"] = measure_pool_start(server, args.pool_runs, POOL_SIZE)
-        print(f"  start from the pool -> first reply: median {statistics.median(r['pool']):.1f} ms",
-              flush=True)
+        print(f"  start from the pool -> first reply: median {med(r['pool'], 'total'):.1f} ms", flush=True)
+        wait_pool_full(server, POOL_SIZE, 0)
+        r["poolmiss"] = measure_start(server, args.pool_runs)
+        print(f"  pool miss (env) -> first reply: median {med(r['poolmiss'], 'total'):.1f} ms", flush=True)
     if "rtt" in measures:
         kid = start_kernel(server)
         kc = KernelClient(server, kid)
@@ -611,9 +906,11 @@ def run_server(server, args, results, measures=("start", "rtt", "stdout", "many"
         r["stdout"] = measure_stdout_runs(server, args.stdout_runs)
         best = max(r["stdout"], key=lambda x: x[0])
         print(f"  10 MiB stdout: {best[0]:,} bytes in {best[1]:.2f} s", flush=True)
-    if "many" in measures and args.kernels:
-        r["many"] = measure_many(server, args.kernels)
-        print(f"  {args.kernels} kernels at once: all answered after {r['many'][0]:.2f} s", flush=True)
+    fleet = [m for m in FLEET if m in measures]
+    if fleet and args.kernels > 0:
+        measure_fleet(server, args, fleet, r, cellgate)
+    if "idle" in measures and args.idle_kernels > 0:
+        measure_idle(server, args, r)
 
 
 # --------------------------------------------------------------------------------------------
@@ -623,6 +920,10 @@ def run_server(server, args, results, measures=("start", "rtt", "stdout", "many"
 def p90(xs):
     s = sorted(xs)
     return s[max(0, math.ceil(0.9 * len(s)) - 1)]
+
+
+def med(runs, key):
+    return statistics.median(x[key] for x in runs)
 
 
 def table(title, cols, rows):
@@ -637,76 +938,163 @@ def ratio(ref, mine):
     return f"{ref / mine:.2f}x" if mine > 0 else "n/a"
 
 
+CG, POOL, COLD, IDLE = "cellgate", "cellgate (pool)", "cellgate --no-zygote", "cellgate (idle)"
+REF, UNL = "jupyter_server", "jupyter_server (unlimited)"
+
+
 def report(results, args, versions):
-    cg, ref, unl = "cellgate", "jupyter_server", "jupyter_server (unlimited)"
-    c, j, u = results[cg], results[ref], results.get(unl, {})
+    g = lambda server, key: results.get(server, {}).get(key)  # noqa: E731
     print("\n================================================================================")
-    print(f"cellgate {versions.get(cg, '?')} vs jupyter_server {versions.get(ref, '?')} "
-          f"(ipykernel, /usr/bin/python3), {os.cpu_count()} CPUs; ratio = reference/cellgate for times, "
-          "cellgate/reference for throughput: higher means cellgate is faster")
+    cg_version = next((versions[k] for k in (CG, POOL, COLD, IDLE) if k in versions), "?")
+    print(f"cellgate {cg_version} vs jupyter_server {versions.get(REF, '?')} "
+          f"(ipykernel, /usr/bin/python3), {os.cpu_count()} CPUs, load average "
+          + " ".join(f"{x:.2f}" for x in os.getloadavg())
+          + "; ratio = reference/cellgate for times, cellgate/reference for throughput: "
+          "higher means cellgate is better")
+    targets = []
 
-    s_c, s_j = c["start"], j["start"]
-    s_p = results.get("cellgate (pool)", {}).get("pool")
-    rows = [(f"{cg} (pool miss)", *(f"{f(s_c):.1f}" for f in (statistics.median, min, max)))]
-    if s_p:
-        rows.append((f"{cg} (pool hit)", *(f"{f(s_p):.1f}" for f in (statistics.median, min, max))))
-    rows += [(ref, *(f"{f(s_j):.1f}" for f in (statistics.median, min, max))),
-             ("ratio (miss)", ratio(statistics.median(s_j), statistics.median(s_c)),
-              ratio(min(s_j), min(s_c)), ratio(max(s_j), max(s_c)))]
-    if s_p:
-        rows.append(("ratio (hit)", ratio(statistics.median(s_j), statistics.median(s_p)),
-                     ratio(min(s_j), min(s_p)), ratio(max(s_j), max(s_p))))
-    table(f"1. POST /api/kernels -> first execute_reply of print(1) (ms, n={len(s_c)} misses"
-          + (f", {len(s_p)} pool hits" if s_p else "") + ")", ["median", "min", "max"], rows)
+    # 1. start
+    rows_src = [(f"{CG} pool hit", g(POOL, "pool")), (f"{CG} zygote, pool miss (env)", g(POOL, "poolmiss")),
+                (f"{CG} zygote, pool off", g(CG, "start")), (f"{COLD}, pool off", g(COLD, "start")),
+                (REF, g(REF, "start"))]
+    rows_src = [(n, v) for n, v in rows_src if v]
+    if rows_src:
+        rows = [(n, *(f"{f(x['total'] for x in v):.1f}" for f in (statistics.median, min, max)),
+                 *(f"{med(v, k):.1f}" for k in ("post", "ws", "exec")), str(len(v))) for n, v in rows_src]
+        s_j = g(REF, "start")
+        if s_j:
+            for n, v in rows_src[:-1]:
+                rows.append((f"ratio vs {n}", ratio(med(s_j, "total"), med(v, "total")),
+                             ratio(min(x["total"] for x in s_j), min(x["total"] for x in v)),
+                             ratio(max(x["total"] for x in s_j), max(x["total"] for x in v)), "", "", "", ""))
+        table("1. POST /api/kernels -> first execute_reply of print(1) (ms; POST = POST -> 201, "
+              "ws = WebSocket open, exec = execute -> reply, medians)",
+              ["median", "min", "max", "POST", "ws", "exec", "n"], rows)
+    if g(POOL, "pool"):
+        hit = med(g(POOL, "pool"), "total")
+        targets.append(("pool start p50 <= 5 ms", hit <= 5, f"{hit:.1f} ms"))
+    miss = g(POOL, "poolmiss") or g(CG, "start")
+    if miss:
+        m = med(miss, "total")
+        targets.append(("pool-miss start p50 <= 40 ms", m <= 40,
+                        f"{m:.1f} ms, zygote, {'pool full, env' if g(POOL, 'poolmiss') else 'pool off'}"))
 
-    r_c, r_j = c["rtt"], j["rtt"]
-    table(f"2. trivial cell round trip over the WebSocket (us, n={len(r_c)} after {args.warmup} warm-ups)",
-          ["median", "p90"],
-          [(cg, f"{statistics.median(r_c):.0f}", f"{p90(r_c):.0f}"),
-           (ref, f"{statistics.median(r_j):.0f}", f"{p90(r_j):.0f}"),
-           ("ratio", ratio(statistics.median(r_j), statistics.median(r_c)), ratio(p90(r_j), p90(r_c)))])
+    # 2. round trip
+    r_c, r_j = g(CG, "rtt"), g(REF, "rtt")
+    if r_c and r_j:
+        table(f"2. trivial cell round trip over the WebSocket (us, n={len(r_c)} after {args.warmup} warm-ups)",
+              ["median", "p90"],
+              [(CG, f"{statistics.median(r_c):.0f}", f"{p90(r_c):.0f}"),
+               (REF, f"{statistics.median(r_j):.0f}", f"{p90(r_j):.0f}"),
+               ("ratio", ratio(statistics.median(r_j), statistics.median(r_c)), ratio(p90(r_j), p90(r_c)))])
+        targets.append(("round trip at most half the reference's",
+                        statistics.median(r_c) <= 0.5 * statistics.median(r_j),
+                        f"{statistics.median(r_c):.0f} us vs {statistics.median(r_j):.0f} us"))
 
+    # 3. stdout
     def stdout_row(name, runs):
         rate = statistics.median(b / MIB / t for b, t, _ in runs)
-        least = min(b for b, _, _ in runs)
         complete = all(b == STDOUT_BYTES for b, _, _ in runs)
-        notice = any(n for _, _, n in runs)
-        return rate, (name, f"{rate:.1f}", f"{least:,}", "yes" if complete else "NO",
-                      "yes" if notice else "no"), complete
+        return rate, (name, f"{rate:.1f}", f"{min(b for b, _, _ in runs):,}", "yes" if complete else "NO",
+                      "yes" if any(n for _, _, n in runs) else "no"), complete
 
-    rc, row_c, complete_c = stdout_row(cg, c["stdout"])
-    rj, row_j, _ = stdout_row(ref, j["stdout"])
-    rows = [row_c, row_j]
-    if "stdout" in u:
-        ru, row_u, _ = stdout_row(unl, u["stdout"])
-        rows.append(row_u)
-    rows.append(("ratio (cellgate/ref)", f"{rc / rj:.2f}x" if rj else "n/a", "", "", ""))
-    if "stdout" in u:
-        rows.append(("ratio (cellgate/unlimited)", f"{rc / ru:.2f}x" if ru else "n/a", "", "", ""))
-    table(f"3. {STDOUT_BYTES:,} bytes of stdout until execute_reply + idle "
-          f"(MiB/s median of {len(c['stdout'])}; least bytes received)",
-          ["MiB/s", "bytes (min)", "complete", "rate notice"], rows)
+    if g(CG, "stdout") and g(REF, "stdout"):
+        rc, row_c, complete_c = stdout_row(CG, g(CG, "stdout"))
+        rj, row_j, _ = stdout_row(REF, g(REF, "stdout"))
+        rows = [row_c, row_j]
+        if g(UNL, "stdout"):
+            ru, row_u, _ = stdout_row(UNL, g(UNL, "stdout"))
+            rows.append(row_u)
+        rows.append(("ratio (cellgate/ref)", f"{rc / rj:.2f}x" if rj else "n/a", "", "", ""))
+        if g(UNL, "stdout"):
+            rows.append(("ratio (cellgate/unlimited)", f"{rc / ru:.2f}x" if ru else "n/a", "", "", ""))
+        table(f"3. {STDOUT_BYTES:,} bytes of stdout until execute_reply + idle "
+              f"(MiB/s median of {len(g(CG, 'stdout'))}; least bytes received)",
+              ["MiB/s", "bytes (min)", "complete", "rate notice"], rows)
+        targets.append(("10 MB delivered completely", complete_c,
+                        f"least {min(b for b, _, _ in g(CG, 'stdout')):,} of {STDOUT_BYTES:,} bytes"))
 
-    if "many" in c and "many" in j:
-        m_c, m_j = c["many"], j["many"]
+    fleet_servers = [(f"{CG} (zygote)", CG), (COLD, COLD), (REF, REF)]
+
+    # 4. many
+    got = [(n, g(s, "many")) for n, s in fleet_servers if g(s, "many")]
+    if got:
+        rows = [(n, f"{m[0]:.2f}", f"{m[1]:.2f}") for n, m in got]
+        m_j = g(REF, "many")
+        if m_j:
+            rows += [(f"ratio vs {n}", ratio(m_j[0], m[0]), ratio(m_j[1], m[1])) for n, m in got[:-1]]
         table(f"4. {args.kernels} kernels started at once, each runs print(1) (s)",
-              ["all answered", "median kernel"],
-              [(cg, f"{m_c[0]:.2f}", f"{m_c[1]:.2f}"), (ref, f"{m_j[0]:.2f}", f"{m_j[1]:.2f}"),
-               ("ratio", ratio(m_j[0], m_c[0]), ratio(m_j[1], m_c[1]))])
-    else:
-        print("\n4. concurrent kernels: skipped")
+              ["all answered", "median kernel"], rows)
+        if m_j and g(CG, "many"):
+            x = m_j[0] / g(CG, "many")[0]
+            targets.append((f"{args.kernels} concurrent kernels answer >= 20x sooner than the reference",
+                            x >= 20, f"{x:.1f}x: {g(CG, 'many')[0]:.2f} s vs {m_j[0]:.2f} s"))
 
-    rtt_ok = statistics.median(r_c) <= 0.5 * statistics.median(r_j)
+    # 5. cells
+    got = [(n, g(s, "cells")) for n, s in fleet_servers if g(s, "cells")]
+    if got:
+        c0 = got[0][1]
+        rows = [(n, f"{c['wall']:.2f}", f"{c['rate']:.0f}", f"{c['median']:.2f}", f"{c['p90']:.2f}")
+                for n, c in got]
+        c_j = g(REF, "cells")
+        if c_j:
+            rows += [(f"ratio vs {n}", ratio(c_j["wall"], c["wall"]), f"{c['rate'] / c_j['rate']:.2f}x",
+                      ratio(c_j["median"], c["median"]), ratio(c_j["p90"], c["p90"])) for n, c in got[:-1]]
+        table(f"5. {c0['n']} kernels x {c0['cells']} trivial cells, the kernels concurrently "
+              "(wall s, cells/s, per-cell ms)", ["wall", "cells/s", "cell median", "cell p90"], rows)
+
+    # 6. PSS
+    got = [(n, g(s, "pss")) for n, s in fleet_servers if g(s, "pss")]
+    if got:
+        roles = ["zygote", "launchers", "jails (reaper + kernel)", "kernel processes"]
+        rows = []
+        for n, p in got:
+            split = ", ".join(f"{k} {p['parts'][k] / 1024:.1f}" for k in roles if k in p["parts"])
+            rows.append((n, f"{p['per_kernel'] / 1024:.1f}", f"{p['total'] / 1024:.0f}", str(p["procs"]),
+                         f"{p['server_rss'] / 1024:.1f}" if p["server_rss"] else "?",
+                         f"{p['import_s']:.2f}"))
+            rows.append((f"  per kernel: {split}", "", "", "", "", ""))
+        p_j = g(REF, "pss")
+        if p_j:
+            rows += [(f"ratio vs {n}", ratio(p_j["per_kernel"], p["per_kernel"]), "", "", "", "")
+                     for n, p in got[:-1]]
+        table(f"6. PSS per kernel after `{STACK_CODE}` in each of {got[0][1]['count']} kernels (MiB; "
+              "all processes under the server but the server itself; server RSS = VmRSS of the "
+              "server process; import = until all imported, s)",
+              ["MiB/kernel", "total MiB", "processes", "server RSS", "import s"], rows)
+        if g(CG, "pss"):
+            p = g(CG, "pss")["per_kernel"] / 1024
+            targets.append(("PSS <= 25 MiB per kernel with the stack imported (zygote)", p <= 25, f"{p:.1f} MiB"))
+
+    # 7. idle
+    i = g(IDLE, "idle")
+    if i:
+        rows = [("kernels started (201)", f"{i['started']} of {i['n']}"),
+                ("of which answered a cell", f"{i['answered']}"),
+                ("time to start them (10 clients at a time)", f"{i['start_s']:.1f} s"),
+                (f"listed by GET /api/kernels after {i['idle_wait']:.0f} s idle",
+                 f"{i['listed']} ({i['dead']} dead)"),
+                ("still answering a cell after the idle wait", f"{i['alive']} of {i['n']} ({i['check_s']:.1f} s)"),
+                ("gateway VmRSS, no kernels", f"{i['rss0'] / 1024:.1f} MiB"),
+                ("gateway VmRSS, all started", f"{i['rss_started'] / 1024:.1f} MiB"),
+                ("gateway VmRSS, after the idle wait", f"{i['rss_idle'] / 1024:.1f} MiB"),
+                ("gateway VmHWM", f"{i['hwm'] / 1024:.1f} MiB"),
+                ("gateway PSS", f"{i['gw_pss'] / 1024:.1f} MiB"),
+                ("total PSS, gateway + all descendants", f"{i['total_pss'] / 1024:.0f} MiB"),
+                ("  of which per kernel (without the gateway)",
+                 f"{(i['total_pss'] - i['gw_pss']) / 1024 / max(1, i['started']):.1f} MiB"),
+                ("gateway open fds, after the idle wait", str(i["fds"])),
+                ("processes under the gateway", str(i["procs"]))]
+        if i["failures"]:
+            rows.append(("first failure", i["failures"][0][1][:120]))
+        table(f"7. {i['n']} idle kernels alive at once, cellgate only (zygote, pool off; no stack imported; "
+              f"the reference is not run at this size: see 6 for it at {args.kernels})", [""], rows)
+        targets.append((f"{i['n']} idle kernels alive at once", i["alive"] == i["n"],
+                        f"{i['alive']} of {i['n']} answered after {i['idle_wait']:.0f} s idle"))
+
     print("\ntargets:")
-    if s_p:
-        hit = statistics.median(s_p)
-        print(f"  pool start p50 <= 5 ms: {'PASS' if hit <= 5 else 'MISS'} ({hit:.1f} ms)")
-    miss = statistics.median(s_c)
-    print(f"  pool-miss start p50 <= 40 ms: {'PASS' if miss <= 40 else 'MISS'} ({miss:.1f} ms)")
-    print(f"  round trip at most half the reference's: {'PASS' if rtt_ok else 'MISS'} "
-          f"({statistics.median(r_c):.0f} us vs {statistics.median(r_j):.0f} us)")
-    print(f"  10 MB delivered completely: {'PASS' if complete_c else 'MISS'} "
-          f"(least {min(b for b, _, _ in c['stdout']):,} of {STDOUT_BYTES:,} bytes)")
+    for name, ok, detail in targets:
+        print(f"  {name}: {'PASS' if ok else 'MISS'} ({detail})")
 
 
 # --------------------------------------------------------------------------------------------
@@ -716,48 +1104,91 @@ def _interrupted(*_):
     raise KeyboardInterrupt
 
 
+def _sections(values):
+    out = []
+    for v in values or ():
+        for s in v.split(","):
+            s = s.strip()
+            if s and s not in SECTIONS:
+                raise argparse.ArgumentTypeError(f"unknown section {s!r} (sections: {', '.join(SECTIONS)})")
+            if s:
+                out.append(s)
+    return out
+
+
 def main():
     here = pathlib.Path(__file__).resolve()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", type=int, default=5, help="kernel starts per server (default 5)")
+    ap.add_argument("--runs", type=int, default=5, help="pool-miss kernel starts per server (default 5)")
     ap.add_argument("--pool-runs", type=int, default=10,
-                    help="starts claimed from cellgate's warm pool (default 10; 0: skip)")
+                    help="starts claimed from cellgate's warm pool, and misses on it (default 10)")
+    ap.add_argument("--kernels", type=int, default=20,
+                    help="kernels started at once for many, cells and pss (default 20)")
+    ap.add_argument("--cells", type=int, default=50, help="trivial cells per kernel in cells (default 50)")
+    ap.add_argument("--idle-kernels", type=int, default=200, help="idle kernels at once in idle (default 200)")
+    ap.add_argument("--only", action="append", metavar="SECTION[,SECTION]",
+                    help=f"run only these sections (repeatable): {', '.join(SECTIONS)}")
+    ap.add_argument("--skip", action="append", metavar="SECTION[,SECTION]", help="skip these sections")
+    ap.add_argument("--skip-200", action="store_true", help="skip the idle-kernels section")
     ap.add_argument("--quick", action="store_true",
-                    help="CI smoke: 2 starts, 50 round trips, one 10 MiB run, no concurrent-kernel run")
+                    help="CI smoke: 2 starts of each kind, 50 round trips, one 10 MiB run, "
+                         "3 kernels x 5 cells with the stack imported, 5 idle kernels")
     ap.add_argument("--bin-dir", default=str(here.parents[2] / "build" / "bin"),
                     help="directory holding cellgate and cellgate-kernel (default: <repo>/build/bin)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir with the servers' logs")
     args = ap.parse_args()
+    try:
+        only, skip = _sections(args.only), _sections(args.skip)
+    except argparse.ArgumentTypeError as e:
+        ap.error(str(e))
+    sections = set(only or SECTIONS) - set(skip)
+    if args.skip_200:
+        sections.discard("idle")
+    args.idle_wait = 10.0
     if args.quick:
-        args.runs, args.round_trips, args.warmup, args.stdout_runs, args.kernels = 2, 50, 10, 1, 0
+        args.runs, args.round_trips, args.warmup, args.stdout_runs = 2, 50, 10, 1
         args.pool_runs = min(args.pool_runs, 2)
+        args.kernels, args.cells, args.idle_kernels, args.idle_wait = 3, 5, 5, 2.0
     else:
-        args.round_trips, args.warmup, args.stdout_runs, args.kernels = 200, 20, 3, 20
+        args.round_trips, args.warmup, args.stdout_runs = 200, 20, 3
     if args.runs < 1:
         ap.error("--runs must be at least 1")
+    if args.pool_runs < 1:
+        sections.discard("pool")
+    if args.kernels < 1:
+        sections -= set(FLEET)
+    if args.idle_kernels < 1:
+        sections.discard("idle")
 
     tmp = tempfile.mkdtemp(prefix="cellgate-bench-")
     servers = []
     results, versions = {}, {}
     # SIGTERM to this script: clean up as for Ctrl-C.
     signal.signal(signal.SIGTERM, _interrupted)
+    bins = args.bin_dir
+    fleet_max = max(64, args.kernels + 4)
+    # (name, starter, its sections, cellgate?, zygote?) -- one server at a time: no competing for cores
+    plan = [
+        (CG, lambda: start_cellgate(bins, tmp, fleet_max, ["--pool-size", "0"], "cellgate"),
+         ("start", "rtt", "stdout", *FLEET), True, True),
+        (POOL, lambda: start_cellgate(bins, tmp, 64, ["--pool-size", str(POOL_SIZE)], "cellgate-pool"),
+         ("pool",), True, True),
+        (COLD, lambda: start_cellgate(bins, tmp, fleet_max, ["--pool-size", "0", "--no-zygote"],
+                                      "cellgate-no-zygote"), ("start", *FLEET), True, False),
+        (IDLE, lambda: start_cellgate(bins, tmp, args.idle_kernels + 50, ["--pool-size", "0"], "cellgate-idle"),
+         ("idle",), True, True),
+        (REF, lambda: start_jupyter_server(tmp, "reference"), ("start", "rtt", "stdout", *FLEET), False, False),
+        (UNL, lambda: start_jupyter_server(tmp, "unlimited", ["--ServerApp.iopub_data_rate_limit=1e10"]),
+         ("stdout",), False, False),
+    ]
+    print(f"gateway_bench: sections {', '.join(s for s in SECTIONS if s in sections)}; load average "
+          + " ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
     try:
-        plan = [
-            # Pool off: every start is a cold jailed start, as before the pool existed.
-            ("cellgate", lambda: start_cellgate(args.bin_dir, tmp, max(64, args.kernels),
-                                                ["--pool-size", "0"]), None),
-            ("jupyter_server", lambda: start_jupyter_server(tmp, "reference"), None),
-            ("jupyter_server (unlimited)",
-             lambda: start_jupyter_server(tmp, "unlimited", ["--ServerApp.iopub_data_rate_limit=1e10"]),
-             ("stdout",)),
-        ]
-        if args.pool_runs > 0:
-            plan.insert(1, ("cellgate (pool)",
-                            lambda: start_cellgate(args.bin_dir, tmp, 64,
-                                                   ["--pool-size", str(POOL_SIZE)], "cellgate-pool"),
-                            ("pool",)))
-        for name, starter, measures in plan:
-            server = starter()  # one server at a time: they do not compete for the 2 cores
+        for name, starter, own, is_cellgate, zygote in plan:
+            measures = [m for m in own if m in sections]
+            if not measures:
+                continue
+            server = starter()
             servers.append(server)
             server.name = name
             try:
@@ -765,13 +1196,11 @@ def main():
             except (OSError, ValueError, http.client.HTTPException):
                 versions[name] = "?"
             try:
-                if measures:
-                    run_server(server, args, results, measures)
-                else:
-                    run_server(server, args, results)
+                run_server(server, args, results, measures, is_cellgate, zygote)
             finally:
-                server.stop()
+                server.stop(60)
         report(results, args, versions)
+        print("load average at the end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
         return 0
     except InfraError as e:
         print(f"\ngateway_bench: infrastructure failure: {e}", file=sys.stderr)

@@ -1,12 +1,27 @@
 // Containment: a jailed ipykernel, driven by cells that try what hostile code would try.
 // Each cell prints a verdict; the test asserts on it. Needs root (skips with a reason otherwise).
+//
+// Every JailContainment test and the memory-limit test run twice: /Cold (the launcher starts
+// Python in the jail) and /Zygote (the kernel is forked from a zygote the test binary starts
+// once, with a canary in its environment; see kernel-launcher's zygote.hpp). Zygote-mode kernels
+// are checked to come from the zygote: pandas is already imported before any cell imports it.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "cellgate/kernel/client.hpp"
@@ -19,13 +34,161 @@ using namespace std::chrono_literals;
 using nlohmann::json;
 
 constexpr const char* kCanaryValue = "cellgate-canary-7f3a9c";
+// In the environment the test's zygote is started with; it re-execs itself with an empty one.
+constexpr const char* kZygoteCanaryValue = "cellgate-zygote-canary-51d0e8";
+
+enum class Mode { kCold, kZygote };
+
+std::string mode_name(const ::testing::TestParamInfo<Mode>& info) {
+  return info.param == Mode::kCold ? "Cold" : "Zygote";
+}
+// For gtest's (and ctest's) test names: "# GetParam() = Zygote", not the bytes.
+void PrintTo(Mode mode, std::ostream* os) { *os << (mode == Mode::kCold ? "Cold" : "Zygote"); }
+
+// `cellgate-kernel --zygote` with a canary in its environment, started once per test binary
+// (lazily: only when a zygote-mode test runs) and stopped by its pid at the end; it dies with the
+// test process (PR_SET_PDEATHSIG) if that is killed first.
+class TestZygote {
+ public:
+  static Result<std::unique_ptr<TestZygote>> start() {
+    std::unique_ptr<TestZygote> z(new TestZygote);
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "cellgate-containment-zygote-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      return errno_error(ErrorCode::kInternal, "zygote", "mkdtemp()", errno);
+    }
+    z->dir_ = pattern;
+    z->socket_ = z->dir_ + "/z.sock";
+    const std::string log = z->dir_ + "/zygote.log";
+    const std::string launcher = std::string(CELLGATE_BIN_DIR) + "/cellgate-kernel";
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) {
+      return errno_error(ErrorCode::kInternal, "zygote", "pipe2()", errno);
+    }
+    constexpr int kStatusFd = 3;
+    UniqueFd read_end(fds[0]);
+    // Above the status fd: dup2 onto 3 must not be a no-op (which would keep FD_CLOEXEC).
+    UniqueFd write_end(::fcntl(fds[1], F_DUPFD_CLOEXEC, 10));
+    ::close(fds[1]);
+    UniqueFd log_fd(::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+    UniqueFd null_fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    if (!write_end || !log_fd || !null_fd) {
+      return errno_error(ErrorCode::kInternal, "zygote", "fcntl() or open()", errno);
+    }
+    std::vector<std::string> args = {launcher, "--zygote", "--socket", z->socket_,
+                                     "--status-fd", std::to_string(kStatusFd)};
+    std::vector<std::string> env = {"PATH=/usr/bin:/bin",
+                                    std::string("CELLGATE_ZYGOTE_CANARY=") + kZygoteCanaryValue};
+    std::vector<char*> argv, envp;
+    for (auto& a : args) {
+      argv.push_back(a.data());
+    }
+    argv.push_back(nullptr);
+    for (auto& e : env) {
+      envp.push_back(e.data());
+    }
+    envp.push_back(nullptr);
+    const pid_t parent = ::getpid();
+    z->pid_ = ::fork();
+    if (z->pid_ < 0) {
+      return errno_error(ErrorCode::kInternal, "zygote", "fork()", errno);
+    }
+    if (z->pid_ == 0) {
+      // Async-signal-safe calls only. Dies with this test process, even when it is killed.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent || ::dup2(null_fd.get(), STDIN_FILENO) < 0 ||
+          ::dup2(log_fd.get(), STDOUT_FILENO) < 0 || ::dup2(log_fd.get(), STDERR_FILENO) < 0 ||
+          ::dup2(write_end.get(), kStatusFd) < 0) {
+        ::_exit(127);
+      }
+      ::close_range(kStatusFd + 1, ~0U, 0);
+      ::execve(launcher.c_str(), argv.data(), envp.data());
+      ::_exit(127);
+    }
+    write_end.reset();
+    std::string line;
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (line.find('\n') == std::string::npos) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      pollfd p{read_end.get(), POLLIN, 0};
+      if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) {
+        return make_error(ErrorCode::kInternal, "zygote", "not ready in 60 s: " + z->log());
+      }
+      char buf[512];
+      const ssize_t n = ::read(read_end.get(), buf, sizeof buf);
+      if (n <= 0) {
+        return make_error(ErrorCode::kInternal, "zygote", "ended before ready: " + z->log());
+      }
+      line.append(buf, static_cast<std::size_t>(n));
+    }
+    const auto ready = json::parse(line.substr(0, line.find('\n')), nullptr, false);
+    if (!ready.is_object() || ready.value("event", "") != "ready") {
+      return make_error(ErrorCode::kInternal, "zygote", "did not start: " + line + z->log());
+    }
+    return z;
+  }
+
+  ~TestZygote() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      const auto deadline = std::chrono::steady_clock::now() + 10s;
+      while (::waitpid(pid_, nullptr, WNOHANG) == 0) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+          ::kill(pid_, SIGKILL);
+          ::waitpid(pid_, nullptr, 0);
+          break;
+        }
+        std::this_thread::sleep_for(10ms);
+      }
+    }
+    if (!dir_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir_, ec);
+    }
+  }
+
+  const std::string& socket() const { return socket_; }
+  pid_t pid() const { return pid_; }
+  std::string log() const {
+    std::ifstream in(dir_ + "/zygote.log");
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  }
+
+ private:
+  TestZygote() = default;
+  std::string dir_;
+  std::string socket_;
+  pid_t pid_ = -1;
+};
+
+TestZygote* g_zygote = nullptr;
+
+// The binary's zygote, started on first use.
+Result<TestZygote*> shared_zygote() {
+  if (g_zygote == nullptr) {
+    CELLGATE_ASSIGN_OR_RETURN(auto z, TestZygote::start());
+    g_zygote = z.release();
+  }
+  return g_zygote;
+}
+
+class ZygoteEnvironment : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    delete g_zygote;
+    g_zygote = nullptr;
+  }
+};
+[[maybe_unused]] ::testing::Environment* const zygote_environment =
+    ::testing::AddGlobalTestEnvironment(new ZygoteEnvironment);
 
 struct Jailed {
   std::unique_ptr<KernelProcess> process;
   std::unique_ptr<KernelClient> client;
 };
 
-Result<Jailed> start_jailed(jail::JailSpec spec) {
+Result<Jailed> start_jailed(jail::JailSpec spec, Mode mode = Mode::kCold) {
   Jailed k;
   CELLGATE_ASSIGN_OR_RETURN(KernelSpec ks, find_kernelspec("python3"));
   LaunchRequest req;
@@ -34,6 +197,10 @@ Result<Jailed> start_jailed(jail::JailSpec spec) {
   req.die_with_parent = true;
   req.jail = std::move(spec);
   req.launcher_env = {{"CELLGATE_CANARY", kCanaryValue}};
+  if (mode == Mode::kZygote) {
+    CELLGATE_ASSIGN_OR_RETURN(TestZygote * zygote, shared_zygote());
+    req.zygote_socket = zygote->socket();
+  }
   CELLGATE_ASSIGN_OR_RETURN(k.process, KernelProcess::start(std::move(req)));
   CELLGATE_ASSIGN_OR_RETURN(k.client, KernelClient::connect(k.process->connection()));
   auto ready = k.client->wait_ready(60s);
@@ -62,37 +229,81 @@ std::string run(KernelClient& client, const std::string& code,
   return out;
 }
 
-class JailContainment : public ::testing::Test {
+// Whether the kernel came from the zygote: the zygote has pandas imported, a cold ipykernel
+// has not. Only meaningful before any cell imported pandas. "True\n" or "False\n".
+std::string pandas_preloaded(KernelClient& client) {
+  return run(client, "import sys; print('pandas' in sys.modules)");
+}
+
+// One kernel per mode for the whole suite, started by the first test of that mode.
+class JailContainment : public ::testing::TestWithParam<Mode> {
  protected:
   static void SetUpTestSuite() {
-    if (::geteuid() != 0) {
-      return;
+    if (::geteuid() == 0) {
+      ::setenv("CELLGATE_GATEWAY_SECRET", kCanaryValue, 1);
     }
-    ::setenv("CELLGATE_GATEWAY_SECRET", kCanaryValue, 1);
-    jail::JailSpec spec;
-    spec.memory_bytes = 512ull << 20;
-    spec.pids = 64;
-    spec.tmp_bytes = 8ull << 20;
-    auto k = start_jailed(spec);
-    ASSERT_TRUE(k) << k.error().describe();
-    kernel_ = new Jailed(std::move(k).value());
   }
   static void TearDownTestSuite() {
-    delete kernel_;
-    kernel_ = nullptr;
+    for (auto& k : kernels_) {
+      delete k;
+      k = nullptr;
+    }
   }
   void SetUp() override {
     if (::geteuid() != 0) {
       GTEST_SKIP() << "the jail needs root";
     }
-    ASSERT_NE(kernel_, nullptr);
+    const auto i = static_cast<std::size_t>(GetParam());
+    if (kernels_[i] == nullptr) {
+      jail::JailSpec spec;
+      spec.memory_bytes = 512ull << 20;
+      spec.pids = 64;
+      spec.tmp_bytes = 8ull << 20;
+      auto k = start_jailed(spec, GetParam());
+      ASSERT_TRUE(k) << k.error().describe();
+      kernels_[i] = new Jailed(std::move(k).value());
+      // Asked before any cell could import pandas.
+      preloaded_[i] = pandas_preloaded(*kernels_[i]->client);
+    }
+    // Every test, /Zygote ones against a kernel that really came from the zygote.
+    ASSERT_EQ(preloaded_[i], GetParam() == Mode::kZygote ? "True\n" : "False\n")
+        << "pandas preloaded? kernel log:\n" << kernels_[i]->process->log_tail();
   }
-  KernelClient& client() { return *kernel_->client; }
-  static Jailed* kernel_;
+  KernelClient& client() { return *kernels_[static_cast<std::size_t>(GetParam())]->client; }
+  KernelProcess& process() { return *kernels_[static_cast<std::size_t>(GetParam())]->process; }
+  const std::string& preloaded() { return preloaded_[static_cast<std::size_t>(GetParam())]; }
+  static std::array<Jailed*, 2> kernels_;
+  static std::array<std::string, 2> preloaded_;
 };
-Jailed* JailContainment::kernel_ = nullptr;
+std::array<Jailed*, 2> JailContainment::kernels_ = {nullptr, nullptr};
+std::array<std::string, 2> JailContainment::preloaded_;
 
-TEST_F(JailContainment, RunsAsAnUnprivilegedUidWithNoCapabilities) {
+INSTANTIATE_TEST_SUITE_P(, JailContainment, ::testing::Values(Mode::kCold, Mode::kZygote),
+                         mode_name);
+
+TEST_P(JailContainment, StartsFromTheZygoteOnlyInZygoteMode) {
+  std::string log;
+  {
+    std::ifstream in(process().log_file());
+    log.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  // SetUp checked that pandas was preloaded in zygote mode only.
+  if (GetParam() == Mode::kZygote) {
+    EXPECT_EQ(preloaded(), "True\n") << "not forked from the zygote; kernel log:\n" << log;
+    EXPECT_EQ(log.find("no zygote"), std::string::npos) << log;
+    // The jail's pid 1 (the kernel's reported pid) is the zygote's child, not the launcher's.
+    std::ifstream status("/proc/" + std::to_string(process().pid()) + "/status");
+    std::string line;
+    while (std::getline(status, line) && line.rfind("PPid:", 0) != 0) {
+    }
+    ASSERT_NE(g_zygote, nullptr);
+    EXPECT_EQ(line, "PPid:\t" + std::to_string(g_zygote->pid()));
+  } else {
+    EXPECT_EQ(preloaded(), "False\n") << "a cold kernel had pandas imported";
+  }
+}
+
+TEST_P(JailContainment, RunsAsAnUnprivilegedUidWithNoCapabilities) {
   std::string out = run(client(),
                         "import os\n"
                         "status = open('/proc/self/status').read().splitlines()\n"
@@ -112,7 +323,7 @@ TEST_F(JailContainment, RunsAsAnUnprivilegedUidWithNoCapabilities) {
   EXPECT_EQ(seccomp, "2") << out;
 }
 
-TEST_F(JailContainment, NetworkSocketsFail) {
+TEST_P(JailContainment, NetworkSocketsFail) {
   std::string out = run(client(),
                         "import socket, errno\n"
                         "for name in ['AF_INET', 'AF_INET6', 'AF_PACKET', 'AF_NETLINK']:\n"
@@ -133,7 +344,7 @@ TEST_F(JailContainment, NetworkSocketsFail) {
   EXPECT_EQ(out.find("OPEN"), std::string::npos) << out;
 }
 
-TEST_F(JailContainment, SecretsInTheEnvironmentAreUnreadable) {
+TEST_P(JailContainment, SecretsInTheEnvironmentAreUnreadable) {
   std::string out = run(client(),
                         "import os\n"
                         "seen = []\n"
@@ -144,15 +355,24 @@ TEST_F(JailContainment, SecretsInTheEnvironmentAreUnreadable) {
                         "        print(path, type(e).__name__)\n"
                         "import ctypes; ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)\n"  // DUMPABLE=1
                         "seen.append(open('/proc/self/environ', 'rb').read().decode())\n"
-                        "print('LEAK' if any('" + std::string(kCanaryValue) +
-                            "' in s for s in seen + list(os.environ.values())) else 'clean')\n"
+                        "print('LEAK' if any(c in s for s in seen + list(os.environ.values())"
+                        " for c in ('" + std::string(kCanaryValue) + "', '" +
+                            kZygoteCanaryValue + "')) else 'clean')\n"
                         "print(sorted(os.environ))\n");
   EXPECT_NE(out.find("clean"), std::string::npos) << out;
   EXPECT_EQ(out.find("LEAK"), std::string::npos) << out;
   EXPECT_EQ(out.find("CELLGATE_"), std::string::npos) << out;
+  if (GetParam() == Mode::kZygote) {
+    // The zygote re-exec'd itself with an empty environment: every kernel copies its memory.
+    ASSERT_NE(g_zygote, nullptr);
+    std::ifstream in("/proc/" + std::to_string(g_zygote->pid()) + "/environ");
+    ASSERT_TRUE(in) << "the zygote is gone: " << g_zygote->log();
+    const std::string environ((std::istreambuf_iterator<char>(in)), {});
+    EXPECT_EQ(environ, "") << "the zygote kept an environment";
+  }
 }
 
-TEST_F(JailContainment, HostFilesAreAbsentAndTheRootIsReadOnly) {
+TEST_P(JailContainment, HostFilesAreAbsentAndTheRootIsReadOnly) {
   const std::string canary = "/root/.cellgate-canary-" + std::to_string(::getpid());
   std::ofstream(canary) << kCanaryValue;
   std::string out = run(client(),
@@ -177,7 +397,7 @@ TEST_F(JailContainment, HostFilesAreAbsentAndTheRootIsReadOnly) {
   EXPECT_NE(out.find("/home/kernel/ok ok"), std::string::npos) << out;
 }
 
-TEST_F(JailContainment, HostProcessesAreInvisible) {
+TEST_P(JailContainment, HostProcessesAreInvisible) {
   std::string out = run(client(),
                         "import os\n"
                         "pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
@@ -195,7 +415,7 @@ TEST_F(JailContainment, HostProcessesAreInvisible) {
             "False\n");
 }
 
-TEST_F(JailContainment, PrivilegeEscalationFails) {
+TEST_P(JailContainment, PrivilegeEscalationFails) {
   std::string out = run(
       client(),
       "import os, ctypes, errno\n"
@@ -218,7 +438,7 @@ TEST_F(JailContainment, PrivilegeEscalationFails) {
   }
 }
 
-TEST_F(JailContainment, FillingTmpStopsAtTheCap) {
+TEST_P(JailContainment, FillingTmpStopsAtTheCap) {
   std::string out = run(client(),
                         "import errno\n"
                         "written = 0\n"
@@ -239,7 +459,7 @@ TEST_F(JailContainment, FillingTmpStopsAtTheCap) {
   EXPECT_LE(written, 8) << out;
 }
 
-TEST_F(JailContainment, AForkBombStopsAtPidsMax) {
+TEST_P(JailContainment, AForkBombStopsAtPidsMax) {
   std::string out = run(client(),
                         "import os, time, signal\n"
                         "children = []\n"
@@ -265,16 +485,23 @@ TEST_F(JailContainment, AForkBombStopsAtPidsMax) {
   EXPECT_EQ(run(client(), "import subprocess; print(subprocess.run(['true']).returncode)"), "0\n");
 }
 
-TEST(JailLimits, AllocatingTwiceTheMemoryLimitEndsOnlyThatKernel) {
+class JailMemoryLimit : public ::testing::TestWithParam<Mode> {};
+INSTANTIATE_TEST_SUITE_P(, JailMemoryLimit, ::testing::Values(Mode::kCold, Mode::kZygote),
+                         mode_name);
+
+TEST_P(JailMemoryLimit, AllocatingTwiceTheLimitEndsOnlyThatKernel) {
   if (::geteuid() != 0) {
     GTEST_SKIP() << "the jail needs root";
   }
   jail::JailSpec small;
   small.memory_bytes = 256ull << 20;
-  auto victim = start_jailed(small);
+  auto victim = start_jailed(small, GetParam());
   ASSERT_TRUE(victim) << victim.error().describe();
-  auto bystander = start_jailed(jail::JailSpec{});
+  auto bystander = start_jailed(jail::JailSpec{}, GetParam());
   ASSERT_TRUE(bystander) << bystander.error().describe();
+  const std::string preloaded = GetParam() == Mode::kZygote ? "True\n" : "False\n";
+  EXPECT_EQ(pandas_preloaded(*victim->client), preloaded);
+  EXPECT_EQ(pandas_preloaded(*bystander->client), preloaded);
   run(*bystander->client, "x = 'kept'");
 
   auto r = victim->client->request(Channel::kShell, "execute_request",

@@ -24,7 +24,9 @@ using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
 constexpr int kReconnectIvlMs = 10;
-constexpr int kReconnectIvlMaxMs = 200;
+// Capped low: a kernel binds its sockets some 50 ms after its launcher reports it started, and
+// an exponential back-off would leave the first connection waiting up to twice that.
+constexpr int kReconnectIvlMaxMs = 20;
 constexpr int kIopubReceiveHwm = 32;  // iopub messages queued in the gateway per kernel
 constexpr std::chrono::milliseconds kIdleGrace{3000};  // after a reply, for its idle status
 constexpr std::chrono::milliseconds kIdleCheck{250};
