@@ -30,11 +30,6 @@ using Clock = std::chrono::steady_clock;
 using kernel::Channel;
 using nlohmann::json;
 
-constexpr int kExitOk = 0;
-constexpr int kExitCellError = 1;
-constexpr int kExitUsage = 2;
-constexpr int kExitKernelDied = 3;
-constexpr int kExitTimeout = 124;
 
 struct Delivered {
   Channel channel;

@@ -23,11 +23,6 @@ namespace ssl = net::ssl;
 using tcp = net::ip::tcp;
 using nlohmann::json;
 
-constexpr int kExitOk = 0;
-constexpr int kExitCellError = 1;
-constexpr int kExitUsage = 2;
-constexpr int kExitKernelDied = 3;
-constexpr int kExitTimeout = 124;
 constexpr double kNoTimeoutSeconds = 86400;  // "no limit": the gateway clamps it to its maximum
 
 // Prints each streamed event; remembers how the cell ended.

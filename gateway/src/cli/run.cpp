@@ -2,6 +2,7 @@
 // the summary and the results files. nbformat lives in run_notebook.cpp, kernels in
 // run_backend.cpp.
 #include "cellgate/cli/run.hpp"
+#include "cellgate/cli/exec.hpp"
 
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
@@ -37,10 +38,6 @@ namespace net = boost::asio;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-constexpr int kExitOk = 0;
-constexpr int kExitFailed = 1;
-constexpr int kExitUsage = 2;
-constexpr int kExitInterrupted = 130;
 
 // A notebook's status, in the order summaries list them.
 constexpr const char* kStatuses[] = {"ok", "error", "timeout", "invalid", "aborted"};
@@ -897,7 +894,7 @@ int summarize(const NotebookRunOptions& options, const std::vector<Job>& jobs,
   } else if (counts["invalid"] > 0) {
     exit_code = kExitUsage;
   } else if (counts["error"] + counts["timeout"] + counts["aborted"] > 0) {
-    exit_code = kExitFailed;
+    exit_code = kExitCellError;
   }
   json summary = {{"notebooks", records},
                   {"counts", counts},

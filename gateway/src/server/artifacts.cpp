@@ -12,6 +12,7 @@
 
 #include "cellgate/protocol/message.hpp"
 #include "cellgate/unique_fd.hpp"
+#include "fs_util.hpp"
 
 namespace cellgate::server {
 namespace {
@@ -168,21 +169,6 @@ Result<void> check_kernel_id(const std::string& id) {
 
 nlohmann::json normalize_count(const nlohmann::json& execution_count) {
   return execution_count.is_number_integer() ? execution_count : nlohmann::json(nullptr);
-}
-
-// mkdir -p with 0700 for each directory it creates.
-Result<void> make_dirs(const std::string& path) {
-  for (std::size_t pos = 1; pos <= path.size(); ++pos) {
-    if (pos != path.size() && path[pos] != '/') {
-      continue;
-    }
-    const std::string prefix = path.substr(0, pos);
-    if (::mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST) {
-      return errno_error(ErrorCode::kInternal, "artifact_io", "mkdir('" + prefix + "', 0700)",
-                         errno);
-    }
-  }
-  return {};
 }
 
 Result<void> write_all(int fd, std::string_view data, const std::string& path) {
@@ -420,7 +406,7 @@ Result<void> ArtifactStore::write_content(const std::string& sha, std::string_vi
       static_cast<std::uint64_t>(st.st_size) == bytes.size()) {
     return {};
   }
-  CELLGATE_TRY(make_dirs(shard));
+  CELLGATE_TRY(make_private_dirs(shard, "artifact_io"));
   // One writer at a time (mu_), so one temp name per content is enough; O_TRUNC reuses a temp
   // file a crash left behind.
   const std::string tmp = path + ".tmp";
@@ -447,7 +433,7 @@ Result<void> ArtifactStore::write_content(const std::string& sha, std::string_vi
 void ArtifactStore::append_index(const ArtifactRecord& record) {
   const std::string index_dir = dir_ + "/index";
   const std::string path = index_dir + "/" + record.kernel_id + ".jsonl";
-  Result<void> done = make_dirs(index_dir);
+  Result<void> done = make_private_dirs(index_dir, "artifact_io");
   if (done.ok()) {
     UniqueFd fd(::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
     if (!fd) {

@@ -1,4 +1,5 @@
 #include "cellgate/server/audit.hpp"
+#include "fs_util.hpp"
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
@@ -14,20 +15,6 @@ namespace {
 
 constexpr std::string_view kRedacted = "[REDACTED]";
 constexpr std::size_t kCutBackLimit = 1024;  // how far a cut string backs off to whitespace
-
-// mkdir -p with 0700 for each directory it creates.
-Result<void> make_dirs(const std::string& path) {
-  for (std::size_t pos = 1; pos <= path.size(); ++pos) {
-    if (pos != path.size() && path[pos] != '/') {
-      continue;
-    }
-    const std::string prefix = path.substr(0, pos);
-    if (::mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST) {
-      return errno_error(ErrorCode::kInternal, "audit_io", "mkdir('" + prefix + "', 0700)", errno);
-    }
-  }
-  return {};
-}
 
 // rename()/unlink() where a missing source is fine (fewer rotated files than `keep` so far).
 Result<void> rename_if_exists(const std::string& from, const std::string& to) {
@@ -311,7 +298,7 @@ void AuditLog::write(nlohmann::json record) {
 Result<void> AuditLog::open_locked() {
   const std::string& path = options_.path;
   if (auto slash = path.rfind('/'); slash != std::string::npos && slash > 0) {
-    CELLGATE_TRY(make_dirs(path.substr(0, slash)));
+    CELLGATE_TRY(make_private_dirs(path.substr(0, slash), "audit_io"));
   }
   UniqueFd fd(::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!fd) {

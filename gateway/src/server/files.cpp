@@ -44,7 +44,7 @@ int openat2_fd(int dir_fd, const std::string& path, int flags, std::uint64_t res
   }
 }
 
-std::string quoted(const std::string& rel) {
+std::string quote_rel(const std::string& rel) {
   return "'" + rel + "'";
 }
 
@@ -53,30 +53,30 @@ std::string quoted(const std::string& rel) {
 Error path_error(int err, const std::string& call, const std::string& rel) {
   switch (err) {
     case ENOENT:
-      return make_error(ErrorCode::kNotFound, "not_found", quoted(rel) + " does not exist");
+      return make_error(ErrorCode::kNotFound, "not_found", quote_rel(rel) + " does not exist");
     case ENOTDIR:
       return make_error(ErrorCode::kNotFound, "not_found",
-                        quoted(rel) + " does not exist: a parent of it is not a directory");
+                        quote_rel(rel) + " does not exist: a parent of it is not a directory");
     case EXDEV:
     case ELOOP:
       return make_error(ErrorCode::kPermissionDenied, "path_escape",
-                        quoted(rel) + " is a symlink, or goes through one that leads out of the " +
+                        quote_rel(rel) + " is a symlink, or goes through one that leads out of the " +
                             "work dir; such links are not followed");
     case ENXIO:  // open(2) of a socket, or of a device with no driver
     case ENODEV:
       return make_error(ErrorCode::kFailedPrecondition, "not_a_file",
-                        quoted(rel) + " is a socket or device, not a regular file");
+                        quote_rel(rel) + " is a socket or device, not a regular file");
     case ENAMETOOLONG:
       return make_error(ErrorCode::kInvalidArgument, "bad_path",
-                        quoted(rel) + " has a component longer than NAME_MAX");
+                        quote_rel(rel) + " has a component longer than NAME_MAX");
     case EAGAIN:
       return make_error(ErrorCode::kUnavailable, "busy",
-                        quoted(rel) + " could not be resolved while the kernel renames " +
+                        quote_rel(rel) + " could not be resolved while the kernel renames " +
                             "directories; try again");
     case ENOSPC:
     case EDQUOT:
       return make_error(ErrorCode::kResourceExhausted, "no_space",
-                        "the work dir is full (writing " + quoted(rel) + ")");
+                        "the work dir is full (writing " + quote_rel(rel) + ")");
     case EACCES:
     case EPERM:
       return errno_error(ErrorCode::kPermissionDenied, "permission_denied", call, err);
@@ -86,7 +86,7 @@ Error path_error(int err, const std::string& call, const std::string& rel) {
 }
 
 std::string open_call(const std::string& rel) {
-  return "openat2(<work dir>, " + quoted(rel) + ")";
+  return "openat2(<work dir>, " + quote_rel(rel) + ")";
 }
 
 Error bad_path(const std::string& why) {
@@ -96,7 +96,7 @@ Error bad_path(const std::string& why) {
 Error too_large(const std::string& rel, std::size_t max_bytes) {
   return make_error(
       ErrorCode::kResourceExhausted, "too_large",
-      quoted(rel) + " is larger than the limit of " + std::to_string(max_bytes) + " bytes");
+      quote_rel(rel) + " is larger than the limit of " + std::to_string(max_bytes) + " bytes");
 }
 
 FileType type_of(mode_t mode) {
@@ -165,7 +165,7 @@ Result<void> for_each_entry(int dir_fd, const std::string& rel, OnEntry&& on_ent
   ::lseek(own.get(), 0, SEEK_SET);
   DirPtr dir(::fdopendir(own.get()));
   if (!dir) {
-    return errno_error(ErrorCode::kInternal, "io_error", "fdopendir(" + quoted(rel) + ")", errno);
+    return errno_error(ErrorCode::kInternal, "io_error", "fdopendir(" + quote_rel(rel) + ")", errno);
   }
   own.release();  // closedir closes it now
   while (true) {
@@ -173,7 +173,7 @@ Result<void> for_each_entry(int dir_fd, const std::string& rel, OnEntry&& on_ent
     const dirent* entry = ::readdir(dir.get());
     if (entry == nullptr) {
       if (errno != 0) {
-        return errno_error(ErrorCode::kInternal, "io_error", "readdir(" + quoted(rel) + ")", errno);
+        return errno_error(ErrorCode::kInternal, "io_error", "readdir(" + quote_rel(rel) + ")", errno);
       }
       return ok_result();
     }
@@ -186,7 +186,7 @@ Result<void> for_each_entry(int dir_fd, const std::string& rel, OnEntry&& on_ent
       if (errno == ENOENT) {
         continue;
       }
-      return path_error(errno, "fstatat(" + quoted(join(rel, name)) + ")", join(rel, name));
+      return path_error(errno, "fstatat(" + quote_rel(join(rel, name)) + ")", join(rel, name));
     }
     if (!on_entry(name, st)) {
       return ok_result();
@@ -217,11 +217,11 @@ class TempFile {
         return TempFile(dir_fd, std::move(name), UniqueFd(fd));
       }
       if (errno != EEXIST) {
-        return path_error(errno, "openat(" + quoted(rel) + " temp, O_CREAT|O_EXCL)", rel);
+        return path_error(errno, "openat(" + quote_rel(rel) + " temp, O_CREAT|O_EXCL)", rel);
       }
     }
     return make_error(ErrorCode::kInternal, "io_error",
-                      "could not pick a free temporary name next to " + quoted(rel));
+                      "could not pick a free temporary name next to " + quote_rel(rel));
   }
 
   TempFile(TempFile&& other) noexcept
@@ -255,7 +255,7 @@ Result<void> write_all(int fd, std::string_view data, const std::string& rel) {
       if (errno == EINTR) {
         continue;
       }
-      return path_error(errno, "write(" + quoted(rel) + ")", rel);
+      return path_error(errno, "write(" + quote_rel(rel) + ")", rel);
     }
     data.remove_prefix(static_cast<std::size_t>(n));
   }
@@ -434,11 +434,11 @@ Result<std::string> WorkDir::read(std::string_view rel_path, std::size_t max_byt
                             open_beneath(rel, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY));
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) {
-    return errno_error(ErrorCode::kInternal, "io_error", "fstat(" + quoted(rel) + ")", errno);
+    return errno_error(ErrorCode::kInternal, "io_error", "fstat(" + quote_rel(rel) + ")", errno);
   }
   if (!S_ISREG(st.st_mode)) {
     return make_error(ErrorCode::kFailedPrecondition, "not_a_file",
-                      quoted(rel) + " is " + kind_of(st.st_mode) + ", not a regular file");
+                      quote_rel(rel) + " is " + kind_of(st.st_mode) + ", not a regular file");
   }
   if (static_cast<std::uint64_t>(st.st_size) > max_bytes) {
     return too_large(rel, max_bytes);
@@ -458,7 +458,7 @@ Result<std::string> WorkDir::read(std::string_view rel_path, std::size_t max_byt
         out.resize(old);
         continue;
       }
-      return errno_error(ErrorCode::kInternal, "io_error", "read(" + quoted(rel) + ")", errno);
+      return errno_error(ErrorCode::kInternal, "io_error", "read(" + quote_rel(rel) + ")", errno);
     }
     out.resize(old + static_cast<std::size_t>(n));
     if (out.size() > max_bytes) {
@@ -493,12 +493,12 @@ Result<UniqueFd> WorkDir::make_parents(const std::string& dir) const {
         }
         if (::fchown(next.get(), uid_, gid_) != 0 || ::fchmod(next.get(), 0755) != 0) {
           return errno_error(ErrorCode::kInternal, "io_error",
-                             "fchown/fchmod(" + quoted(prefix) + ")", errno);
+                             "fchown/fchmod(" + quote_rel(prefix) + ")", errno);
         }
       } else if (errno == EEXIST) {
         next.reset(openat2_fd(root_.get(), prefix, O_PATH | O_DIRECTORY, kResolve));
       } else {
-        return path_error(errno, "mkdirat(" + quoted(prefix) + ")", prefix);
+        return path_error(errno, "mkdirat(" + quote_rel(prefix) + ")", prefix);
       }
     }
     if (!next) {
@@ -526,23 +526,23 @@ Result<FileInfo> WorkDir::write(std::string_view rel_path, std::string_view data
   CELLGATE_ASSIGN_OR_RETURN(TempFile temp, TempFile::create(dir.get(), rel));
   CELLGATE_TRY(write_all(temp.fd(), data, rel));
   if (::fchown(temp.fd(), uid_, gid_) != 0) {
-    return errno_error(ErrorCode::kInternal, "io_error", "fchown(" + quoted(rel) + " temp)", errno);
+    return errno_error(ErrorCode::kInternal, "io_error", "fchown(" + quote_rel(rel) + " temp)", errno);
   }
   if (::fchmod(temp.fd(), 0644) != 0) {
-    return errno_error(ErrorCode::kInternal, "io_error", "fchmod(" + quoted(rel) + " temp)", errno);
+    return errno_error(ErrorCode::kInternal, "io_error", "fchmod(" + quote_rel(rel) + " temp)", errno);
   }
   struct stat st {};
   if (::fstat(temp.fd(), &st) != 0) {
-    return errno_error(ErrorCode::kInternal, "io_error", "fstat(" + quoted(rel) + " temp)", errno);
+    return errno_error(ErrorCode::kInternal, "io_error", "fstat(" + quote_rel(rel) + " temp)", errno);
   }
   // rename(2) replaces whatever non-directory has the name (a symlink itself, never its
   // target) and fails with EISDIR over a directory: the kernel checks, so nothing can race it.
   if (::renameat(dir.get(), temp.name().c_str(), dir.get(), leaf.c_str()) != 0) {
     if (errno == EISDIR || errno == ENOTEMPTY || errno == EEXIST) {
       return make_error(ErrorCode::kFailedPrecondition, "not_a_file",
-                        quoted(rel) + " is a directory; it is not replaced by a file");
+                        quote_rel(rel) + " is a directory; it is not replaced by a file");
     }
-    return path_error(errno, "renameat(" + quoted(rel) + ")", rel);
+    return path_error(errno, "renameat(" + quote_rel(rel) + ")", rel);
   }
   temp.commit();
   return FileInfo{leaf, rel, FileType::kFile, static_cast<std::uint64_t>(st.st_size),
@@ -565,10 +565,10 @@ Result<void> WorkDir::remove(std::string_view rel_path) const {
     err = errno;
     if (err == ENOTEMPTY || err == EEXIST) {
       return make_error(ErrorCode::kFailedPrecondition, "not_empty",
-                        quoted(rel) + " is a directory that is not empty");
+                        quote_rel(rel) + " is a directory that is not empty");
     }
   }
-  return path_error(err, "unlinkat(" + quoted(rel) + ")", rel);
+  return path_error(err, "unlinkat(" + quote_rel(rel) + ")", rel);
 }
 
 Result<Listing> WorkDir::list(std::string_view rel_dir, std::size_t max_entries) const {
@@ -591,7 +591,7 @@ Result<Listing> WorkDir::list(std::string_view rel_dir, std::size_t max_entries)
       return path_error(ELOOP, open_call(rel), rel);
     }
     return make_error(ErrorCode::kFailedPrecondition, "not_a_directory",
-                      quoted(rel) + " (or a parent of it) is not a directory");
+                      quote_rel(rel) + " (or a parent of it) is not a directory");
   }
   Listing listing;
   CELLGATE_TRY(for_each_entry(dir.get(), rel, [&](const std::string& name, const struct stat& st) {

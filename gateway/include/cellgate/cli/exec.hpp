@@ -25,6 +25,14 @@
 
 namespace cellgate::cli {
 
+// The exit codes of `cellgate exec` (local and --url) and `cellgate run`.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitCellError = 1;  // exec: the cell raised; run: a notebook failed
+inline constexpr int kExitUsage = 2;
+inline constexpr int kExitKernelDied = 3;
+inline constexpr int kExitTimeout = 124;
+inline constexpr int kExitInterrupted = 130;
+
 struct ExecOptions {
   std::string code;               // the cell
   std::string file;               // read the cell from this file ("-": stdin)
