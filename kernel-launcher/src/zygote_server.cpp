@@ -109,6 +109,8 @@ if "matplotlib" in sys.modules:
         pass
 if "ipykernel" in sys.modules:
     import ipykernel.kernelapp, ipykernel.ipkernel, ipykernel.zmqshell
+    # What IPKernelApp.initialize() would still import in every kernel.
+    import faulthandler, IPython.core.completerlib
 os.environ.clear()
 
 if threading.active_count() != 1:
