@@ -262,17 +262,7 @@ std::string resolve(const std::string& program, const jail::JailSpec& spec) {
     run_kernel(spec, uid, gid, argv, env, original_mask, exec_pipe[1]);
   }
   ::close(exec_pipe[1]);
-  std::string failure;
-  char buf[512];
-  for (ssize_t n; (n = ::read(exec_pipe[0], buf, sizeof buf)) != 0;) {
-    if (n < 0) {
-      if (errno == EINTR) {
-        continue;
-      }
-      break;
-    }
-    failure.append(buf, static_cast<std::size_t>(n));
-  }
+  const std::string failure = read_until_eof(exec_pipe[0]);
   ::close(exec_pipe[0]);
   if (!failure.empty()) {
     write_all(report_fd, failure);  // already "E<text>\n"
@@ -325,6 +315,21 @@ std::string read_line(int fd, std::string& buffer) {
     }
     buffer.append(buf, static_cast<std::size_t>(n));
   }
+}
+
+// {"event":"started"}: the jail's pid 1, the connection file when it was rewritten, the cgroup.
+void report_started(int status_fd, pid_t pid, const Connection* conn, const jail::Cgroup* cgroup) {
+  StatusEvent started;
+  started.kind = StatusEvent::Kind::kStarted;
+  started.pid = pid;
+  if (conn && conn->rewritten_from_tcp) {
+    started.connection_file = conn->host_file;
+  }
+  if (cgroup) {
+    started.cgroup_paths = cgroup->paths();
+    started.cgroup_version = cgroup->version() == jail::CgroupVersion::kV1 ? "v1" : "v2";
+  }
+  report(status_fd, started);
 }
 
 // Reports how the kernel ended (its wait status, the cgroup's figures) and removes the cgroup.
@@ -502,17 +507,7 @@ int run_zygote_kernel(ZygoteKernel k, int status_fd, const jail::JailSpec& spec,
                     ? first.substr(1)
                     : "the zygote's jail ended before the kernel started");
   }
-  StatusEvent started;
-  started.kind = StatusEvent::Kind::kStarted;
-  started.pid = k.pid;
-  if (conn && conn->rewritten_from_tcp) {
-    started.connection_file = conn->host_file;
-  }
-  if (cgroup) {
-    started.cgroup_paths = cgroup->paths();
-    started.cgroup_version = cgroup->version() == jail::CgroupVersion::kV1 ? "v1" : "v2";
-  }
-  report(status_fd, started);
+  report_started(status_fd, k.pid, conn, cgroup.get());
 
   sigset_t forwarded = wait_set;
   sigdelset(&forwarded, SIGCHLD);
@@ -735,17 +730,7 @@ int run_jailed_mode(const LaunchOptions& options) {
                                                     : "the jail's init ended before the kernel "
                                                       "started");
   }
-  StatusEvent started;
-  started.kind = StatusEvent::Kind::kStarted;
-  started.pid = init;
-  if (conn && conn->rewritten_from_tcp) {
-    started.connection_file = conn->host_file;
-  }
-  if (cgroup) {
-    started.cgroup_paths = cgroup->paths();
-    started.cgroup_version = cgroup->version() == jail::CgroupVersion::kV1 ? "v1" : "v2";
-  }
-  report(status_fd, started);
+  report_started(status_fd, init, conn ? &*conn : nullptr, cgroup.get());
 
   // Supervise: forward signals to init (which forwards them to the kernel), enforce the time
   // limit, and wait for init to end.

@@ -27,6 +27,23 @@ inline void write_all(int fd, const std::string& text) {
   }
 }
 
+// Everything written to `fd` until its last writer closes it (a kernel's setup errors: nothing
+// at all means it got through its steps).
+inline std::string read_until_eof(int fd) {
+  std::string text;
+  char buf[512];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) != 0;) {
+    if (n < 0) {
+      if (errno == EINTR) {
+        continue;
+      }
+      break;
+    }
+    text.append(buf, static_cast<std::size_t>(n));
+  }
+  return text;
+}
+
 inline void report(int fd, const StatusEvent& ev) { write_all(fd, ev.to_line()); }
 
 inline StatusEvent setup_error(std::string message) {

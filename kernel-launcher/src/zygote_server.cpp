@@ -451,17 +451,7 @@ Result<Request> parse_request(zygote_wire::Message message) {
     run_kernel(r, setup[1]);
   }
   ::close(setup[1]);
-  std::string failure;
-  char buf[512];
-  for (ssize_t n; (n = ::read(setup[0], buf, sizeof buf)) != 0;) {
-    if (n < 0) {
-      if (errno == EINTR) {
-        continue;
-      }
-      break;
-    }
-    failure.append(buf, static_cast<std::size_t>(n));
-  }
+  const std::string failure = read_until_eof(setup[0]);
   if (!failure.empty()) {
     write_all(report_fd, failure);  // "E<text>\n"
     ::_exit(127);

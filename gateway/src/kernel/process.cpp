@@ -53,6 +53,45 @@ std::map<std::string, std::string> default_kernel_env(const std::string& work_di
   return env;
 }
 
+Result<pid_t> spawn_with_status_fd(std::vector<std::string> argv, std::vector<std::string> env,
+                                   int status_write_fd, const std::string& log_file) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, status_write_fd, kLauncherStatusFd);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_file.c_str(),
+                                   O_WRONLY | O_CREAT | O_APPEND, 0600);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  posix_spawn_file_actions_addclosefrom_np(&actions, kLauncherStatusFd + 1);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none, all_default;
+  sigemptyset(&none);
+  sigfillset(&all_default);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &all_default);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  std::vector<char*> cargv;
+  for (auto& a : argv) {
+    cargv.push_back(a.data());
+  }
+  cargv.push_back(nullptr);
+  std::vector<char*> cenv;
+  for (auto& e : env) {
+    cenv.push_back(e.data());
+  }
+  cenv.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, argv[0].c_str(), &actions, &attr, cargv.data(), cenv.data());
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) {
+    return errno_error(ErrorCode::kFailedPrecondition, "spawn", "posix_spawn('" + argv[0] + "')",
+                       rc);
+  }
+  return pid;
+}
+
 Result<std::unique_ptr<KernelProcess>> KernelProcess::start(LaunchRequest request) {
   std::unique_ptr<KernelProcess> kp(new KernelProcess());
 
@@ -149,45 +188,17 @@ Result<std::unique_ptr<KernelProcess>> KernelProcess::start(LaunchRequest reques
     return errno_error(ErrorCode::kInternal, "spawn", "fcntl(F_DUPFD_CLOEXEC)", errno);
   }
 
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, write_end.get(), kLauncherStatusFd);
   kp->log_file_ = templ + "/kernel.log";
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, kp->log_file_.c_str(),
-                                   O_WRONLY | O_CREAT | O_APPEND, 0600);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
   // Nothing else of the gateway's reaches the launcher or its kernel: not its listening socket
   // (which an orphaned kernel would keep open), not client connections, not other kernels' fds.
-  posix_spawn_file_actions_addclosefrom_np(&actions, kLauncherStatusFd + 1);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t none, all_default;
-  sigemptyset(&none);
-  sigfillset(&all_default);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &all_default);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-
-  std::vector<char*> argv;
-  for (auto& a : args) {
-    argv.push_back(a.data());
+  auto spawned = spawn_with_status_fd(std::move(args), std::move(env_strings),
+                                      write_end.get(), kp->log_file_);
+  if (!spawned) {
+    Error e = std::move(spawned).error();
+    e.reason = "launcher_missing";
+    return e;
   }
-  argv.push_back(nullptr);
-  std::vector<char*> envp;
-  for (auto& e : env_strings) {
-    envp.push_back(e.data());
-  }
-  envp.push_back(nullptr);
-
-  pid_t pid = -1;
-  int rc = ::posix_spawn(&pid, launcher.c_str(), &actions, &attr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
-  if (rc != 0) {
-    return errno_error(ErrorCode::kFailedPrecondition, "launcher_missing",
-                       "posix_spawn('" + launcher + "')", rc);
-  }
+  const pid_t pid = *spawned;
   kp->launcher_pid_ = pid;
   write_end.reset();
   ::fcntl(read_end.get(), F_SETFL, O_NONBLOCK);

@@ -1,7 +1,6 @@
 #include "cellgate/kernel/zygote.hpp"
 
 #include <fcntl.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,7 +18,7 @@
 namespace cellgate::kernel {
 namespace {
 
-constexpr int kStatusFd = 3;
+constexpr int kStatusFd = 3;  // where spawn_with_status_fd puts the status pipe
 using Clock = std::chrono::steady_clock;
 
 }  // namespace
@@ -70,39 +69,15 @@ void Zygote::spawn_locked() {
   UniqueFd read_end(fds[0]);
   UniqueFd write_end(::fcntl(fds[1], F_DUPFD_CLOEXEC, 10));  // dup2 onto 3 must not be a no-op
   ::close(fds[1]);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, write_end.get(), kStatusFd);
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, options_.log_file.c_str(),
-                                   O_WRONLY | O_CREAT | O_APPEND, 0600);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  posix_spawn_file_actions_addclosefrom_np(&actions, kStatusFd + 1);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t none, all_default;
-  sigemptyset(&none);
-  sigfillset(&all_default);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &all_default);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  std::vector<char*> argv;
-  for (auto& a : args) {
-    argv.push_back(a.data());
-  }
-  argv.push_back(nullptr);
-  char* envp[] = {nullptr};  // the zygote must hold no secret: nothing of ours reaches it
-  pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, launcher.c_str(), &actions, &attr, argv.data(), envp);
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
-  if (rc != 0) {
-    spdlog::error("zygote: posix_spawn('{}'): {}", launcher, std::strerror(rc));
+  auto spawned = spawn_with_status_fd(std::move(args), {}, write_end.get(), options_.log_file);
+  if (!spawned) {
+    spdlog::error("zygote: {}", spawned.error().message);
     failed_ = true;
     next_start_ = Clock::now() + backoff_;
     backoff_ = std::min(backoff_ * 2, std::chrono::milliseconds(30000));
     return;
   }
+  const pid_t pid = *spawned;  // with an empty environment: the zygote must hold no secret
   pid_ = pid;
   ::fcntl(read_end.get(), F_SETFL, O_NONBLOCK);
   status_fd_ = std::move(read_end);

@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cellgate/jail/spec.hpp"
 #include "cellgate/kernel/connection.hpp"
@@ -65,6 +66,13 @@ std::map<std::string, std::string> default_kernel_env(const std::string& work_di
 
 // The directory holding the running executable (/proc/self/exe).
 std::string executable_dir();
+
+// posix_spawns `argv` (argv[0] is the path) with exactly `env`, a status pipe whose write end
+// becomes fd 3, stdin from /dev/null, stdout and stderr appended to `log_file`, no other
+// descriptor of ours, an empty signal mask and default dispositions. Returns the child's pid; the
+// caller reads the pipe's other end and reaps the child. Used for launchers and the zygote.
+Result<pid_t> spawn_with_status_fd(std::vector<std::string> argv, std::vector<std::string> env,
+                                   int status_write_fd, const std::string& log_file);
 
 class KernelProcess {
  public:
