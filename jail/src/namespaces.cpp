@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <string>
 
 #include "cellgate/jail/jail.hpp"
 
@@ -56,6 +57,14 @@ Result<void> new_session() {
   // No controlling terminal: TIOCSTI has nothing to inject into (CVE-2017-5226).
   if (::setsid() < 0) {
     return errno_error(ErrorCode::kInternal, "setsid", "setsid()", errno);
+  }
+  return {};
+}
+
+Result<void> enter_work_dir() {
+  if (::chdir(kJailWorkDir) != 0) {
+    return errno_error(ErrorCode::kInternal, "chdir", std::string("chdir('") + kJailWorkDir + "')",
+                       errno);
   }
   return {};
 }

@@ -202,14 +202,7 @@ std::string resolve(const std::string& program, const jail::JailSpec& spec) {
 
   auto steps = jail::run_steps({
       {"session", [] { return jail::new_session(); }},
-      {"work dir",
-       []() -> Result<void> {
-         if (::chdir(jail::kJailWorkDir) != 0) {
-           return errno_error(ErrorCode::kInternal, "chdir",
-                              std::string("chdir('") + jail::kJailWorkDir + "')", errno);
-         }
-         return {};
-       }},
+      {"work dir", [] { return jail::enter_work_dir(); }},
       {"rlimits", [&] { return jail::apply_rlimits(spec); }},
       {"credentials", [&] { return jail::drop_privileges(uid, gid); }},
       {"no_new_privs", [] { return jail::set_no_new_privs(); }},

@@ -334,14 +334,7 @@ Result<Request> parse_request(zygote_wire::Message message) {
   sigemptyset(&none);
   auto steps = jail::run_steps({
       {"session", [] { return jail::new_session(); }},
-      {"work dir",
-       []() -> Result<void> {
-         if (::chdir(jail::kJailWorkDir) != 0) {
-           return errno_error(ErrorCode::kInternal, "chdir",
-                              std::string("chdir('") + jail::kJailWorkDir + "')", errno);
-         }
-         return {};
-       }},
+      {"work dir", [] { return jail::enter_work_dir(); }},
       {"rlimits", [&] { return jail::apply_rlimits(r.spec); }},
       {"credentials", [&] { return jail::drop_privileges(r.uid, r.gid); }},
       {"no_new_privs", [] { return jail::set_no_new_privs(); }},

@@ -47,6 +47,7 @@ Result<void> set_hostname(const std::string& name);
 
 // Kernel steps.
 Result<void> new_session();
+Result<void> enter_work_dir();  // chdir(kJailWorkDir)
 Result<void> apply_rlimits(const JailSpec& spec);
 // setgroups(0), setresgid, setresuid; the bounding set, ambient, effective, permitted and
 // inheritable capabilities all emptied; securebits locked so uid 0 can never regain them.
