@@ -4,7 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cellgate/cli/exec.hpp"
-#include "cellgate/cli/run.hpp"
+#include "cellgate/notebooks/run.hpp"
 #include "cellgate/server/server.hpp"
 
 int main(int argc, char** argv) {
@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
   exec_cmd->add_option("--artifacts", exec.artifacts_dir,
                        "save displayed images and PDFs here (default: a new dir in $TMPDIR)");
 
-  cellgate::cli::NotebookRunOptions run;
+  cellgate::notebooks::NotebookRunOptions run;
   auto* run_cmd = app.add_subcommand(
       "run", "execute notebooks headless in jailed kernels (exit 0 ok, 1 a notebook failed, "
              "2 usage or invalid notebook)");
@@ -187,7 +187,7 @@ int main(int argc, char** argv) {
     return cellgate::cli::run_exec(exec);
   }
   if (run_cmd->parsed()) {
-    return cellgate::cli::run_notebooks(run);
+    return cellgate::notebooks::run_notebooks(run);
   }
   if (serve_cmd->parsed()) {
     serve.zygote = !no_zygote;

@@ -11,18 +11,6 @@
 
 namespace cellgate::jail {
 
-Result<void> run_steps(const std::vector<Step>& steps) {
-  for (const auto& step : steps) {
-    auto r = step.run();
-    if (!r) {
-      Error e = std::move(r).error();
-      e.message = std::string(step.name) + ": " + e.message;
-      return e;
-    }
-  }
-  return {};
-}
-
 Result<pid_t> clone_jailed() {
   // New namespaces for everything but users (the launcher runs as root) and cgroups (entered
   // by the child once the parent has put it in its cgroup, so that cgroup is its root).

@@ -1,9 +1,10 @@
 // Jailed exec mode: the launcher builds the jail around the kernel and supervises it.
 //
 //   launcher (host, root) ── cgroup, work dir, connection dir, staging root
-//     └─ init (pid 1 of new mount/pid/net/ipc/uts namespaces, then its own cgroup namespace):
-//        builds the root filesystem, then forks
-//          └─ kernel: session, rlimits, credentials, no_new_privs, fds, seccomp → execve
+//     └─ init (pid 1 of new mount/pid/net/ipc/uts namespaces), jail::contain_init(): its own
+//        cgroup namespace, the root filesystem, the hostname; then forks
+//          └─ kernel, jail::contain_kernel(): session, work dir, rlimits, credentials,
+//             no_new_privs, fds, seccomp → execve
 //        and stays as the reaper: forwards signals, reports the kernel's wait status, exits.
 //
 // Messages from inside travel on one pipe as lines: "R" (the kernel exec'd), "E<text>" (a step
@@ -35,9 +36,9 @@
 
 #include "cellgate/jail/cgroup.hpp"
 #include "cellgate/jail/jail.hpp"
-#include "cellgate/jail/seccomp.hpp"
 #include "cellgate/jail/spec.hpp"
 #include "cellgate/launcher/launcher.hpp"
+#include "cellgate/launcher/spec_json.hpp"
 #include "cellgate/launcher/zygote.hpp"
 #include "cellgate/unique_fd.hpp"
 #include "report.hpp"
@@ -200,16 +201,8 @@ std::string resolve(const std::string& program, const jail::JailSpec& spec) {
   cenv.push_back(nullptr);
   const std::string program = resolve(argv[0], spec);
 
-  auto steps = jail::run_steps({
-      {"session", [] { return jail::new_session(); }},
-      {"work dir", [] { return jail::enter_work_dir(); }},
-      {"rlimits", [&] { return jail::apply_rlimits(spec); }},
-      {"credentials", [&] { return jail::drop_privileges(uid, gid); }},
-      {"no_new_privs", [] { return jail::set_no_new_privs(); }},
-      {"file descriptors", [&] { return jail::close_inherited_fds(err_fd); }},
-      // Last: after it, even the launcher's own code could not undo anything above.
-      {"seccomp", [] { return jail::apply_seccomp(jail::default_seccomp_table()); }},
-  });
+  auto steps = jail::contain_kernel(spec, uid, gid,
+                                    [&] { return jail::close_inherited_fds(err_fd); });
   if (!steps) {
     die_with(err_fd, steps.error().message);
   }
@@ -233,11 +226,7 @@ std::string resolve(const std::string& program, const jail::JailSpec& spec) {
     ::_exit(127);  // the launcher gave up (cgroup attach failed) and reported why
   }
   ::close(go_fd);
-  auto root = jail::run_steps({
-      {"cgroup namespace", [] { return jail::enter_cgroup_namespace(); }},
-      {"root filesystem", [&] { return jail::build_root(spec, paths, uid, gid); }},
-      {"hostname", [&] { return jail::set_hostname(spec.hostname); }},
-  });
+  auto root = jail::contain_init(spec, paths, uid, gid);
   if (!root) {
     die_with(report_fd, root.error().message);
   }
@@ -437,7 +426,7 @@ Result<ZygoteKernel> request_zygote_kernel(const std::string& socket_path,
     auto eq = e.find('=');
     env_object[e.substr(0, eq)] = eq == std::string::npos ? "" : e.substr(eq + 1);
   }
-  const json request = {{"spec", spec.to_json()},      {"uid", uid},
+  const json request = {{"spec", spec_to_json(spec)},  {"uid", uid},
                         {"gid", gid},                  {"staging", paths.staging},
                         {"conn_dir", paths.conn_dir},  {"work_dir", paths.work_dir},
                         {"args", kernel_args},         {"env", env_object}};
@@ -577,7 +566,7 @@ int run_jailed_mode(const LaunchOptions& options) {
   }
   jail::JailSpec spec;
   if (!options.spec_path.empty()) {
-    auto loaded = jail::JailSpec::load(options.spec_path);
+    auto loaded = load_spec(options.spec_path);
     if (!loaded) {
       return fail(loaded.error().message);
     }

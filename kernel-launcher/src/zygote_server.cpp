@@ -29,8 +29,8 @@
 #include <vector>
 
 #include "cellgate/jail/jail.hpp"
-#include "cellgate/jail/seccomp.hpp"
 #include "cellgate/jail/spec.hpp"
+#include "cellgate/launcher/spec_json.hpp"
 #include "cellgate/launcher/zygote.hpp"
 #include "cellgate/unique_fd.hpp"
 #include "report.hpp"
@@ -302,7 +302,7 @@ Result<Request> parse_request(zygote_wire::Message message) {
   }
   Request r;
   try {
-    CELLGATE_ASSIGN_OR_RETURN(r.spec, jail::JailSpec::from_json(j.at("spec")));
+    CELLGATE_ASSIGN_OR_RETURN(r.spec, spec_from_json(j.at("spec")));
     r.uid = j.at("uid").get<uid_t>();
     r.gid = j.at("gid").get<gid_t>();
     r.paths.staging = j.at("staging").get<std::string>();
@@ -332,15 +332,8 @@ Result<Request> parse_request(zygote_wire::Message message) {
   PyOS_AfterFork_Child();
   sigset_t none;
   sigemptyset(&none);
-  auto steps = jail::run_steps({
-      {"session", [] { return jail::new_session(); }},
-      {"work dir", [] { return jail::enter_work_dir(); }},
-      {"rlimits", [&] { return jail::apply_rlimits(r.spec); }},
-      {"credentials", [&] { return jail::drop_privileges(r.uid, r.gid); }},
-      {"no_new_privs", [] { return jail::set_no_new_privs(); }},
-      {"file descriptors", [&] { return settle_kernel_fds(err_fd); }},
-      {"seccomp", [] { return jail::apply_seccomp(jail::default_seccomp_table()); }},
-  });
+  auto steps =
+      jail::contain_kernel(r.spec, r.uid, r.gid, [&] { return settle_kernel_fds(err_fd); });
   if (!steps) {
     die_with(err_fd, steps.error().message);
   }
@@ -412,11 +405,7 @@ Result<Request> parse_request(zygote_wire::Message message) {
   if (::unshare(CLONE_NEWNS) != 0) {
     die_with(report_fd, "unshare(CLONE_NEWNS): " + std::string(std::strerror(errno)));
   }
-  auto root = jail::run_steps({
-      {"cgroup namespace", [] { return jail::enter_cgroup_namespace(); }},
-      {"root filesystem", [&] { return jail::build_root(r.spec, r.paths, r.uid, r.gid); }},
-      {"hostname", [&] { return jail::set_hostname(r.spec.hostname); }},
-  });
+  auto root = jail::contain_init(r.spec, r.paths, r.uid, r.gid);
   if (!root) {
     die_with(report_fd, root.error().message);
   }

@@ -6,15 +6,19 @@
 #include <filesystem>
 #include <future>
 
-#include "cellgate/server/api.hpp"
-#include "cellgate/server/execute.hpp"
+#include "cellgate/api/api.hpp"
+#include "cellgate/execute/executor.hpp"
+#include "cellgate/testing/api_parts.hpp"
 
-namespace cellgate::server {
+namespace cellgate::api {
 namespace {
 
 using namespace std::chrono_literals;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
+using http::Request;
+using http::Response;
+namespace bhttp = boost::beast::http;
 
 class ExecuteTest : public ::testing::Test {
  protected:
@@ -24,18 +28,20 @@ class ExecuteTest : public ::testing::Test {
     }
     std::string dir = (std::filesystem::temp_directory_path() / "cellgate-exec-XXXXXX").string();
     state_dir_ = ::mkdtemp(dir.data());
-    options_.state_dir = state_dir_;
-    options_.execute_grace = 2;
-    options_.execute_stream_bytes = 64 << 10;
-    manager_ = std::make_unique<KernelManager>(options_);
-    api_ = std::make_unique<Api>(*manager_, manager_->options(), "secret");
+    testing::ApiPartsOptions o;
+    o.state_dir = state_dir_;
+    o.token = "secret";
+    o.limits.grace = 2s;
+    o.limits.stream_bytes = 64 << 10;
+    parts_ = std::make_unique<testing::ApiParts>(std::move(o));
+    manager_ = &parts_->registry;
+    api_ = &parts_->api;
     auto model = manager_->start("python3", json());
     ASSERT_TRUE(model) << model.error().describe();
     id_ = model->id;
   }
   void TearDown() override {
-    api_.reset();
-    manager_.reset();
+    parts_.reset();
     if (!state_dir_.empty()) {
       std::error_code ec;
       std::filesystem::remove_all(state_dir_, ec);
@@ -43,8 +49,8 @@ class ExecuteTest : public ::testing::Test {
   }
 
   std::pair<int, json> post(const json& body, const std::string& id = "") {
-    Request req{http::verb::post, "/api/kernels/" + (id.empty() ? id_ : id) + "/execute", 11};
-    req.set(http::field::authorization, "token secret");
+    Request req{bhttp::verb::post, "/api/kernels/" + (id.empty() ? id_ : id) + "/execute", 11};
+    req.set(bhttp::field::authorization, "token secret");
     req.body() = body.dump();
     req.prepare_payload();
     std::promise<Response> promise;
@@ -54,9 +60,9 @@ class ExecuteTest : public ::testing::Test {
   }
 
   std::string state_dir_;
-  ServeOptions options_;
-  std::unique_ptr<KernelManager> manager_;
-  std::unique_ptr<Api> api_;
+  std::unique_ptr<testing::ApiParts> parts_;
+  kernels::KernelRegistry* manager_ = nullptr;
+  Api* api_ = nullptr;
   std::string id_;
 };
 
@@ -165,4 +171,4 @@ TEST_F(ExecuteTest, BadRequestsAre4xx) {
 }
 
 }  // namespace
-}  // namespace cellgate::server
+}  // namespace cellgate::api

@@ -1,4 +1,4 @@
-// KernelManager against real jailed ipykernels: crash and OOM handling, restart, shutdown, the
+// KernelRegistry against real jailed ipykernels: crash and OOM handling, restart, shutdown, the
 // state records and the kernel limit. Needs root (the jail); skips otherwise.
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -18,9 +18,10 @@
 #include <vector>
 
 #include "cellgate/kernel/client.hpp"
-#include "cellgate/server/kernel_manager.hpp"
+#include "cellgate/http/message.hpp"
+#include "cellgate/kernels/registry.hpp"
 
-namespace cellgate::server {
+namespace cellgate::kernels {
 namespace {
 
 namespace fs = std::filesystem;
@@ -111,7 +112,7 @@ std::string stdout_of(const kernel::Collected& c) {
 }
 
 // Runs a cell through the gateway's own client of the kernel.
-Result<kernel::Collected> run(KernelManager& km, const std::string& id, const std::string& code) {
+Result<kernel::Collected> run(KernelRegistry& km, const std::string& id, const std::string& code) {
   CELLGATE_ASSIGN_OR_RETURN(auto k, km.find(id));
   auto client = k->client();
   if (!client) {
@@ -121,7 +122,7 @@ Result<kernel::Collected> run(KernelManager& km, const std::string& id, const st
 }
 
 // The cell's stdout, or a description of how it failed.
-std::string output_of(KernelManager& km, const std::string& id, const std::string& code) {
+std::string output_of(KernelRegistry& km, const std::string& id, const std::string& code) {
   auto r = run(km, id, code);
   if (!r) {
     return "<request failed: " + r.error().describe() + ">";
@@ -136,7 +137,7 @@ std::string output_of(KernelManager& km, const std::string& id, const std::strin
 }
 
 // Sends a cell without waiting for it (it is meant to kill the kernel).
-void fire(KernelManager& km, const std::string& id, const std::string& code) {
+void fire(KernelRegistry& km, const std::string& id, const std::string& code) {
   auto k = km.find(id);
   ASSERT_TRUE(k) << k.error().describe();
   auto client = k.value()->client();
@@ -145,14 +146,14 @@ void fire(KernelManager& km, const std::string& id, const std::string& code) {
                kernel::RequestHandlers{});
 }
 
-std::string state_of(KernelManager& km, const std::string& id) {
+std::string state_of(KernelRegistry& km, const std::string& id) {
   auto k = km.find(id);
   return k ? k.value()->model().execution_state : "<not found>";
 }
 
 // Polls the model until `state` after having seen anything else, or the timeout; returns every
 // state seen, in order, without repeats.
-std::vector<std::string> watch_until(KernelManager& km, const std::string& id,
+std::vector<std::string> watch_until(KernelRegistry& km, const std::string& id,
                                      const std::string& state, std::chrono::seconds timeout) {
   std::vector<std::string> seen;
   const auto deadline = Clock::now() + timeout;
@@ -195,15 +196,16 @@ class GatewayTest : public ::testing::Test {
     }
   }
 
-  ServeOptions options() const {
-    ServeOptions o;
+  RegistryOptions options() const {
+    RegistryOptions o;
     o.state_dir = root_ + "/state";
     o.kernel_start_timeout = 60;
     return o;
   }
 
-  KernelManager& make_manager(ServeOptions o) {
-    manager_ = std::make_unique<KernelManager>(std::move(o));
+  KernelRegistry& make_manager(RegistryOptions o) {
+    manager_ = std::make_unique<KernelRegistry>(std::move(o));
+    manager_->start();
     return *manager_;
   }
 
@@ -212,13 +214,13 @@ class GatewayTest : public ::testing::Test {
   }
 
   std::string root_;
-  std::unique_ptr<KernelManager> manager_;
+  std::unique_ptr<KernelRegistry> manager_;
 };
 
 TEST_F(GatewayTest, CrashedKernelIsRestartedAndTheOtherKeepsItsState) {
-  ServeOptions o = options();
+  RegistryOptions o = options();
   o.restart_limit = 2;
-  KernelManager& km = make_manager(o);
+  KernelRegistry& km = make_manager(o);
   auto a = km.start("python3", json());
   ASSERT_TRUE(a) << a.error().describe();
   auto b = km.start("python3", json());
@@ -264,10 +266,10 @@ TEST_F(GatewayTest, CrashedKernelIsRestartedAndTheOtherKeepsItsState) {
 }
 
 TEST_F(GatewayTest, OomWithoutRestartsIsDeadAndTheOtherKernelIsUntouched) {
-  ServeOptions o = options();
+  RegistryOptions o = options();
   o.restart_limit = 0;
   o.jail.memory_bytes = 256ull << 20;
-  KernelManager& km = make_manager(o);
+  KernelRegistry& km = make_manager(o);
   auto a = km.start("python3", json());
   ASSERT_TRUE(a) << a.error().describe();
   auto b = km.start("python3", json());
@@ -296,7 +298,7 @@ TEST_F(GatewayTest, OomWithoutRestartsIsDeadAndTheOtherKernelIsUntouched) {
 }
 
 TEST_F(GatewayTest, RestartShutdownAndTheStateRecord) {
-  KernelManager& km = make_manager(options());
+  KernelRegistry& km = make_manager(options());
   auto started = km.start("python3", json());
   ASSERT_TRUE(started) << started.error().describe();
   const std::string id = started->id;
@@ -351,13 +353,13 @@ TEST_F(GatewayTest, RestartShutdownAndTheStateRecord) {
 }
 
 TEST_F(GatewayTest, ExitedKernelsReasonNamesTheExitCode) {
-  // Regression (found by this test, fixed): KernelManager::monitor_loop builds the death reason from to_string(ended->reason), the
+  // Regression (found by this test, fixed): KernelRegistry::monitor_loop builds the death reason from to_string(ended->reason), the
   // signal and the message only; a kernel that calls os._exit(3) is reported (model "reason",
   // logs) as died: "ok", with the exit code dropped. Fix: append " (exit code N)" when
   // ended->reason is kOk and exit_code != 0.
-  ServeOptions o = options();
+  RegistryOptions o = options();
   o.restart_limit = 0;
-  KernelManager& km = make_manager(o);
+  KernelRegistry& km = make_manager(o);
   auto k = km.start("python3", json());
   ASSERT_TRUE(k) << k.error().describe();
   fire(km, k->id, "import os; os._exit(3)");
@@ -368,15 +370,15 @@ TEST_F(GatewayTest, ExitedKernelsReasonNamesTheExitCode) {
 }
 
 TEST_F(GatewayTest, MaxKernelsRefusesTheNextStart) {
-  ServeOptions o = options();
+  RegistryOptions o = options();
   o.max_kernels = 1;
-  KernelManager& km = make_manager(o);
+  KernelRegistry& km = make_manager(o);
   auto first = km.start("python3", json());
   ASSERT_TRUE(first) << first.error().describe();
   auto second = km.start("python3", json());
   ASSERT_FALSE(second) << "a second kernel started: " << second->id;
   EXPECT_EQ(second.error().code, ErrorCode::kResourceExhausted);
-  EXPECT_EQ(http_status(second.error().code), 403);
+  EXPECT_EQ(http::status_for(second.error()), http::Status::forbidden);
   EXPECT_NE(lower(second.error().message).find("limit"), std::string::npos)
       << second.error().message;
   EXPECT_NE(second.error().message.find('1'), std::string::npos) << second.error().message;
@@ -390,4 +392,4 @@ TEST_F(GatewayTest, MaxKernelsRefusesTheNextStart) {
 }
 
 }  // namespace
-}  // namespace cellgate::server
+}  // namespace cellgate::kernels

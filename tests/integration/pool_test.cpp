@@ -1,4 +1,4 @@
-// The warm pool of KernelManager against real jailed ipykernels: it fills, a start claims a ready
+// The warm pool of KernelRegistry against real jailed ipykernels: it fills, a start claims a ready
 // kernel and the pool refills, claimed kernels are separate, a client env is a pool miss, a dead
 // pooled kernel is replaced, pool size 0 starts nothing, refills respect max_kernels. Needs root
 // (the jail); skips otherwise.
@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "cellgate/kernel/client.hpp"
-#include "cellgate/server/kernel_manager.hpp"
+#include "cellgate/kernels/registry.hpp"
 
-namespace cellgate::server {
+namespace cellgate::kernels {
 namespace {
 
 namespace fs = std::filesystem;
@@ -55,7 +55,7 @@ std::string make_temp_dir() {
 }
 
 // The cell's stdout, or a description of how it failed.
-std::string output_of(KernelManager& km, const std::string& id, const std::string& code) {
+std::string output_of(KernelRegistry& km, const std::string& id, const std::string& code) {
   auto k = km.find(id);
   if (!k) {
     return "<" + k.error().describe() + ">";
@@ -104,8 +104,8 @@ class PoolTest : public ::testing::Test {
     }
   }
 
-  ServeOptions options(int pool_size) const {
-    ServeOptions o;
+  RegistryOptions options(int pool_size) const {
+    RegistryOptions o;
     o.state_dir = root_ + "/state";
     o.kernel_start_timeout = 60;
     o.pool_size = pool_size;
@@ -113,8 +113,9 @@ class PoolTest : public ::testing::Test {
     return o;
   }
 
-  KernelManager& make_manager(ServeOptions o) {
-    manager_ = std::make_unique<KernelManager>(std::move(o));
+  KernelRegistry& make_manager(RegistryOptions o) {
+    manager_ = std::make_unique<KernelRegistry>(std::move(o));
+    manager_->start();
     return *manager_;
   }
 
@@ -142,11 +143,11 @@ class PoolTest : public ::testing::Test {
   }
 
   std::string root_;
-  std::unique_ptr<KernelManager> manager_;
+  std::unique_ptr<KernelRegistry> manager_;
 };
 
 TEST_F(PoolTest, StartClaimsAReadyKernelAndThePoolRefills) {
-  KernelManager& km = make_manager(options(2));
+  KernelRegistry& km = make_manager(options(2));
   ASSERT_TRUE(wait_pool(2)) << "ready: " << km.pool_ready("python3");
   EXPECT_TRUE(km.list().empty()) << "pooled kernels are invisible to clients";
   const std::vector<pid_t> pooled = km.pool_pids("python3");
@@ -187,7 +188,7 @@ TEST_F(PoolTest, StartClaimsAReadyKernelAndThePoolRefills) {
 }
 
 TEST_F(PoolTest, ClaimedKernelsAreSeparateAndNeverReturnToThePool) {
-  KernelManager& km = make_manager(options(2));
+  KernelRegistry& km = make_manager(options(2));
   ASSERT_TRUE(wait_pool(2));
   auto a = km.start("python3", json());
   ASSERT_TRUE(a) << a.error().describe();
@@ -214,9 +215,9 @@ TEST_F(PoolTest, ClaimedKernelsAreSeparateAndNeverReturnToThePool) {
 }
 
 TEST_F(PoolTest, ClientEnvIsAPoolMiss) {
-  ServeOptions o = options(2);
+  RegistryOptions o = options(2);
   o.env_allowlist = {"ALLOWED_VAR"};
-  KernelManager& km = make_manager(o);
+  KernelRegistry& km = make_manager(o);
   ASSERT_TRUE(wait_pool(2));
   const auto pooled = km.pool_pids("python3");
 
@@ -236,7 +237,7 @@ TEST_F(PoolTest, ClientEnvIsAPoolMiss) {
 }
 
 TEST_F(PoolTest, DeadPooledKernelIsReplacedNotRestartedIntoTheLiveSet) {
-  KernelManager& km = make_manager(options(2));
+  KernelRegistry& km = make_manager(options(2));
   ASSERT_TRUE(wait_pool(2));
   const auto pooled = km.pool_pids("python3");
   ASSERT_EQ(pooled.size(), 2u);
@@ -261,8 +262,8 @@ TEST_F(PoolTest, DeadPooledKernelIsReplacedNotRestartedIntoTheLiveSet) {
 }
 
 TEST_F(PoolTest, PoolSizeZeroStartsNothingInAdvance) {
-  ServeOptions o = options(0);
-  KernelManager& km = make_manager(o);
+  RegistryOptions o = options(0);
+  KernelRegistry& km = make_manager(o);
   std::this_thread::sleep_for(2s);  // longer than a pool start takes to create its kernel dir
   EXPECT_EQ(km.pool_ready("python3"), 0u);
   EXPECT_EQ(kernel_dirs(), 0u) << "a kernel was started before anyone asked";
@@ -275,9 +276,9 @@ TEST_F(PoolTest, PoolSizeZeroStartsNothingInAdvance) {
 }
 
 TEST_F(PoolTest, RefillsRespectMaxKernelsAndClaimsAreNotRefused) {
-  ServeOptions o = options(2);
+  RegistryOptions o = options(2);
   o.max_kernels = 3;
-  KernelManager& km = make_manager(o);
+  KernelRegistry& km = make_manager(o);
   ASSERT_TRUE(wait_pool(2));
   auto a = km.start("python3", json());
   ASSERT_TRUE(a) << a.error().describe();
@@ -301,9 +302,9 @@ TEST_F(PoolTest, RefillsRespectMaxKernelsAndClaimsAreNotRefused) {
 }
 
 TEST_F(PoolTest, AMissAtTheLimitEndsAPooledKernelInsteadOfRefusingTheClient) {
-  ServeOptions o = options(2);
+  RegistryOptions o = options(2);
   o.max_kernels = 2;
-  KernelManager& km = make_manager(o);
+  KernelRegistry& km = make_manager(o);
   ASSERT_TRUE(wait_pool(2));
   auto k = km.start("python3", json{{"KERNEL_MISS", "1"}});
   ASSERT_TRUE(k) << "the pool cost a client its kernel: " << k.error().describe();
@@ -314,4 +315,4 @@ TEST_F(PoolTest, AMissAtTheLimitEndsAPooledKernelInsteadOfRefusingTheClient) {
 }
 
 }  // namespace
-}  // namespace cellgate::server
+}  // namespace cellgate::kernels

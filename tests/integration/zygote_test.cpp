@@ -1,10 +1,10 @@
-// KernelManager with its zygote (ServeOptions::zygote) against real jailed ipykernels: pooled
+// KernelRegistry with its zygote (RegistryOptions::zygote) against real jailed ipykernels: pooled
 // and client kernels are forked from it (pandas already imported, the jail's pid 1 a child of
 // the zygote), kernels outlive a SIGKILLed zygote with their variables, a new zygote is ready
 // within seconds and new kernels come from it, a dead pooled kernel is replaced from it.
 // Needs root (the jail); skips otherwise.
 //
-// kernel::Zygote's pid is not reachable through KernelManager: the test finds the zygote as the
+// kernel::Zygote's pid is not reachable through KernelRegistry: the test finds the zygote as the
 // child of this process running cellgate-zygote (a process this test started).
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "cellgate/kernel/client.hpp"
-#include "cellgate/server/kernel_manager.hpp"
+#include "cellgate/kernels/registry.hpp"
 
-namespace cellgate::server {
+namespace cellgate::kernels {
 namespace {
 
 namespace fs = std::filesystem;
@@ -88,7 +88,7 @@ pid_t zygote_pid() {
 }
 
 // The cell's stdout, or a description of how it failed.
-std::string output_of(KernelManager& km, const std::string& id, const std::string& code) {
+std::string output_of(KernelRegistry& km, const std::string& id, const std::string& code) {
   auto k = km.find(id);
   if (!k) {
     return "<" + k.error().describe() + ">";
@@ -142,14 +142,15 @@ class ZygoteGatewayTest : public ::testing::Test {
     }
   }
 
-  KernelManager& make_manager(int pool_size) {
-    ServeOptions o;
+  KernelRegistry& make_manager(int pool_size) {
+    RegistryOptions o;
     o.state_dir = root_ + "/state";
     o.kernel_start_timeout = 60;
     o.pool_size = pool_size;
     o.pool_kernels = {"python3"};
     o.zygote = true;
-    manager_ = std::make_unique<KernelManager>(std::move(o));
+    manager_ = std::make_unique<KernelRegistry>(std::move(o));
+    manager_->start();
     return *manager_;
   }
 
@@ -178,11 +179,11 @@ class ZygoteGatewayTest : public ::testing::Test {
   }
 
   std::string root_;
-  std::unique_ptr<KernelManager> manager_;
+  std::unique_ptr<KernelRegistry> manager_;
 };
 
 TEST_F(ZygoteGatewayTest, KernelsComeFromTheZygoteOutliveItAndComeFromItsSuccessor) {
-  KernelManager& km = make_manager(1);
+  KernelRegistry& km = make_manager(1);
   ASSERT_TRUE(wait_pool(1)) << "ready: " << km.pool_ready("python3");
   const pid_t first = zygote_pid();
   ASSERT_GT(first, 0) << "no zygote child; log:\n" << read_file(km.state_dir() + "/zygote.log");
@@ -227,7 +228,7 @@ TEST_F(ZygoteGatewayTest, KernelsComeFromTheZygoteOutliveItAndComeFromItsSuccess
 }
 
 TEST_F(ZygoteGatewayTest, ADeadPooledKernelIsReplacedFromTheZygote) {
-  KernelManager& km = make_manager(2);
+  KernelRegistry& km = make_manager(2);
   ASSERT_TRUE(wait_pool(2)) << "ready: " << km.pool_ready("python3");
   const pid_t zygote = zygote_pid();
   ASSERT_GT(zygote, 0);
@@ -265,4 +266,4 @@ TEST_F(ZygoteGatewayTest, ADeadPooledKernelIsReplacedFromTheZygote) {
 }
 
 }  // namespace
-}  // namespace cellgate::server
+}  // namespace cellgate::kernels

@@ -17,7 +17,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 BIN_DIR = Path(os.environ.get("CELLGATE_BIN_DIR") or REPO / "build" / "bin")
-NOTEBOOKS = REPO / "notebooks"
+NOTEBOOKS = REPO / "notebooks" / "examples"
 EXAMPLES = sorted(NOTEBOOKS.glob("*.ipynb"))
 
 NBCLIENT = """

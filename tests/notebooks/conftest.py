@@ -27,7 +27,7 @@ if os.geteuid() != 0:
 REPO = Path(__file__).resolve().parents[2]
 BIN_DIR = Path(os.environ.get("CELLGATE_BIN_DIR") or REPO / "build" / "bin")
 CELLGATE = BIN_DIR / "cellgate"
-NOTEBOOKS = REPO / "notebooks"
+NOTEBOOKS = REPO / "notebooks" / "examples"
 EXAMPLES = sorted(NOTEBOOKS.glob("*.ipynb"))
 
 RUN_TIMEOUT = 240  # seconds for one `cellgate run` (a batch included)

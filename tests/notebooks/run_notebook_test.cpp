@@ -1,12 +1,12 @@
 // nbformat handling of `cellgate run` (gateway/src/cli/run_notebook.cpp): validation messages,
 // -p values as Python literals, the injected-parameters cell, artifacts of an output.
-#include "cli/run_notebook.hpp"
+#include "cellgate/notebooks/notebook.hpp"
 
 #include <gtest/gtest.h>
 
-#include "cellgate/text.hpp"
+#include "cellgate/util/text.hpp"
 
-namespace cellgate::cli::notebook {
+namespace cellgate::notebooks::notebook {
 namespace {
 
 using nlohmann::json;
@@ -164,4 +164,4 @@ TEST(RunNotebook, DumpKeepsUtf8AndReplacesInvalidBytes) {
 }
 
 }  // namespace
-}  // namespace cellgate::cli::notebook
+}  // namespace cellgate::notebooks::notebook

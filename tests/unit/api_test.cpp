@@ -1,10 +1,10 @@
-// The REST API in memory: Api::handle with a KernelManager that never starts a kernel.
+// The REST API in memory: Api::handle with a KernelRegistry that never starts a kernel.
 //
 // Every test builds requests by hand and waits for the reply callback (which may run on the
 // Api's pool). Kernelspecs come from a private JUPYTER_PATH so the results do not depend on the
 // host's jupyter installation. Nothing here may start a kernel: no request below names an
 // existing kernelspec together with valid arguments.
-#include "cellgate/server/api.hpp"
+#include "cellgate/api/api.hpp"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -21,14 +21,19 @@
 #include <utility>
 #include <vector>
 
-#include "cellgate/server/kernel_manager.hpp"
+#include "cellgate/kernels/registry.hpp"
+#include "cellgate/testing/api_parts.hpp"
 
-namespace cellgate::server {
+namespace cellgate::api {
 namespace {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using nlohmann::json;
+using http::Request;
+using http::Response;
+using http::Target;
+namespace bhttp = boost::beast::http;
 
 constexpr const char* kToken = "s3cret-T0ken";
 constexpr const char* kUnknownId = "0b8e4c1a-2f6d-4e7a-9c3b-5d1f0a2e4b6c";
@@ -69,31 +74,36 @@ void write_kernelspecs(const fs::path& jupyter_dir) {
              R"({"argv": ["/usr/bin/python3", "-f", "{connection_file}"]})");
 }
 
-// A manager and an Api over options that outlive both.
+using TestOptions = testing::ApiPartsOptions;
+
+// The Api under test and the parts it runs on.
 struct Gateway {
-  explicit Gateway(ServeOptions o, std::string token = kToken)
-      : options(std::move(o)), manager(options), api(manager, options, std::move(token)) {}
-  ServeOptions options;
-  KernelManager manager;
-  Api api;
+  explicit Gateway(TestOptions o, std::string token = kToken)
+      : parts([&] {
+          o.token = std::move(token);
+          return o;
+        }()),
+        api(parts.api) {}
+  testing::ApiParts parts;
+  Api& api;
 };
 
-Request make_request(http::verb verb, const std::string& target, const std::string& token = kToken,
+Request make_request(bhttp::verb verb, const std::string& target, const std::string& token = kToken,
                      const std::string& body = "") {
   Request req{verb, target, 11};
-  req.set(http::field::host, kHost);
+  req.set(bhttp::field::host, kHost);
   if (!token.empty()) {
-    req.set(http::field::authorization, "token " + token);
+    req.set(bhttp::field::authorization, "token " + token);
   }
   if (!body.empty()) {
-    req.set(http::field::content_type, "application/json");
+    req.set(bhttp::field::content_type, "application/json");
     req.body() = body;
   }
   req.prepare_payload();
   return req;
 }
 
-Request anonymous(http::verb verb, const std::string& target, const std::string& body = "") {
+Request anonymous(bhttp::verb verb, const std::string& target, const std::string& body = "") {
   return make_request(verb, target, "", body);
 }
 
@@ -122,19 +132,19 @@ json body_json(const Response& res) {
   return j;
 }
 
-std::string header(const Response& res, http::field field) {
+std::string header(const Response& res, bhttp::field field) {
   auto it = res.find(field);
   return it == res.end() ? std::string() : std::string(it->value());
 }
 
-bool has_header(const Response& res, http::field field) {
+bool has_header(const Response& res, bhttp::field field) {
   return res.find(field) != res.end();
 }
 
 // Checks a JSON error: the status, the content type and {"reason", "message"} strings.
 json expect_error(const Response& res, int status) {
   EXPECT_EQ(res.result_int(), static_cast<unsigned>(status)) << res.body();
-  EXPECT_EQ(header(res, http::field::content_type), "application/json");
+  EXPECT_EQ(header(res, bhttp::field::content_type), "application/json");
   json j = body_json(res);
   if (!j.is_object()) {
     ADD_FAILURE() << "error body is not an object: " << res.body();
@@ -169,17 +179,17 @@ class ApiTest : public ::testing::Test {
     fs::remove_all(root_, ec);
   }
 
-  ServeOptions base_options() const {
-    ServeOptions o;
+  TestOptions base_options() const {
+    TestOptions o;
     o.state_dir = root_ + "/state";
     o.token = kToken;
     return o;
   }
 
   Response get(const std::string& target) {
-    return call(gateway_->api, make_request(http::verb::get, target));
+    return call(gateway_->api, make_request(bhttp::verb::get, target));
   }
-  Response send(http::verb verb, const std::string& target, const std::string& body = "") {
+  Response send(bhttp::verb verb, const std::string& target, const std::string& body = "") {
     return call(gateway_->api, make_request(verb, target, kToken, body));
   }
 
@@ -191,9 +201,9 @@ class ApiTest : public ::testing::Test {
 // ---- authentication --------------------------------------------------------------------------
 
 TEST_F(ApiTest, VersionIsOpenWithoutAToken) {
-  Response res = call(gateway_->api, anonymous(http::verb::get, "/api"));
+  Response res = call(gateway_->api, anonymous(bhttp::verb::get, "/api"));
   ASSERT_EQ(res.result_int(), 200u) << res.body();
-  EXPECT_EQ(header(res, http::field::content_type), "application/json");
+  EXPECT_EQ(header(res, bhttp::field::content_type), "application/json");
   json j = body_json(res);
   ASSERT_TRUE(j.contains("version")) << res.body();
   EXPECT_TRUE(j["version"].is_string());
@@ -201,24 +211,24 @@ TEST_F(ApiTest, VersionIsOpenWithoutAToken) {
 }
 
 TEST_F(ApiTest, EveryOtherRouteWithoutATokenIs401) {
-  const std::vector<std::pair<http::verb, std::string>> routes = {
-      {http::verb::get, "/api/kernels"},
-      {http::verb::post, "/api/kernels"},
-      {http::verb::get, std::string("/api/kernels/") + kUnknownId},
-      {http::verb::delete_, std::string("/api/kernels/") + kUnknownId},
-      {http::verb::post, std::string("/api/kernels/") + kUnknownId + "/interrupt"},
-      {http::verb::post, std::string("/api/kernels/") + kUnknownId + "/restart"},
-      {http::verb::get, "/api/sessions"},
-      {http::verb::post, "/api/sessions"},
-      {http::verb::get, std::string("/api/sessions/") + kUnknownId},
-      {http::verb::get, "/api/kernelspecs"},
-      {http::verb::get, "/api/kernelspecs/python3"},
-      {http::verb::get, "/kernelspecs/python3/logo-64x64.png"},
-      {http::verb::post, "/api"},
-      {http::verb::get, "/api/no-such-route"},
+  const std::vector<std::pair<bhttp::verb, std::string>> routes = {
+      {bhttp::verb::get, "/api/kernels"},
+      {bhttp::verb::post, "/api/kernels"},
+      {bhttp::verb::get, std::string("/api/kernels/") + kUnknownId},
+      {bhttp::verb::delete_, std::string("/api/kernels/") + kUnknownId},
+      {bhttp::verb::post, std::string("/api/kernels/") + kUnknownId + "/interrupt"},
+      {bhttp::verb::post, std::string("/api/kernels/") + kUnknownId + "/restart"},
+      {bhttp::verb::get, "/api/sessions"},
+      {bhttp::verb::post, "/api/sessions"},
+      {bhttp::verb::get, std::string("/api/sessions/") + kUnknownId},
+      {bhttp::verb::get, "/api/kernelspecs"},
+      {bhttp::verb::get, "/api/kernelspecs/python3"},
+      {bhttp::verb::get, "/kernelspecs/python3/logo-64x64.png"},
+      {bhttp::verb::post, "/api"},
+      {bhttp::verb::get, "/api/no-such-route"},
   };
   for (const auto& [verb, target] : routes) {
-    SCOPED_TRACE(std::string(http::to_string(verb)) + " " + target);
+    SCOPED_TRACE(std::string(bhttp::to_string(verb)) + " " + target);
     Response res = call(gateway_->api, anonymous(verb, target));
     expect_error(res, 401);
   }
@@ -228,49 +238,49 @@ TEST_F(ApiTest, WrongTokenIs403) {
   for (const std::string& target :
        std::vector<std::string>{"/api/kernels", "/api/kernelspecs", "/api/sessions"}) {
     SCOPED_TRACE(target);
-    expect_error(call(gateway_->api, make_request(http::verb::get, target, "not-the-token")), 403);
-    expect_error(call(gateway_->api, anonymous(http::verb::get, target + "?token=nope")), 403);
+    expect_error(call(gateway_->api, make_request(bhttp::verb::get, target, "not-the-token")), 403);
+    expect_error(call(gateway_->api, anonymous(bhttp::verb::get, target + "?token=nope")), 403);
   }
   // A prefix of the token is not the token.
-  expect_error(call(gateway_->api, make_request(http::verb::get, "/api/kernels", "s3cret")), 403);
+  expect_error(call(gateway_->api, make_request(bhttp::verb::get, "/api/kernels", "s3cret")), 403);
 }
 
 TEST_F(ApiTest, TokenHeaderBearerAndQueryAreAccepted) {
   {
-    Request req = anonymous(http::verb::get, "/api/kernels");
-    req.set(http::field::authorization, std::string("token ") + kToken);
+    Request req = anonymous(bhttp::verb::get, "/api/kernels");
+    req.set(bhttp::field::authorization, std::string("token ") + kToken);
     EXPECT_EQ(call(gateway_->api, std::move(req)).result_int(), 200u);
   }
   {
-    Request req = anonymous(http::verb::get, "/api/kernels");
-    req.set(http::field::authorization, std::string("Bearer ") + kToken);
+    Request req = anonymous(bhttp::verb::get, "/api/kernels");
+    req.set(bhttp::field::authorization, std::string("Bearer ") + kToken);
     EXPECT_EQ(call(gateway_->api, std::move(req)).result_int(), 200u);
   }
   {
-    Request req = anonymous(http::verb::get, "/api/kernels");
-    req.set(http::field::authorization, std::string("Token ") + kToken);
+    Request req = anonymous(bhttp::verb::get, "/api/kernels");
+    req.set(bhttp::field::authorization, std::string("Token ") + kToken);
     EXPECT_EQ(call(gateway_->api, std::move(req)).result_int(), 200u) << "scheme is case-blind";
   }
   EXPECT_EQ(
-      call(gateway_->api, anonymous(http::verb::get, std::string("/api/kernels?token=") + kToken))
+      call(gateway_->api, anonymous(bhttp::verb::get, std::string("/api/kernels?token=") + kToken))
           .result_int(),
       200u);
   {
     // GatewayClient without a configured token still sends "Authorization: token ".
-    Request req = anonymous(http::verb::get, std::string("/api/kernels?token=") + kToken);
-    req.set(http::field::authorization, "token ");
+    Request req = anonymous(bhttp::verb::get, std::string("/api/kernels?token=") + kToken);
+    req.set(bhttp::field::authorization, "token ");
     EXPECT_EQ(call(gateway_->api, std::move(req)).result_int(), 200u);
   }
   {
-    Request req = anonymous(http::verb::get, "/api/kernels");
-    req.set(http::field::authorization, "Basic dXNlcjpwYXNz");
+    Request req = anonymous(bhttp::verb::get, "/api/kernels");
+    req.set(bhttp::field::authorization, "Basic dXNlcjpwYXNz");
     expect_error(call(gateway_->api, std::move(req)), 401);
   }
 }
 
 TEST_F(ApiTest, NoTokenConfiguredAllowsEverything) {
   Gateway open(base_options(), "");
-  EXPECT_EQ(call(open.api, anonymous(http::verb::get, "/api/kernels")).result_int(), 200u);
+  EXPECT_EQ(call(open.api, anonymous(bhttp::verb::get, "/api/kernels")).result_int(), 200u);
 }
 
 // ---- routing ---------------------------------------------------------------------------------
@@ -289,7 +299,7 @@ TEST_F(ApiTest, UnknownQueryParametersAreIgnored) {
   Response res = get("/api/kernels?1712345678901");
   ASSERT_EQ(res.result_int(), 200u) << res.body();
   EXPECT_EQ(body_json(res), json::array());
-  res = call(gateway_->api, anonymous(http::verb::get, std::string("/api/kernels?1712345678901&"
+  res = call(gateway_->api, anonymous(bhttp::verb::get, std::string("/api/kernels?1712345678901&"
                                                                    "token=") +
                                                            kToken));
   EXPECT_EQ(res.result_int(), 200u) << res.body();
@@ -300,7 +310,7 @@ TEST_F(ApiTest, UnknownQueryParametersAreIgnored) {
 TEST_F(ApiTest, KernelListStartsEmpty) {
   Response res = get("/api/kernels");
   ASSERT_EQ(res.result_int(), 200u);
-  EXPECT_EQ(header(res, http::field::content_type), "application/json");
+  EXPECT_EQ(header(res, bhttp::field::content_type), "application/json");
   EXPECT_EQ(res.body(), "[]");
 }
 
@@ -311,53 +321,53 @@ TEST_F(ApiTest, UnknownKernelIs404WithJupytersMessage) {
 
 TEST_F(ApiTest, DeleteInterruptRestartOfAnUnknownKernelAre404) {
   const std::string base = std::string("/api/kernels/") + kUnknownId;
-  json j = expect_error(send(http::verb::delete_, base), 404);
+  json j = expect_error(send(bhttp::verb::delete_, base), 404);
   EXPECT_NE(j.value("message", "").find(kUnknownId), std::string::npos);
-  j = expect_error(send(http::verb::post, base + "/interrupt"), 404);
+  j = expect_error(send(bhttp::verb::post, base + "/interrupt"), 404);
   EXPECT_NE(j.value("message", "").find("Kernel does not exist"), std::string::npos);
-  j = expect_error(send(http::verb::post, base + "/restart"), 404);
+  j = expect_error(send(bhttp::verb::post, base + "/restart"), 404);
   EXPECT_NE(j.value("message", "").find("Kernel does not exist"), std::string::npos);
   // GatewayClient sends {} as the body of interrupt and restart.
-  expect_error(send(http::verb::post, base + "/restart", "{}"), 404);
+  expect_error(send(bhttp::verb::post, base + "/restart", "{}"), 404);
 }
 
 TEST_F(ApiTest, StartRejectsBadBodiesWithoutStartingAKernel) {
-  json j = expect_error(send(http::verb::post, "/api/kernels", "{\"name\": "), 400);
+  json j = expect_error(send(bhttp::verb::post, "/api/kernels", "{\"name\": "), 400);
   EXPECT_NE(j.value("message", "").find("JSON"), std::string::npos) << j.dump();
-  expect_error(send(http::verb::post, "/api/kernels", "[\"python3\"]"), 400);
-  expect_error(send(http::verb::post, "/api/kernels", "\"python3\""), 400);
-  expect_error(send(http::verb::post, "/api/kernels", R"({"name": 3})"), 400);
-  j = expect_error(send(http::verb::post, "/api/kernels", R"({"name": "python3", "env": "x"})"),
+  expect_error(send(bhttp::verb::post, "/api/kernels", "[\"python3\"]"), 400);
+  expect_error(send(bhttp::verb::post, "/api/kernels", "\"python3\""), 400);
+  expect_error(send(bhttp::verb::post, "/api/kernels", R"({"name": 3})"), 400);
+  j = expect_error(send(bhttp::verb::post, "/api/kernels", R"({"name": "python3", "env": "x"})"),
                    400);
   EXPECT_NE(j.value("message", "").find("env"), std::string::npos) << j.dump();
-  expect_error(send(http::verb::post, "/api/kernels", R"({"env": {"KERNEL_USERNAME": 7}})"), 400);
-  expect_error(send(http::verb::post, "/api/kernels", R"({"env": {"KERNEL_X": "line\nbreak"}})"),
+  expect_error(send(bhttp::verb::post, "/api/kernels", R"({"env": {"KERNEL_USERNAME": 7}})"), 400);
+  expect_error(send(bhttp::verb::post, "/api/kernels", R"({"env": {"KERNEL_X": "line\nbreak"}})"),
                400);
-  expect_error(send(http::verb::post, "/api/kernels", R"({"name": "../python3"})"), 400);
+  expect_error(send(bhttp::verb::post, "/api/kernels", R"({"name": "../python3"})"), 400);
   EXPECT_EQ(body_json(get("/api/kernels")), json::array()) << "a kernel was started";
 }
 
 TEST_F(ApiTest, StartWithAnUnknownKernelspecIs404AndSaysSo) {
   json j =
-      expect_error(send(http::verb::post, "/api/kernels", R"({"name": "no-such-kernel"})"), 404);
+      expect_error(send(bhttp::verb::post, "/api/kernels", R"({"name": "no-such-kernel"})"), 404);
   EXPECT_NE(j.value("message", "").find("no-such-kernel"), std::string::npos) << j.dump();
   EXPECT_NE(j.value("message", "").find("kernelspec"), std::string::npos) << j.dump();
   EXPECT_EQ(body_json(get("/api/kernels")), json::array());
 }
 
 TEST_F(ApiTest, WrongMethodIs405) {
-  json j = expect_error(send(http::verb::put, "/api/kernels"), 405);
+  json j = expect_error(send(bhttp::verb::put, "/api/kernels"), 405);
   EXPECT_EQ(j.value("reason", ""), "Method Not Allowed");
-  expect_error(send(http::verb::patch, "/api/kernels"), 405);
-  expect_error(send(http::verb::put, std::string("/api/kernels/") + kUnknownId), 405);
-  expect_error(send(http::verb::delete_, "/api/kernelspecs"), 405);
-  expect_error(send(http::verb::post, "/api/kernelspecs/python3"), 405);
+  expect_error(send(bhttp::verb::patch, "/api/kernels"), 405);
+  expect_error(send(bhttp::verb::put, std::string("/api/kernels/") + kUnknownId), 405);
+  expect_error(send(bhttp::verb::delete_, "/api/kernelspecs"), 405);
+  expect_error(send(bhttp::verb::post, "/api/kernelspecs/python3"), 405);
 }
 
 TEST_F(ApiTest, WrongMethodOnSessionsListIs405) {
   // Regression (found by this test, fixed): sessions() sends every method other than GET/POST on /api/sessions to its "no such
   // route" branch, so PUT /api/sessions is 404 where /api/kernels answers 405.
-  expect_error(send(http::verb::put, "/api/sessions"), 405);
+  expect_error(send(bhttp::verb::put, "/api/sessions"), 405);
 }
 
 TEST_F(ApiTest, ChannelsWithoutAnUpgradeIs400) {
@@ -367,13 +377,13 @@ TEST_F(ApiTest, ChannelsWithoutAnUpgradeIs400) {
 // ---- sessions --------------------------------------------------------------------------------
 
 TEST_F(ApiTest, SessionsNeedPathAndType) {
-  expect_error(send(http::verb::post, "/api/sessions", "{}"), 400);
-  expect_error(send(http::verb::post, "/api/sessions"), 400);
-  expect_error(send(http::verb::post, "/api/sessions", R"({"path": "a.ipynb"})"), 400);
-  expect_error(send(http::verb::post, "/api/sessions", R"({"type": "notebook"})"), 400);
-  expect_error(send(http::verb::post, "/api/sessions", R"({"path": 1, "type": "notebook"})"), 400);
-  expect_error(send(http::verb::post, "/api/sessions", "{not json"), 400);
-  expect_error(send(http::verb::post, "/api/sessions",
+  expect_error(send(bhttp::verb::post, "/api/sessions", "{}"), 400);
+  expect_error(send(bhttp::verb::post, "/api/sessions"), 400);
+  expect_error(send(bhttp::verb::post, "/api/sessions", R"({"path": "a.ipynb"})"), 400);
+  expect_error(send(bhttp::verb::post, "/api/sessions", R"({"type": "notebook"})"), 400);
+  expect_error(send(bhttp::verb::post, "/api/sessions", R"({"path": 1, "type": "notebook"})"), 400);
+  expect_error(send(bhttp::verb::post, "/api/sessions", "{not json"), 400);
+  expect_error(send(bhttp::verb::post, "/api/sessions",
                     R"({"path": "a.ipynb", "type": "notebook", "kernel": "python3"})"),
                400);
   EXPECT_EQ(body_json(get("/api/sessions")), json::array());
@@ -382,11 +392,11 @@ TEST_F(ApiTest, SessionsNeedPathAndType) {
 TEST_F(ApiTest, SessionForAnUnknownKernelOrSpecIsRefused) {
   json j = expect_error(
       send(
-          http::verb::post, "/api/sessions",
+          bhttp::verb::post, "/api/sessions",
           json{{"path", "a.ipynb"}, {"type", "notebook"}, {"kernel", {{"id", kUnknownId}}}}.dump()),
       404);
   EXPECT_NE(j.value("message", "").find(kUnknownId), std::string::npos);
-  j = expect_error(send(http::verb::post, "/api/sessions",
+  j = expect_error(send(bhttp::verb::post, "/api/sessions",
                         R"({"path": "a.ipynb", "type": "notebook",
                             "kernel": {"name": "no-such-kernel"}})"),
                    404);
@@ -402,8 +412,8 @@ TEST_F(ApiTest, SessionListStartsEmptyAndUnknownSessionsAre404) {
   const std::string target = std::string("/api/sessions/") + kUnknownId;
   json j = expect_error(get(target), 404);
   EXPECT_NE(j.value("message", "").find(kUnknownId), std::string::npos);
-  expect_error(send(http::verb::delete_, target), 404);
-  expect_error(send(http::verb::patch, target, R"({"path": "b.ipynb"})"), 404);
+  expect_error(send(bhttp::verb::delete_, target), 404);
+  expect_error(send(bhttp::verb::patch, target, R"({"path": "b.ipynb"})"), 404);
 }
 
 // ---- kernelspecs -----------------------------------------------------------------------------
@@ -471,7 +481,7 @@ TEST_F(ApiTest, OneKernelspecAndAnUnknownOne) {
 TEST_F(ApiTest, AMalformedKernelspecDoesNotBreakTheList) {
   // Regression (found by this test, fixed): KernelSpec::load reads display_name and language with json::value(), which throws
   // nlohmann::json::type_error when kernel.json has them with another type; the exception
-  // escapes KernelManager::kernelspecs() and Api::handle, so one bad kernel.json anywhere in the
+  // escapes KernelRegistry::kernelspecs() and Api::handle, so one bad kernel.json anywhere in the
   // kernelspec path makes GET /api/kernelspecs throw (on a server I/O thread: std::terminate).
   // Fix: check the types (is_string) in load() and skip specs that fail to load.
   write_file(fs::path(root_) / "bad" / "kernels" / "broken" / "kernel.json",
@@ -488,10 +498,10 @@ TEST_F(ApiTest, AMalformedKernelspecDoesNotBreakTheList) {
 TEST_F(ApiTest, KernelspecLogoIsServedAsPng) {
   Response res = get("/kernelspecs/python3/logo-64x64.png");
   ASSERT_EQ(res.result_int(), 200u) << res.body();
-  EXPECT_EQ(header(res, http::field::content_type), "image/png");
+  EXPECT_EQ(header(res, bhttp::field::content_type), "image/png");
   EXPECT_EQ(res.body(), kLogoBytes);
-  EXPECT_EQ(header(res, http::field::content_length), std::to_string(kLogoBytes.size()));
-  Response head = send(http::verb::head, "/kernelspecs/python3/logo-64x64.png");
+  EXPECT_EQ(header(res, bhttp::field::content_length), std::to_string(kLogoBytes.size()));
+  Response head = send(bhttp::verb::head, "/kernelspecs/python3/logo-64x64.png");
   EXPECT_EQ(head.result_int(), 200u);
   EXPECT_TRUE(head.body().empty());
   expect_error(get("/kernelspecs/python3/logo-svg.svg"), 404);
@@ -526,8 +536,8 @@ TEST_F(ApiTest, KernelspecDirectoryIsNotAFile) {
 TEST_F(ApiTest, KernelspecFilesOnlyAnswerGetAndHead) {
   // Regression (found by this test, fixed): kernelspec_file never looks at the method: DELETE/POST/PUT of a resource file answer
   // 200 with the file. jupyter_server's handler allows GET and HEAD only (405 otherwise).
-  expect_error(send(http::verb::delete_, "/kernelspecs/python3/logo-64x64.png"), 405);
-  expect_error(send(http::verb::post, "/kernelspecs/python3/logo-64x64.png"), 405);
+  expect_error(send(bhttp::verb::delete_, "/kernelspecs/python3/logo-64x64.png"), 405);
+  expect_error(send(bhttp::verb::post, "/kernelspecs/python3/logo-64x64.png"), 405);
 }
 
 // ---- CORS and origins ------------------------------------------------------------------------
@@ -536,59 +546,59 @@ class ApiCorsTest : public ApiTest {
  protected:
   void SetUp() override {
     ApiTest::SetUp();
-    ServeOptions o = base_options();
+    TestOptions o = base_options();
     o.allow_origins = {"http://lab.example"};
     gateway_ = std::make_unique<Gateway>(o);
   }
-  Response with_origin(http::verb verb, const std::string& target, const std::string& origin,
+  Response with_origin(bhttp::verb verb, const std::string& target, const std::string& origin,
                        const std::string& token = kToken) {
     Request req = make_request(verb, target, token);
-    req.set(http::field::origin, origin);
+    req.set(bhttp::field::origin, origin);
     return call(gateway_->api, std::move(req));
   }
 };
 
 TEST_F(ApiCorsTest, PreflightFromAnAllowedOriginIs204WithCorsHeaders) {
-  Request req = anonymous(http::verb::options, "/api/kernels");
-  req.set(http::field::origin, "http://lab.example");
-  req.set(http::field::access_control_request_method, "POST");
-  req.set(http::field::access_control_request_headers, "authorization, content-type");
+  Request req = anonymous(bhttp::verb::options, "/api/kernels");
+  req.set(bhttp::field::origin, "http://lab.example");
+  req.set(bhttp::field::access_control_request_method, "POST");
+  req.set(bhttp::field::access_control_request_headers, "authorization, content-type");
   Response res = call(gateway_->api, std::move(req));
   EXPECT_EQ(res.result_int(), 204u);
   EXPECT_TRUE(res.body().empty());
-  EXPECT_EQ(header(res, http::field::access_control_allow_origin), "http://lab.example");
-  const std::string methods = header(res, http::field::access_control_allow_methods);
+  EXPECT_EQ(header(res, bhttp::field::access_control_allow_origin), "http://lab.example");
+  const std::string methods = header(res, bhttp::field::access_control_allow_methods);
   EXPECT_NE(methods.find("POST"), std::string::npos) << methods;
   EXPECT_NE(methods.find("DELETE"), std::string::npos) << methods;
-  const std::string headers = header(res, http::field::access_control_allow_headers);
+  const std::string headers = header(res, bhttp::field::access_control_allow_headers);
   EXPECT_NE(headers.find("authorization"), std::string::npos) << headers;
   EXPECT_NE(headers.find("content-type"), std::string::npos) << headers;
 }
 
 TEST_F(ApiCorsTest, PreflightFromAnotherOriginGetsNoCorsHeaders) {
-  Request req = anonymous(http::verb::options, "/api/kernels");
-  req.set(http::field::origin, "http://evil.example");
-  req.set(http::field::access_control_request_method, "POST");
+  Request req = anonymous(bhttp::verb::options, "/api/kernels");
+  req.set(bhttp::field::origin, "http://evil.example");
+  req.set(bhttp::field::access_control_request_method, "POST");
   Response res = call(gateway_->api, std::move(req));
   EXPECT_NE(res.result_int(), 204u);
   EXPECT_EQ(res.result_int(), 403u);
-  EXPECT_FALSE(has_header(res, http::field::access_control_allow_origin));
-  EXPECT_FALSE(has_header(res, http::field::access_control_allow_methods));
-  EXPECT_FALSE(has_header(res, http::field::access_control_allow_headers));
+  EXPECT_FALSE(has_header(res, bhttp::field::access_control_allow_origin));
+  EXPECT_FALSE(has_header(res, bhttp::field::access_control_allow_methods));
+  EXPECT_FALSE(has_header(res, bhttp::field::access_control_allow_headers));
 }
 
 TEST_F(ApiCorsTest, AllowedOriginGetsCorsHeadersOnAnswersAndErrors) {
-  Response res = with_origin(http::verb::get, "/api/kernels", "http://lab.example");
+  Response res = with_origin(bhttp::verb::get, "/api/kernels", "http://lab.example");
   EXPECT_EQ(res.result_int(), 200u);
-  EXPECT_EQ(header(res, http::field::access_control_allow_origin), "http://lab.example");
+  EXPECT_EQ(header(res, bhttp::field::access_control_allow_origin), "http://lab.example");
   // The browser must be able to read a refusal too.
-  res = with_origin(http::verb::get, "/api/kernels", "http://lab.example", "");
+  res = with_origin(bhttp::verb::get, "/api/kernels", "http://lab.example", "");
   expect_error(res, 401);
-  EXPECT_EQ(header(res, http::field::access_control_allow_origin), "http://lab.example");
+  EXPECT_EQ(header(res, bhttp::field::access_control_allow_origin), "http://lab.example");
   res =
-      with_origin(http::verb::get, std::string("/api/kernels/") + kUnknownId, "http://lab.example");
+      with_origin(bhttp::verb::get, std::string("/api/kernels/") + kUnknownId, "http://lab.example");
   expect_error(res, 404);
-  EXPECT_EQ(header(res, http::field::access_control_allow_origin), "http://lab.example");
+  EXPECT_EQ(header(res, bhttp::field::access_control_allow_origin), "http://lab.example");
 }
 
 TEST_F(ApiCorsTest, DisallowedOriginIs403EvenWithTheToken) {
@@ -596,28 +606,28 @@ TEST_F(ApiCorsTest, DisallowedOriginIs403EvenWithTheToken) {
        std::vector<std::string>{"http://evil.example", "http://lab.example.evil.example",
                                 "https://lab.example", "null"}) {
     SCOPED_TRACE(origin);
-    Response res = with_origin(http::verb::get, "/api/kernels", origin);
+    Response res = with_origin(bhttp::verb::get, "/api/kernels", origin);
     expect_error(res, 403);
-    EXPECT_FALSE(has_header(res, http::field::access_control_allow_origin));
+    EXPECT_FALSE(has_header(res, bhttp::field::access_control_allow_origin));
   }
-  expect_error(with_origin(http::verb::get, "/api", "http://evil.example", ""), 403);
+  expect_error(with_origin(bhttp::verb::get, "/api", "http://evil.example", ""), 403);
 }
 
 TEST_F(ApiCorsTest, SameOriginIsAllowed) {
-  Response res = with_origin(http::verb::get, "/api/kernels", std::string("http://") + kHost);
+  Response res = with_origin(bhttp::verb::get, "/api/kernels", std::string("http://") + kHost);
   EXPECT_EQ(res.result_int(), 200u) << res.body();
-  res = with_origin(http::verb::get, "/api/kernels", "http://127.0.0.1:9999");
+  res = with_origin(bhttp::verb::get, "/api/kernels", "http://127.0.0.1:9999");
   expect_error(res, 403);
 }
 
 TEST_F(ApiTest, NoAllowedOriginsMeansNoCorsHeaders) {
-  Request req = make_request(http::verb::get, "/api/kernels");
-  req.set(http::field::origin, std::string("http://") + kHost);
+  Request req = make_request(bhttp::verb::get, "/api/kernels");
+  req.set(bhttp::field::origin, std::string("http://") + kHost);
   Response res = call(gateway_->api, std::move(req));
   EXPECT_EQ(res.result_int(), 200u);
-  EXPECT_FALSE(has_header(res, http::field::access_control_allow_origin));
-  Request other = make_request(http::verb::get, "/api/kernels");
-  other.set(http::field::origin, "http://lab.example");
+  EXPECT_FALSE(has_header(res, bhttp::field::access_control_allow_origin));
+  Request other = make_request(bhttp::verb::get, "/api/kernels");
+  other.set(bhttp::field::origin, "http://lab.example");
   expect_error(call(gateway_->api, std::move(other)), 403);
 }
 
@@ -627,7 +637,7 @@ class ApiBaseUrlTest : public ApiTest {
  protected:
   void SetUp() override {
     ApiTest::SetUp();
-    ServeOptions o = base_options();
+    TestOptions o = base_options();
     o.base_url = "/prefix/";
     gateway_ = std::make_unique<Gateway>(o);
   }
@@ -637,10 +647,10 @@ TEST_F(ApiBaseUrlTest, RoutesLiveUnderThePrefixOnly) {
   Response res = get("/prefix/api/kernels");
   EXPECT_EQ(res.result_int(), 200u) << res.body();
   EXPECT_EQ(res.body(), "[]");
-  EXPECT_EQ(call(gateway_->api, anonymous(http::verb::get, "/prefix/api")).result_int(), 200u);
+  EXPECT_EQ(call(gateway_->api, anonymous(bhttp::verb::get, "/prefix/api")).result_int(), 200u);
   expect_error(get("/api/kernels"), 404);
   expect_error(get("/api/kernelspecs"), 404);
-  expect_error(call(gateway_->api, anonymous(http::verb::get, "/api")), 404);
+  expect_error(call(gateway_->api, anonymous(bhttp::verb::get, "/api")), 404);
   expect_error(get("/kernelspecs/python3/logo-64x64.png"), 404);
   res = get("/prefix/kernelspecs/python3/logo-64x64.png");
   EXPECT_EQ(res.result_int(), 200u);
@@ -663,7 +673,7 @@ TEST_F(ApiBaseUrlTest, APathThatOnlyStartsWithThePrefixTextIs404) {
   // base_url /prefix/ the path "/prefixapi/kernels" becomes "api/kernels" and is served (200).
   // Fix: accept only a path equal to base_ or continuing with '/' after it.
   expect_error(get("/prefixapi/kernels"), 404);
-  expect_error(call(gateway_->api, anonymous(http::verb::get, "/prefixapi")), 404);
+  expect_error(call(gateway_->api, anonymous(bhttp::verb::get, "/prefixapi")), 404);
 }
 
 // ---- Target::parse ---------------------------------------------------------------------------
@@ -707,40 +717,40 @@ TEST(ApiTarget, NoQueryAndEmptyQuery) {
 // ---- WebSocket upgrade checks ----------------------------------------------------------------
 
 Request upgrade_request(const std::string& target, const std::string& token = "") {
-  Request req = make_request(http::verb::get, target, token);
-  req.set(http::field::connection, "Upgrade");
-  req.set(http::field::upgrade, "websocket");
-  req.set(http::field::sec_websocket_version, "13");
-  req.set(http::field::sec_websocket_key, "dGhlIHNhbXBsZSBub25jZQ==");
+  Request req = make_request(bhttp::verb::get, target, token);
+  req.set(bhttp::field::connection, "Upgrade");
+  req.set(bhttp::field::upgrade, "websocket");
+  req.set(bhttp::field::sec_websocket_version, "13");
+  req.set(bhttp::field::sec_websocket_key, "dGhlIHNhbXBsZSBub25jZQ==");
   return req;
 }
 
 TEST_F(ApiTest, ChannelsRefusesMissingAndBadTokens) {
   const std::string target = std::string("/api/kernels/") + kUnknownId + "/channels";
-  auto check = gateway_->api.check_channels(upgrade_request(target + "?session_id=s1"));
-  EXPECT_FALSE(check.kernel);
+  auto check = gateway_->api.upgrade(upgrade_request(target + "?session_id=s1"));
+  EXPECT_FALSE(check.handler);
   ASSERT_TRUE(check.refusal);
   expect_error(*check.refusal, 401);
 
-  check = gateway_->api.check_channels(upgrade_request(target + "?token=wrong"));
-  EXPECT_FALSE(check.kernel);
+  check = gateway_->api.upgrade(upgrade_request(target + "?token=wrong"));
+  EXPECT_FALSE(check.handler);
   ASSERT_TRUE(check.refusal);
   expect_error(*check.refusal, 403);
 
-  check = gateway_->api.check_channels(upgrade_request(target, "wrong"));
+  check = gateway_->api.upgrade(upgrade_request(target, "wrong"));
   ASSERT_TRUE(check.refusal);
   expect_error(*check.refusal, 403);
 }
 
 TEST_F(ApiTest, ChannelsOfAnUnknownKernelIs404) {
   const std::string target = std::string("/api/kernels/") + kUnknownId + "/channels";
-  auto check = gateway_->api.check_channels(
+  auto check = gateway_->api.upgrade(
       upgrade_request(target + "?session_id=s1&token=" + std::string(kToken)));
-  EXPECT_FALSE(check.kernel);
+  EXPECT_FALSE(check.handler);
   ASSERT_TRUE(check.refusal);
   json j = expect_error(*check.refusal, 404);
   EXPECT_EQ(j.value("message", ""), std::string("Kernel does not exist: ") + kUnknownId);
-  check = gateway_->api.check_channels(upgrade_request(target, kToken));
+  check = gateway_->api.upgrade(upgrade_request(target, kToken));
   ASSERT_TRUE(check.refusal);
   expect_error(*check.refusal, 404);
 }
@@ -751,8 +761,8 @@ TEST_F(ApiTest, ChannelsOnAnotherPathIs404) {
        {kernel + "/shell", kernel, kernel + "/channels/x", std::string("/api/kernels/channels"),
         std::string("/api/sessions/") + kUnknownId + "/channels", std::string("/channels")}) {
     SCOPED_TRACE(target);
-    auto check = gateway_->api.check_channels(upgrade_request(target, kToken));
-    EXPECT_FALSE(check.kernel);
+    auto check = gateway_->api.upgrade(upgrade_request(target, kToken));
+    EXPECT_FALSE(check.handler);
     ASSERT_TRUE(check.refusal);
     json j = expect_error(*check.refusal, 404);
     EXPECT_NE(j.value("message", "").find("no WebSocket route"), std::string::npos) << j.dump();
@@ -761,15 +771,15 @@ TEST_F(ApiTest, ChannelsOnAnotherPathIs404) {
 
 TEST_F(ApiCorsTest, ChannelsFromADisallowedOriginIs403) {
   Request req = upgrade_request(std::string("/api/kernels/") + kUnknownId + "/channels", kToken);
-  req.set(http::field::origin, "http://evil.example");
-  auto check = gateway_->api.check_channels(req);
-  EXPECT_FALSE(check.kernel);
+  req.set(bhttp::field::origin, "http://evil.example");
+  auto check = gateway_->api.upgrade(req);
+  EXPECT_FALSE(check.handler);
   ASSERT_TRUE(check.refusal);
   expect_error(*check.refusal, 403);
 }
 
 TEST_F(ApiBaseUrlTest, ChannelsUnderThePrefixReachTheKernelLookup) {
-  auto check = gateway_->api.check_channels(
+  auto check = gateway_->api.upgrade(
       upgrade_request(std::string("/prefix/api/kernels/") + kUnknownId + "/channels", kToken));
   ASSERT_TRUE(check.refusal);
   json j = expect_error(*check.refusal, 404);
@@ -782,7 +792,7 @@ TEST_F(ApiBaseUrlTest, ChannelsOutsideThePrefixIs404) {
   // reaches the kernel lookup and, for a live kernel, upgrades — while handle() 404s the same
   // path. (It shares the missing segment check of handle(): "/prefixapi/kernels/{id}/channels"
   // is accepted too.) Fix: refuse with 404 unless the path is under base_ + '/'.
-  auto check = gateway_->api.check_channels(
+  auto check = gateway_->api.upgrade(
       upgrade_request(std::string("/api/kernels/") + kUnknownId + "/channels", kToken));
   ASSERT_TRUE(check.refusal);
   json j = expect_error(*check.refusal, 404);
@@ -790,4 +800,4 @@ TEST_F(ApiBaseUrlTest, ChannelsOutsideThePrefixIs404) {
 }
 
 }  // namespace
-}  // namespace cellgate::server
+}  // namespace cellgate::api

@@ -1,7 +1,7 @@
 // Unit tests of the artifact store (cellgate/server/artifacts.hpp): decoding what Jupyter sends,
 // content addressing and dedupe on disk, the per-kernel caps, locate() with and without the
 // records in memory, and concurrent puts. Each test works in its own mkdtemp directory.
-#include "cellgate/server/artifacts.hpp"
+#include "cellgate/store/artifacts.hpp"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -19,7 +19,7 @@
 
 #include "cellgate/result.hpp"
 
-namespace cellgate::server {
+namespace cellgate::store {
 namespace {
 
 namespace fs = std::filesystem;
@@ -448,4 +448,4 @@ TEST(ArtifactStoreTest, ConcurrentPuts) {
 }
 
 }  // namespace
-}  // namespace cellgate::server
+}  // namespace cellgate::store

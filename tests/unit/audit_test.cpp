@@ -1,7 +1,7 @@
 // Unit tests of the audit log (cellgate/server/audit.hpp): one JSON line per record, the default
 // and custom redaction patterns, long strings, rotation, and the errors create() reports. Each
 // test writes into its own mkdtemp directory.
-#include "cellgate/server/audit.hpp"
+#include "cellgate/store/audit.hpp"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -19,7 +19,7 @@
 
 #include "cellgate/result.hpp"
 
-namespace cellgate::server {
+namespace cellgate::store {
 namespace {
 
 namespace fs = std::filesystem;
@@ -300,4 +300,4 @@ TEST(AuditLogTest, ConcurrentWritesKeepLinesWhole) {
 }
 
 }  // namespace
-}  // namespace cellgate::server
+}  // namespace cellgate::store

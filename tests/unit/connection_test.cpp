@@ -6,7 +6,7 @@
 #include <fstream>
 
 #include "cellgate/kernel/connection.hpp"
-#include "cellgate/text.hpp"
+#include "cellgate/util/text.hpp"
 
 namespace cellgate::kernel {
 namespace {

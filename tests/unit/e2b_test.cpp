@@ -1,7 +1,7 @@
 // Unit tests of the E2B code-interpreter translations (cellgate/server/e2b.hpp): request bodies
 // as @e2b/code-interpreter 2.8.0 sends them, execution events to the NDJSON lines its
 // parseOutput() reads (docs/e2b.md), and the env-var Python run by /usr/bin/python3.
-#include "cellgate/server/e2b.hpp"
+#include "cellgate/api/e2b.hpp"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -20,7 +20,7 @@
 
 #include "cellgate/result.hpp"
 
-namespace cellgate::server::e2b {
+namespace cellgate::api::e2b {
 namespace {
 
 using nlohmann::json;
@@ -487,4 +487,4 @@ TEST_F(E2bPython, ChdirToAnOddPath) {
 }
 
 }  // namespace
-}  // namespace cellgate::server::e2b
+}  // namespace cellgate::api::e2b

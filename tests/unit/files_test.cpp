@@ -3,7 +3,7 @@
 // trees, and a thread that swaps a directory for a symlink while we work. Every escape test checks
 // that a canary directory beside the work dir is exactly as it was. Ownership needs root (chown to
 // another uid) and skips without it; everything else runs as any user.
-#include "cellgate/server/files.hpp"
+#include "cellgate/store/files.hpp"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -32,7 +32,7 @@
 
 #include "cellgate/unique_fd.hpp"
 
-namespace cellgate::server::files {
+namespace cellgate::store::files {
 namespace {
 
 namespace fs = std::filesystem;
@@ -577,4 +577,4 @@ TEST_F(FilesTest, WrittenFilesBelongToTheKernelUser) {
 }
 
 }  // namespace
-}  // namespace cellgate::server::files
+}  // namespace cellgate::store::files

@@ -8,9 +8,10 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "server/sessions.hpp"
+#include "cellgate/testing/api_parts.hpp"
+#include "sessions.hpp"
 
-namespace cellgate::server {
+namespace cellgate::http {
 namespace {
 
 namespace net = boost::asio;
@@ -23,15 +24,14 @@ class HttpSessionTest : public ::testing::Test {
   HttpSessionTest() {
     std::string dir = (std::filesystem::temp_directory_path() / "cellgate-http-XXXXXX").string();
     state_dir_ = ::mkdtemp(dir.data());
-    options_.state_dir = state_dir_;
     options_.max_body_bytes = 1024;
     options_.max_header_bytes = 1024;
-    manager_ = std::make_unique<KernelManager>(options_);
-    api_ = std::make_unique<Api>(*manager_, manager_->options(), "secret");
+    parts_ = std::make_unique<testing::ApiParts>(
+        testing::ApiPartsOptions{.state_dir = state_dir_, .token = "secret", .allow_origins = {},
+                                 .base_url = "/"});
   }
   ~HttpSessionTest() override {
-    api_.reset();
-    manager_.reset();
+    parts_.reset();
     std::error_code ec;
     std::filesystem::remove_all(state_dir_, ec);
   }
@@ -47,7 +47,7 @@ class HttpSessionTest : public ::testing::Test {
     if (chunk > 0) {
       server.read_size(chunk);
     }
-    std::make_shared<HttpSession<TestStream>>(*api_, manager_->options(), std::move(server))
+    std::make_shared<HttpSession<TestStream>>(parts_->api, options_, std::move(server))
         ->run();
     net::write(client, net::buffer(request));
     const auto deadline = std::chrono::steady_clock::now() + patience;
@@ -72,9 +72,8 @@ class HttpSessionTest : public ::testing::Test {
 
   net::io_context ioc_;
   std::string state_dir_;
-  ServeOptions options_;
-  std::unique_ptr<KernelManager> manager_;
-  std::unique_ptr<Api> api_;
+  HttpOptions options_;
+  std::unique_ptr<testing::ApiParts> parts_;
 };
 
 TEST_F(HttpSessionTest, AnswersApiWithoutAToken) {
@@ -118,7 +117,7 @@ TEST_F(HttpSessionTest, ABodyOverTheLimitIs413AndTheConnectionCloses) {
                       "}");
   EXPECT_EQ(out.rfind("HTTP/1.1 413", 0), 0u) << out;
   EXPECT_NE(out.find("Connection: close"), std::string::npos) << out;
-  EXPECT_TRUE(manager_->list().empty());
+  EXPECT_TRUE(parts_->registry.list().empty());
 }
 
 TEST_F(HttpSessionTest, HeadersOverTheLimitAre431) {
@@ -174,8 +173,8 @@ class ScriptedHandler : public Handler {
       return;
     }
     if (target == "/stream") {
-      Response head{http::status::ok, req.version()};
-      head.set(http::field::content_type, "application/x-ndjson");
+      Response head{Status::ok, req.version()};
+      head.set(Field::content_type, "application/x-ndjson");
       head.keep_alive(req.keep_alive());
       exchange->begin(std::move(head));
       for (const char* piece : {"{\"n\":1}\n", "{\"n\":2}\n", "{\"type\":\"end\"}\n"}) {
@@ -184,12 +183,12 @@ class ScriptedHandler : public Handler {
       exchange->end();
       return;
     }
-    exchange->reply(Api::json_response(req, http::status::ok, nlohmann::json{{"t", target}}));
+    exchange->reply(json_response(req, Status::ok, nlohmann::json{{"t", target}}));
   }
-  ChannelsCheck check_channels(const Request& req) override {
-    ChannelsCheck c;
-    c.refusal = Api::json_response(req, http::status::not_found, nlohmann::json::object());
-    return c;
+  Upgrade upgrade(const Request& req) override {
+    Upgrade u;
+    u.refusal = json_response(req, Status::not_found, nlohmann::json::object());
+    return u;
   }
   std::atomic<bool> gone{false};
   std::shared_ptr<Exchange> held;
@@ -209,7 +208,7 @@ class StreamingSessionTest : public ::testing::Test {
   }
 
   net::io_context ioc_;
-  ServeOptions options_;
+  HttpOptions options_;
   ScriptedHandler handler_;
 };
 
@@ -269,4 +268,4 @@ TEST_F(StreamingSessionTest, PipelinedRequestsAreAnsweredInOrder) {
 }
 
 }  // namespace
-}  // namespace cellgate::server
+}  // namespace cellgate::http

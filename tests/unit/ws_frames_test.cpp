@@ -2,7 +2,7 @@
 // (cellgate/server/ws_frames.hpp): legacy JSON, legacy binary and v1.kernel.websocket.jupyter.org,
 // against the layouts of ../shared/reference/jupyter-gateway-api.md §5.3–5.5 and frames written
 // by hand the way JupyterLab's serialize.ts writes them.
-#include "cellgate/server/ws_frames.hpp"
+#include "cellgate/protocol/ws_frames.hpp"
 
 #include <gtest/gtest.h>
 
@@ -18,7 +18,7 @@
 #include "cellgate/protocol/message.hpp"
 #include "cellgate/result.hpp"
 
-namespace cellgate::server {
+namespace cellgate::protocol {
 namespace {
 
 using nlohmann::json;
@@ -759,4 +759,4 @@ TEST(WsFrames, RandomFuzzThroughAllDecoders) {
 }
 
 }  // namespace
-}  // namespace cellgate::server
+}  // namespace cellgate::protocol

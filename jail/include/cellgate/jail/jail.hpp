@@ -2,12 +2,21 @@
 // that failed and its arguments; run_steps() applies a list in order and stops at the first
 // failure, prefixing its name — nsjail's containProc as a checklist.
 //
-// The launcher (kernel-launcher/src/jailed.cpp) uses them in this order:
+// The order is written once, in contain_init() and contain_kernel() (src/pipeline.cpp), and both
+// ways a kernel starts use it: exec mode (kernel-launcher/src/jailed.cpp) and the zygote
+// (kernel-launcher/src/zygote_server.cpp):
 //   host, as root:   cgroup created and the child added            (cgroup.hpp)
-//   child = pid 1 of new mount, pid, net, ipc, uts namespaces (clone_jailed()):
+//   pid 1 of new mount, pid, net, ipc, uts namespaces (clone_jailed(), or the zygote's clone),
+//   contain_init():
 //     "cgroup namespace" → "root filesystem" → "hostname"
-//   kernel, forked by pid 1, just before execve:
-//     "session" → "rlimits" → "credentials" → "no_new_privs" → "file descriptors" → "seccomp"
+//   the kernel, forked by pid 1, just before execve (or before the zygote's Python runs it),
+//   contain_kernel():
+//     "session" → "work dir" → "rlimits" → "credentials" → "no_new_privs" → "file descriptors"
+//     → "seccomp"
+//
+//   CELLGATE_TRY(jail::contain_init(spec, paths, uid, gid));                      // in pid 1
+//   CELLGATE_TRY(jail::contain_kernel(spec, uid, gid,                              // in the kernel
+//                                     [&] { return jail::close_inherited_fds(err_fd); }));
 //
 // Thread-safety: these change the calling process; call them from a single-threaded process.
 #pragma once
@@ -35,13 +44,22 @@ Result<void> run_steps(const std::vector<Step>& steps);
 // the child's pid in the parent and 0 in the child, which is pid 1 of its pid namespace.
 Result<pid_t> clone_jailed();
 
-// Child steps.
-Result<void> enter_cgroup_namespace();
 struct RootPaths {
   std::string staging;       // an empty root-owned directory to build the new root on
   std::string conn_dir;      // host path, bound at kJailConnDir ("" : none)
   std::string work_dir;      // host path bound at kJailWorkDir, or "" for a private tmpfs
 };
+
+// The two lists of steps, in the order above; the first failure is "<step>: <message>".
+Result<void> contain_init(const JailSpec& spec, const RootPaths& paths, uid_t uid, gid_t gid);
+// `settle_fds` is the "file descriptors" step, the one that differs: exec mode closes every
+// inherited descriptor but its error pipe (close_inherited_fds); the zygote also leaves /dev/null
+// on the numbers its Python objects hold.
+Result<void> contain_kernel(const JailSpec& spec, uid_t uid, gid_t gid,
+                            const std::function<Result<void>()>& settle_fds);
+
+// Child steps.
+Result<void> enter_cgroup_namespace();
 Result<void> build_root(const JailSpec& spec, const RootPaths& paths, uid_t uid, gid_t gid);
 Result<void> set_hostname(const std::string& name);
 

@@ -1,10 +1,10 @@
-// JailSpec: everything the jail applies to one kernel, as a value (and as JSON for --spec).
+// JailSpec: everything the jail applies to one kernel, as a value. Its JSON form (the launcher's
+// --spec file, a zygote request) belongs to the launcher: cellgate/launcher/spec_json.hpp.
 //
 //   JailSpec spec;                       // the defaults: 1 CPU, 1 GiB, 256 pids, no network, …
 //   spec.work_dir = "/var/lib/cellgate/k1/work";
 //   spec.env = {{"PATH", "/usr/bin:/bin"}};
-//   std::string text = spec.to_json().dump();
-//   auto back = JailSpec::from_json(nlohmann::json::parse(text));
+//   CELLGATE_TRY(spec.validate());
 //
 // Inside the jail the kernel sees: / (read-only tmpfs) with /usr, /bin, /lib… bound read-only,
 // a synthesized /etc (passwd, group, hosts) plus a few read-only host files, a fresh /proc,
@@ -21,7 +21,6 @@
 
 #include <cstdint>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
@@ -82,9 +81,10 @@ struct JailSpec {
                                             {"LANG", "C.UTF-8"}};
   std::set<std::string> optional;
 
-  nlohmann::json to_json() const;
-  static Result<JailSpec> from_json(const nlohmann::json& j);
-  static Result<JailSpec> load(const std::string& path);
+  // What the jail relies on and a spec from outside could break: positive limits, a kernel uid
+  // and gid other than 0, plain names for the cgroups, absolute bind targets without "..", no
+  // /etc/shadow (or the like) bound in. kInvalidArgument "bad_jail_spec" naming the first.
+  Result<void> validate() const;
 };
 
 }  // namespace cellgate::jail

@@ -26,9 +26,10 @@
 // The zygote clones a child into new pid, network, ipc and uts namespaces and answers
 //   {"pid":N} + the child's pidfd            or            {"error":"…"}.
 // The child enters the host's mount namespace and unshares its own, waits for "G" on the go pipe
-// (the launcher has put it into the kernel's cgroup), then takes exec mode's steps: cgroup
-// namespace, root filesystem, hostname; it forks the kernel, which takes the kernel steps
-// (session, work dir, rlimits, credentials, no_new_privs, fds, seccomp), reseeds every random
+// (the launcher has put it into the kernel's cgroup), then takes exec mode's steps,
+// jail::contain_init() (cgroup namespace, root filesystem, hostname); it forks the kernel, which
+// takes jail::contain_kernel() (session, work dir, rlimits, credentials, no_new_privs, fds,
+// seccomp; its fd step keeps /dev/null on the numbers Python holds), reseeds every random
 // generator and runs IPKernelApp on the request's connection file. The child then execs the
 // static cellgate-reaper as the jail's pid 1 (a Python copy as pid 1 would cost megabytes per
 // kernel). Both report on the report pipe exactly as exec mode's init does ("R", "E…", "X…"), so

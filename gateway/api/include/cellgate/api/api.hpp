@@ -1,0 +1,90 @@
+// The Jupyter API and the agent API on one listener: routes from requests to the kernel registry
+// and the executor — parse, call, answer.
+//
+//   api::Api api(registry, executor, {.base_url = "/", .token = token}, offload);
+//   auto listener = http::Listener::open(ioc, ip, port, api, http_options);
+//
+// Jupyter routes (under base_url): /api, /api/kernelspecs[/{name}], /kernelspecs/{name}/{file},
+// /api/kernels[/{id}[/interrupt|/restart]], /api/sessions[/{id}], and the WebSocket
+// /api/kernels/{id}/channels (both formats; channels.hpp). Agent routes: /api/kernels/{id}/execute,
+// /api/execute, /api/kernels/{id}/artifacts, /api/artifacts/{sha256}, /api/kernels/{id}/files/….
+// Errors are JSON {"reason", "message", "error"} with the status from http::status_for().
+//
+// Thread-safety: handle() and upgrade() may be called from any network thread. Blocking work
+// (kernel starts, restarts, shutdowns, file I/O) goes to `offload`; cells never block a thread.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cellgate/execute/executor.hpp"
+#include "cellgate/http/handler.hpp"
+#include "cellgate/http/router.hpp"
+#include "cellgate/kernels/registry.hpp"
+#include "cellgate/util/loop.hpp"
+
+namespace cellgate::api {
+
+struct ApiOptions {
+  std::string base_url = "/";
+  std::string token;                       // "" : every request is allowed
+  std::vector<std::string> allow_origins;  // exact origins, or "*"
+  double execute_max_timeout = 600;        // seconds; longer requests are clamped
+  double execute_keepalive = 3;            // seconds between keepalive events when streaming
+  std::size_t max_file_bytes = 16u << 20;  // the files API and one-shot files
+  bool jailed = true;                      // kernelspec display names say "(cellgate, jailed)"
+};
+
+struct Session {
+  std::string id, path, name, type, kernel_id;
+};
+
+class Api : public http::Handler {
+ public:
+  Api(kernels::KernelRegistry& registry, execute::Executor& executor, ApiOptions options,
+      util::Offload offload);
+  ~Api() override;
+
+  void handle(http::Request req, std::shared_ptr<http::Exchange> exchange) override;
+  http::Upgrade upgrade(const http::Request& req) override;
+  // For tests: the whole answer through a callback.
+  void handle(http::Request req, http::Reply reply) {
+    handle(std::move(req), std::make_shared<http::LambdaExchange>(std::move(reply)));
+  }
+
+  // Adds CORS headers for an allowed Origin.
+  void decorate(const http::Request& req, http::Response& res) const;
+  // Whether the Origin header (if any) is allowed: same host, or in allow_origins.
+  bool origin_allowed(const http::Request& req) const;
+
+ private:
+  std::optional<http::Response> authenticate(const http::Request& req,
+                                             const http::Target& target) const;
+  // Removes base_url from the front of `path`; false when the path is not under it.
+  bool strip_base(std::string& path) const;
+  void add_jupyter_routes();
+  void add_agent_routes();
+  // Runs blocking work on the offload pool and replies from there.
+  void offload(std::function<http::Response()> work, http::Reply reply);
+  std::chrono::milliseconds keepalive_interval() const;
+  nlohmann::json spec_model(const kernel::KernelSpec& spec) const;
+  nlohmann::json session_model(const Session& s) const;
+  void sessions_post(http::Call& call);
+  void sessions_patch(http::Call& call);
+
+  kernels::KernelRegistry& registry_;
+  execute::Executor& executor_;
+  const ApiOptions options_;
+  util::Offload offload_;
+  std::string base_;  // base_url without its trailing slash ("" for "/")
+  http::Router router_;
+
+  std::mutex sessions_mu_;
+  std::map<std::string, Session> sessions_;
+};
+
+}  // namespace cellgate::api

@@ -1,0 +1,73 @@
+// E2B-compatible endpoints, so agents written for E2B's code interpreter run unchanged against
+// cellgate (docs/e2b.md has the protocol, read from the SDK's source):
+//
+//   POST   /execute                 {code, context_id?, language?, env_vars?} → NDJSON lines
+//   POST   /contexts                {language?, cwd?} → {id, language, cwd}
+//   GET    /contexts                → [{id, language, cwd}, ...]
+//   POST   /contexts/{id}/restart   → 204 (variables gone, cwd kept)
+//   DELETE /contexts/{id}           → 204
+//   GET    /health                  → 200 (no token needed)
+//
+// A context is a jailed kernel of the default kernelspec. /execute without a context uses a
+// default context, started on first use. Auth: the gateway token in X-Access-Token or
+// Authorization ("token t" / "Bearer t"). Served on a second listener (`--e2b-port`), as E2B's SDK
+// in debug mode talks to http://localhost:49999. Cells run through the same Executor path as the
+// agent API's streamed answers, with E2B's line format (e2b.hpp).
+//
+// Thread-safety: handle() may be called from any thread.
+#pragma once
+
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "cellgate/execute/executor.hpp"
+#include "cellgate/http/handler.hpp"
+#include "cellgate/http/router.hpp"
+#include "cellgate/kernels/registry.hpp"
+#include "cellgate/util/loop.hpp"
+
+namespace cellgate::api {
+
+struct E2bOptions {
+  std::string token;                // "" : every request is allowed
+  bool allow_missing_token = false;  // a request without any token is allowed (E2B's debug SDK)
+  double execute_max_timeout = 600;
+  double execute_keepalive = 3;
+};
+
+class E2bApi : public http::Handler {
+ public:
+  E2bApi(kernels::KernelRegistry& registry, execute::Executor& executor, E2bOptions options,
+         util::Offload offload);
+  ~E2bApi() override;
+
+  void handle(http::Request req, std::shared_ptr<http::Exchange> exchange) override;
+  http::Upgrade upgrade(const http::Request& req) override;
+
+ private:
+  struct Context {
+    std::string id, language, cwd;
+  };
+
+  void add_routes();
+  void execute(http::Call& call);
+  // Starts a kernel and moves it to `cwd`; blocking.
+  Result<Context> start_context(const std::string& language, const std::string& cwd);
+  // The default context's kernel id, started when there is none (or it is gone); blocking.
+  Result<std::string> default_context();
+  bool authorized(const http::Request& req) const;
+
+  kernels::KernelRegistry& registry_;
+  execute::Executor& executor_;
+  const E2bOptions options_;
+  util::Offload offload_;
+  http::Router router_;
+
+  std::mutex mu_;
+  std::map<std::string, Context> contexts_;  // by kernel id
+  std::string default_id_;
+  std::mutex default_start_mu_;  // one start of the default context at a time
+};
+
+}  // namespace cellgate::api

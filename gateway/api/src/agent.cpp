@@ -1,0 +1,190 @@
+// The agent routes of the Api: running cells (one JSON answer, or NDJSON / SSE events as they
+// happen), one-shot runs, artifacts and the files of a kernel's work dir.
+#include <fstream>
+#include <iterator>
+
+#include "cellgate/api/api.hpp"
+#include "cellgate/protocol/message.hpp"
+#include "cellgate/store/artifacts.hpp"
+#include "cellgate/store/files.hpp"
+#include "streaming.hpp"
+
+namespace cellgate::api {
+namespace {
+
+using nlohmann::json;
+using http::bad_request;
+using http::body_object;
+using http::Call;
+using http::error_response;
+using http::json_response;
+using http::Response;
+using http::Status;
+using http::Verb;
+
+json file_json(const store::files::FileInfo& f) {
+  return json{{"name", f.name},
+              {"path", f.path},
+              {"type", store::files::to_string(f.type)},
+              {"size", f.size},
+              {"mtime", protocol::iso8601(std::chrono::system_clock::time_point(
+                            std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                                std::chrono::nanoseconds(f.mtime_ns))))}};
+}
+
+std::string file_content_type(const std::string& path) {
+  auto dot = path.rfind('.');
+  const std::string ext = dot == std::string::npos ? "" : path.substr(dot + 1);
+  static const std::map<std::string, std::string> types = {
+      {"png", "image/png"},   {"jpg", "image/jpeg"},       {"jpeg", "image/jpeg"},
+      {"gif", "image/gif"},   {"svg", "image/svg+xml"},    {"pdf", "application/pdf"},
+      {"csv", "text/csv"},    {"txt", "text/plain"},       {"json", "application/json"},
+      {"html", "text/html"},  {"py", "text/x-python"},     {"md", "text/markdown"},
+  };
+  auto it = types.find(ext);
+  return it == types.end() ? "application/octet-stream" : it->second;
+}
+
+}  // namespace
+
+std::chrono::milliseconds Api::keepalive_interval() const {
+  return std::chrono::milliseconds(
+      static_cast<long long>(std::max(0.05, options_.execute_keepalive) * 1000));
+}
+
+void Api::add_agent_routes() {
+  router_.add(Verb::post, "/api/kernels/{id}/execute", [this](Call& c) {
+    auto body = body_object(c.req);
+    if (!body) {
+      return c.fail(body.error());
+    }
+    auto request = execute::ExecuteRequest::from_json(*body, options_.execute_max_timeout);
+    if (!request) {
+      return c.fail(request.error());
+    }
+    const std::string id = c.param("id");
+    if (auto k = registry_.find(id); !k) {
+      return c.fail(k.error());
+    }
+    detail::answer_cell(c.req, c.exchange, detail::encoder_for(c.req), keepalive_interval(),
+                        [this, id, request = std::move(request).value()](
+                            execute::RunOptions run, execute::Done done) mutable {
+                          return executor_.run(id, std::move(request), std::move(run),
+                                               std::move(done));
+                        });
+  });
+
+  router_.add(Verb::post, "/api/execute", [this](Call& c) {
+    auto body = body_object(c.req);
+    if (!body) {
+      return c.fail(body.error());
+    }
+    auto request = execute::OneShotRequest::from_json(*body, options_.execute_max_timeout,
+                                                      options_.max_file_bytes);
+    if (!request) {
+      return c.fail(request.error());
+    }
+    detail::answer_cell(c.req, c.exchange, detail::encoder_for(c.req), keepalive_interval(),
+                        [this, request = std::move(request).value()](
+                            execute::RunOptions run, execute::Done done) mutable {
+                          return executor_.run_once(std::move(request), std::move(run),
+                                                    std::move(done));
+                        });
+  });
+
+  router_.add(Verb::get, "/api/kernels/{id}/artifacts", [this](Call& c) {
+    const std::string id = c.param("id");
+    auto records = executor_.artifacts().list(id);
+    if (records.empty() && !registry_.find(id)) {
+      return c.fail(make_error(ErrorCode::kNotFound, "no_such_kernel",
+                               "no kernel " + id + " and no artifacts of one"));
+    }
+    json list = json::array();
+    for (const auto& r : records) {
+      list.push_back(r.to_json());
+    }
+    c.reply(json_response(c.req, Status::ok, json{{"kernel_id", id}, {"artifacts", list}}));
+  });
+
+  router_.add(Verb::get, "/api/artifacts/{sha256}", [this](Call& c) {
+    auto found = executor_.artifacts().locate(c.param("sha256"));
+    if (!found) {
+      return c.fail(found.error());
+    }
+    offload(
+        [req = c.req, path = found->first, type = found->second, sha = c.param("sha256")] {
+          std::ifstream in(path, std::ios::binary);
+          std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+          if (!in.good() && !in.eof()) {
+            return error_response(req, make_error(ErrorCode::kInternal, "artifact_io",
+                                                  "cannot read artifact " + sha));
+          }
+          return http::bytes_response(req, std::move(bytes), type);
+        },
+        [ex = c.exchange](Response r) { ex->reply(std::move(r)); });
+  });
+
+  auto files = [this](Call& c) {
+    auto kernel = registry_.find(c.param("id"));
+    if (!kernel) {
+      return c.fail(kernel.error());
+    }
+    const std::string raw = c.param("path");
+    std::string rel;
+    if (!raw.empty()) {
+      auto normalized = store::files::normalize(raw);
+      if (!normalized) {
+        return c.fail(normalized.error());
+      }
+      rel = std::move(normalized).value();
+    } else if (c.req.method() != Verb::get) {
+      return c.fail(bad_request("name a file: /api/kernels/{id}/files/{path}"));
+    }
+    auto reply = [ex = c.exchange](Response r) { ex->reply(std::move(r)); };
+  offload(
+      [this, req = std::move(c.req), k = std::move(kernel).value(), rel]() -> Response {
+        auto dir = store::files::WorkDir::open(k->work_dir(), k->uid(), k->uid());
+        if (!dir) {
+          return error_response(req, dir.error());
+        }
+        switch (req.method()) {
+          case Verb::put: {
+            auto info = dir->write(rel, req.body(), options_.max_file_bytes,
+                                   /*make_parents=*/true);
+            return info ? json_response(req, Status::created, file_json(*info))
+                        : error_response(req, info.error());
+          }
+          case Verb::delete_: {
+            auto removed = dir->remove(rel);
+            return removed ? json_response(req, Status::no_content, json())
+                           : error_response(req, removed.error());
+          }
+          default: {
+            // A directory lists; a file is its bytes.
+            auto listing = dir->list(rel);
+            if (listing) {
+              json entries = json::array();
+              for (const auto& e : listing->entries) {
+                entries.push_back(file_json(e));
+              }
+              return json_response(req, Status::ok,
+                                   json{{"path", rel},
+                                        {"entries", entries},
+                                        {"truncated", listing->truncated}});
+            }
+            if (listing.error().reason != "not_a_directory") {
+              return error_response(req, listing.error());
+            }
+            auto bytes = dir->read(rel, options_.max_file_bytes);
+            return bytes ? http::bytes_response(req, std::move(bytes).value(), file_content_type(rel))
+                         : error_response(req, bytes.error());
+          }
+        }
+      },
+      std::move(reply));
+  };
+  router_.add({Verb::get, Verb::put, Verb::delete_}, "/api/kernels/{id}/files", files);
+  router_.add({Verb::get, Verb::put, Verb::delete_}, "/api/kernels/{id}/files/{path*}", files);
+}
+
+}  // namespace cellgate::api

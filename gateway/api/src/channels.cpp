@@ -1,0 +1,161 @@
+#include "cellgate/api/channels.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <mutex>
+#include <optional>
+
+#include "cellgate/protocol/ws_frames.hpp"
+
+namespace cellgate::api {
+namespace {
+
+using kernel::Channel;
+
+std::optional<Channel> inbound_channel(const std::string& name) {
+  if (name == "shell") {
+    return Channel::kShell;
+  }
+  if (name == "control") {
+    return Channel::kControl;
+  }
+  if (name == "stdin") {
+    return Channel::kStdin;
+  }
+  return std::nullopt;  // iopub and hb are not for clients to send on
+}
+
+// A kernel message as one connection's frame, encoded when the connection first sends it.
+class MessageFrame : public http::OutFrame {
+ public:
+  MessageFrame(Channel channel, std::shared_ptr<const protocol::Message> msg, bool v1)
+      : channel_(channel), msg_(std::move(msg)), v1_(v1) {}
+  const std::string& bytes() const override {
+    std::call_once(once_, [this] {
+      const std::string name = kernel::to_string(channel_);
+      bool binary = true;
+      bytes_ = v1_ ? protocol::encode_v1(name, *msg_) : protocol::encode_legacy(name, *msg_, binary);
+      binary_ = binary;
+    });
+    return bytes_;
+  }
+  bool binary() const override {
+    bytes();
+    return binary_;
+  }
+
+ private:
+  Channel channel_;
+  std::shared_ptr<const protocol::Message> msg_;
+  bool v1_;
+  mutable std::once_flag once_;
+  mutable std::string bytes_;
+  mutable bool binary_ = true;
+};
+
+class ChannelBridge : public http::WsHandler,
+                      public kernels::ChannelListener,
+                      public std::enable_shared_from_this<ChannelBridge> {
+ public:
+  ChannelBridge(std::shared_ptr<kernels::ManagedKernel> kernel, std::string session_id, bool v1)
+      : kernel_(std::move(kernel)), session_id_(std::move(session_id)), v1_(v1) {}
+
+  ~ChannelBridge() override { kernel_->detach(this); }
+
+  // ---- http::WsHandler (on the connection's strand) ----
+
+  void on_open(std::shared_ptr<http::WsConnection> connection) override {
+    {
+      std::lock_guard lock(mu_);
+      connection_ = connection;
+    }
+    if (!kernel_->attach(shared_from_this(), session_id_)) {
+      connection->close(1000, "the kernel is gone");
+    }
+  }
+
+  void on_message(std::string_view frame, bool text) override {
+    Result<protocol::WsMessage> decoded = text  ? protocol::decode_legacy_json(frame)
+                                          : v1_ ? protocol::decode_v1(frame)
+                                                : protocol::decode_legacy_binary(frame);
+    if (!decoded) {
+      // Bad input changes nothing else: the frame is dropped, the connection stays.
+      spdlog::warn("kernel {}: dropped a bad frame: {}", kernel_->id(), decoded.error().message);
+      return;
+    }
+    auto channel = inbound_channel(decoded->channel);
+    if (!channel) {
+      spdlog::warn("kernel {}: dropped a message on channel '{}'", kernel_->id(),
+                   decoded->channel);
+      return;
+    }
+    if (auto posted = kernel_->post(*channel, std::move(decoded->message), shared_from_this());
+        !posted) {
+      spdlog::warn("kernel {}: {}", kernel_->id(), posted.error().message);
+    }
+  }
+
+  void on_close() override {
+    kernel_->detach(this);
+    std::lock_guard lock(mu_);
+    connection_.reset();
+  }
+
+  // ---- kernels::ChannelListener (any thread) ----
+
+  void deliver(Channel channel, std::shared_ptr<const protocol::Message> msg) override {
+    if (auto c = connection()) {
+      c->send(std::make_shared<MessageFrame>(channel, std::move(msg), v1_));
+    }
+  }
+
+  void kernel_gone(const std::string& reason) override {
+    if (auto c = connection()) {
+      c->close(1000, reason);
+    }
+  }
+
+ private:
+  std::shared_ptr<http::WsConnection> connection() {
+    std::lock_guard lock(mu_);
+    return connection_;
+  }
+
+  std::shared_ptr<kernels::ManagedKernel> kernel_;
+  std::string session_id_;
+  bool v1_;
+  std::mutex mu_;
+  std::shared_ptr<http::WsConnection> connection_;
+};
+
+}  // namespace
+
+bool offers_v1(const http::Request& req) {
+  auto it = req.find(http::Field::sec_websocket_protocol);
+  if (it == req.end()) {
+    return false;
+  }
+  std::string_view offered = it->value();
+  while (!offered.empty()) {
+    auto comma = offered.find(',');
+    std::string_view token = offered.substr(0, comma);
+    while (!token.empty() && token.front() == ' ') {
+      token.remove_prefix(1);
+    }
+    while (!token.empty() && token.back() == ' ') {
+      token.remove_suffix(1);
+    }
+    if (token == protocol::kV1Subprotocol) {
+      return true;
+    }
+    offered = comma == std::string_view::npos ? std::string_view() : offered.substr(comma + 1);
+  }
+  return false;
+}
+
+std::shared_ptr<http::WsHandler> make_channel_bridge(std::shared_ptr<kernels::ManagedKernel> kernel,
+                                                     std::string session_id, bool v1) {
+  return std::make_shared<ChannelBridge>(std::move(kernel), std::move(session_id), v1);
+}
+
+}  // namespace cellgate::api

@@ -1,0 +1,267 @@
+// The E2B-compatible listener's routes (e2b_api.hpp); the protocol's translations are in e2b.cpp.
+#include <openssl/crypto.h>
+#include <spdlog/spdlog.h>
+
+#include "cellgate/api/e2b.hpp"
+#include "cellgate/api/e2b_api.hpp"
+#include "streaming.hpp"
+
+namespace cellgate::api {
+namespace {
+
+using nlohmann::json;
+using http::Call;
+using http::Response;
+using http::Status;
+using http::text_response;
+using http::Verb;
+
+constexpr double kDefaultTimeoutSeconds = 300;  // the SDK keeps its own, shorter, client timeout
+constexpr std::chrono::seconds kSetupTimeout{30};
+
+// E2B's SDK shows a plain-text body of an error response to the user (docs/e2b.md).
+Response error_text(const http::Request& req, const Error& error) {
+  return text_response(req, http::status_for(error), error.message);
+}
+
+// E2B's NDJSON lines: each event and the end through one Translator.
+class E2bEventEncoder : public detail::EventEncoder {
+ public:
+  std::string content_type() const override { return "application/x-ndjson"; }
+  std::string event(const json& event) override { return lines(event); }
+  std::string end(const execute::Answer& answer) override {
+    json end = {{"type", "end"}};
+    if (answer) {
+      end["answer"] = *answer;
+    } else {
+      end["answer"] = {{"status", "error"},
+                       {"execution_count", nullptr},
+                       {"error",
+                        {{"ename", "CellgateError"},
+                         {"evalue", answer.error().message},
+                         {"traceback", json::array()}}}};
+    }
+    return lines(end);
+  }
+
+ private:
+  std::string lines(const json& event) {
+    std::string out;
+    for (const auto& line : translator_.translate(event)) {
+      out += e2b::ndjson_line(line);
+    }
+    return out;
+  }
+  e2b::Translator translator_;
+};
+
+}  // namespace
+
+E2bApi::E2bApi(kernels::KernelRegistry& registry, execute::Executor& executor, E2bOptions options,
+               util::Offload offload)
+    : registry_(registry),
+      executor_(executor),
+      options_(std::move(options)),
+      offload_(std::move(offload)) {
+  add_routes();
+}
+
+E2bApi::~E2bApi() = default;
+
+http::Upgrade E2bApi::upgrade(const http::Request& req) {
+  http::Upgrade up;
+  up.refusal = text_response(req, Status::not_found, "no WebSocket routes here");
+  return up;
+}
+
+bool E2bApi::authorized(const http::Request& req) const {
+  if (options_.token.empty()) {
+    return true;
+  }
+  auto header = [&](std::string_view name) {
+    auto it = req.find(name);
+    return it == req.end() ? std::string_view() : std::string_view(it->value());
+  };
+  const std::string given =
+      e2b::request_token(header("X-Access-Token"), header("Authorization"));
+  if (given.empty()) {
+    return options_.allow_missing_token;
+  }
+  return given.size() == options_.token.size() &&
+         CRYPTO_memcmp(given.data(), options_.token.data(), options_.token.size()) == 0;
+}
+
+void E2bApi::handle(http::Request req, std::shared_ptr<http::Exchange> exchange) {
+  Call call{std::move(req), std::move(exchange), http::Target::parse(""), {}};
+  call.target = http::Target::parse(call.req.target());
+  const auto parts = http::split_path(call.target.path);
+  const bool health = parts.size() == 1 && parts[0] == "health";
+  if (!health && !authorized(call.req)) {
+    return call.reply(text_response(call.req, Status::unauthorized,
+                                    "a valid access token is required (X-Access-Token)"));
+  }
+  switch (router_.dispatch(call)) {
+    case http::Router::Match::kFound:
+      return;
+    case http::Router::Match::kNoMethod:
+      return call.reply(http::method_not_allowed(call.req));
+    case http::Router::Match::kNoPath:
+      return call.reply(text_response(call.req, Status::not_found,
+                                      "no route for " + std::string(call.req.target())));
+  }
+}
+
+void E2bApi::add_routes() {
+  router_.add({Verb::get, Verb::head}, "/health",
+              [](Call& c) { c.reply(text_response(c.req, Status::ok, "OK")); });
+  router_.add(Verb::post, "/execute", [this](Call& c) { execute(c); });
+
+  router_.add(Verb::post, "/contexts", [this](Call& c) {
+    auto body = e2b::parse_create_context_request(c.req.body());
+    if (!body) {
+      return c.reply(error_text(c.req, body.error()));
+    }
+    offload_([this, req = c.req, ex = c.exchange, body = *body] {
+      auto ctx = start_context(body.language, body.cwd);
+      ex->reply(ctx ? http::json_response(req, Status::ok,
+                                          e2b::context_model(ctx->id, ctx->language, ctx->cwd))
+                    : error_text(req, ctx.error()));
+    });
+  });
+
+  router_.add(Verb::get, "/contexts", [this](Call& c) {
+    json list = json::array();
+    std::lock_guard lock(mu_);
+    for (auto it = contexts_.begin(); it != contexts_.end();) {
+      if (!registry_.find(it->first)) {
+        it = contexts_.erase(it);  // deleted through the Jupyter API, or culled
+        continue;
+      }
+      list.push_back(e2b::context_model(it->second.id, it->second.language, it->second.cwd));
+      ++it;
+    }
+    c.reply(http::json_response(c.req, Status::ok, list));
+  });
+
+  auto find_context = [this](Call& c) -> std::optional<Context> {
+    std::lock_guard lock(mu_);
+    if (auto it = contexts_.find(c.param("id")); it != contexts_.end()) {
+      return it->second;
+    }
+    c.reply(text_response(c.req, Status::not_found, "no context " + c.param("id")));
+    return std::nullopt;
+  };
+
+  router_.add(Verb::post, "/contexts/{id}/restart", [this, find_context](Call& c) {
+    auto ctx = find_context(c);
+    if (!ctx) {
+      return;
+    }
+    offload_([this, req = c.req, ex = c.exchange, ctx = *ctx] {
+      auto restarted = registry_.restart(ctx.id);
+      if (!restarted) {
+        return ex->reply(error_text(req, restarted.error()));
+      }
+      if (auto cd = executor_.run_silently_and_wait(ctx.id, e2b::chdir_code(ctx.cwd),
+                                                    kSetupTimeout);
+          !cd) {
+        spdlog::warn("context {}: after its restart, cannot change to {}: {}", ctx.id, ctx.cwd,
+                     cd.error().message);
+      }
+      ex->reply(text_response(req, Status::no_content, ""));
+    });
+  });
+
+  router_.add(Verb::delete_, "/contexts/{id}", [this, find_context](Call& c) {
+    auto ctx = find_context(c);
+    if (!ctx) {
+      return;
+    }
+    offload_([this, req = c.req, ex = c.exchange, id = ctx->id] {
+      auto down = registry_.shutdown(id);
+      {
+        std::lock_guard lock(mu_);
+        contexts_.erase(id);
+        if (default_id_ == id) {
+          default_id_.clear();
+        }
+      }
+      ex->reply(down ? text_response(req, Status::no_content, "")
+                     : error_text(req, down.error()));
+    });
+  });
+}
+
+Result<E2bApi::Context> E2bApi::start_context(const std::string& language,
+                                              const std::string& cwd) {
+  CELLGATE_ASSIGN_OR_RETURN(auto model,
+                            registry_.start(registry_.default_kernel_name(), json::object()));
+  if (auto cd = executor_.run_silently_and_wait(model.id, e2b::chdir_code(cwd), kSetupTimeout);
+      !cd) {
+    (void)registry_.shutdown(model.id);
+    return make_error(ErrorCode::kInvalidArgument, "bad_cwd",
+                      "cannot use '" + cwd + "' as the context's working directory: " +
+                          cd.error().message);
+  }
+  Context c{model.id, language, cwd};
+  std::lock_guard lock(mu_);
+  contexts_[c.id] = c;
+  return c;
+}
+
+Result<std::string> E2bApi::default_context() {
+  std::lock_guard start_lock(default_start_mu_);
+  {
+    std::lock_guard lock(mu_);
+    if (!default_id_.empty() && registry_.find(default_id_)) {
+      return default_id_;
+    }
+  }
+  CELLGATE_ASSIGN_OR_RETURN(auto c, start_context(std::string(e2b::kLanguage),
+                                                  std::string(e2b::kDefaultCwd)));
+  std::lock_guard lock(mu_);
+  default_id_ = c.id;
+  return c.id;
+}
+
+void E2bApi::execute(Call& c) {
+  auto parsed = e2b::parse_run_code_request(c.req.body());
+  if (!parsed) {
+    return c.reply(error_text(c.req, parsed.error()));
+  }
+  if (parsed->context_id && !registry_.find(*parsed->context_id)) {
+    return c.reply(text_response(c.req, Status::not_found,
+                                 "context " + *parsed->context_id + " not found"));
+  }
+  execute::ExecuteRequest cell;
+  cell.code = parsed->code;
+  cell.timeout_seconds = std::min(kDefaultTimeoutSeconds, options_.execute_max_timeout);
+  if (!parsed->env_vars.empty()) {
+    cell.setup_code = e2b::env_code(parsed->env_vars);
+    cell.teardown_code = e2b::env_restore_code(parsed->env_vars);
+  }
+  const auto keepalive = std::chrono::milliseconds(
+      static_cast<long long>(std::max(0.05, options_.execute_keepalive) * 1000));
+  auto run = [this, req = c.req, ex = c.exchange, cell = std::move(cell), keepalive](
+                 const std::string& id) mutable {
+    detail::answer_cell(req, ex, std::make_shared<E2bEventEncoder>(), keepalive,
+                        [this, id, cell = std::move(cell)](execute::RunOptions options,
+                                                           execute::Done done) mutable {
+                          return executor_.run(id, std::move(cell), std::move(options),
+                                               std::move(done));
+                        });
+  };
+  if (parsed->context_id) {
+    return run(*parsed->context_id);
+  }
+  // The default context may have to be started first: off the network thread.
+  offload_([this, req = c.req, ex = c.exchange, run = std::move(run)]() mutable {
+    auto id = default_context();
+    if (!id) {
+      return ex->reply(error_text(req, id.error()));
+    }
+    run(*id);
+  });
+}
+
+}  // namespace cellgate::api

@@ -1,0 +1,71 @@
+// A listening socket serving HTTP/1.1 and WebSocket (optionally over TLS) to a Handler: one
+// session per connection on its own strand of the given io_context (Beast's server pattern).
+//
+//   auto tls = http::TlsContext::load(certfile, keyfile);          // optional
+//   auto listener = http::Listener::open(ioc, "127.0.0.1", 0, api, options, tls ? &*tls : nullptr);
+//   int port = listener.value()->port();
+//   listener.value()->start();                                      // accept on ioc's threads
+//
+// Thread-safety: open/start/stop from one thread; sessions run on ioc's threads.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "cellgate/http/handler.hpp"
+#include "cellgate/result.hpp"
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace cellgate::http {
+
+struct HttpOptions {
+  std::size_t max_body_bytes = 16u << 20;
+  std::size_t max_header_bytes = 16u << 10;
+  std::size_t max_ws_message_bytes = 64u << 20;  // one inbound WebSocket message
+  std::size_t max_ws_queue_bytes = 256u << 20;   // unsent outbound bytes before a client is dropped
+  double ws_ping_interval = 30;                  // seconds; 0: off
+};
+
+// A server certificate chain and key (PEM), TLS 1.2 and later.
+class TlsContext {
+ public:
+  // Error "tls" (kInvalidArgument) when either is missing or cannot be loaded.
+  static Result<std::shared_ptr<TlsContext>> load(const std::string& certfile,
+                                                  const std::string& keyfile);
+  ~TlsContext();
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  explicit TlsContext(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+class Listener {
+ public:
+  // Binds ip:port (port 0: any free one). Errors: bad_ip (kInvalidArgument), listen
+  // (kFailedPrecondition). `handler`, `options` and `tls` must outlive the listener.
+  static Result<std::unique_ptr<Listener>> open(boost::asio::io_context& ioc, const std::string& ip,
+                                                int port, Handler& handler,
+                                                const HttpOptions& options,
+                                                std::shared_ptr<TlsContext> tls = nullptr);
+  ~Listener();
+  int port() const;
+  void start();
+  void stop();
+
+  struct Impl;
+
+ private:
+  explicit Listener(std::unique_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;
+};
+
+// Whether `ip` is a loopback address (127.0.0.0/8, ::1).
+bool is_loopback(const std::string& ip);
+
+}  // namespace cellgate::http

@@ -1,0 +1,589 @@
+// Internal: the per-connection session classes of the HTTP layer, templated on the stream so they
+// run over TCP, TLS, and Beast's in-memory test::stream (tests/unit).
+//
+// Thread-safety: each session lives on its own strand (the stream's executor); WsSession's
+// WsConnection methods may be called from any thread and post onto it.
+#pragma once
+
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
+#include <boost/beast/websocket.hpp>
+#include <boost/beast/websocket/ssl.hpp>
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <optional>
+#include <sstream>
+#include <type_traits>
+
+#include "cellgate/http/handler.hpp"
+#include "cellgate/http/listener.hpp"
+
+namespace cellgate::http::detail {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace websocket = beast::websocket;
+namespace ssl = net::ssl;
+using tcp = net::ip::tcp;
+namespace bhttp = beast::http;
+
+// Stream capabilities, so one session template serves tcp_stream, ssl_stream and test::stream.
+template <class Stream>
+void set_deadline(Stream& stream, std::chrono::seconds d) {
+  if constexpr (requires { beast::get_lowest_layer(stream).expires_after(d); }) {
+    beast::get_lowest_layer(stream).expires_after(d);
+  }
+}
+template <class Stream>
+void clear_deadline(Stream& stream) {
+  if constexpr (requires { beast::get_lowest_layer(stream).expires_never(); }) {
+    beast::get_lowest_layer(stream).expires_never();
+  }
+}
+template <class Stream>
+void shutdown_send(Stream& stream) {
+  beast::error_code ec;
+  if constexpr (requires { stream.socket().shutdown(tcp::socket::shutdown_send, ec); }) {
+    stream.socket().shutdown(tcp::socket::shutdown_send, ec);
+  } else if constexpr (requires { stream.close(); }) {
+    stream.close();
+  }
+}
+template <class Stream>
+void close_stream(Stream& stream) {
+  beast::error_code ec;
+  if constexpr (requires { beast::get_lowest_layer(stream).socket().close(ec); }) {
+    beast::get_lowest_layer(stream).socket().close(ec);
+  } else if constexpr (requires { beast::get_lowest_layer(stream).close(); }) {
+    beast::get_lowest_layer(stream).close();
+  }
+}
+template <class Stream>
+std::string peer_address(Stream& stream) {
+  if constexpr (requires { beast::get_lowest_layer(stream).socket().remote_endpoint(); }) {
+    beast::error_code ec;
+    auto ep = beast::get_lowest_layer(stream).socket().remote_endpoint(ec);
+    if (!ec) {
+      return ep.address().to_string() + ":" + std::to_string(ep.port());
+    }
+  }
+  return "";
+}
+template <class Stream>
+constexpr bool kIsTls = requires(Stream& s) {
+  s.async_handshake(ssl::stream_base::server, [](beast::error_code) {});
+};
+
+// ---- WebSocket: one client connection, bridged to a WsHandler ---------------------------------
+
+template <class Stream>
+class WsSession : public WsConnection, public std::enable_shared_from_this<WsSession<Stream>> {
+ public:
+  WsSession(Stream&& stream, std::shared_ptr<WsHandler> handler, std::string subprotocol,
+            const HttpOptions& options)
+      : ws_(std::move(stream)),
+        handler_(std::move(handler)),
+        subprotocol_(std::move(subprotocol)),
+        options_(options) {}
+
+  void run(Request req) {
+    websocket::stream_base::timeout timeout{};
+    timeout.handshake_timeout = std::chrono::seconds(30);
+    timeout.idle_timeout = options_.ws_ping_interval > 0
+                               ? std::chrono::milliseconds(static_cast<long long>(
+                                     options_.ws_ping_interval * 3000))
+                               : websocket::stream_base::none();
+    timeout.keep_alive_pings = options_.ws_ping_interval > 0;
+    ws_.set_option(timeout);
+    ws_.set_option(websocket::stream_base::decorator(
+        [subprotocol = subprotocol_](websocket::response_type& res) {
+          res.set(bhttp::field::server, "cellgate");
+          if (!subprotocol.empty()) {
+            res.set(bhttp::field::sec_websocket_protocol, subprotocol);
+          }
+        }));
+    ws_.read_message_max(options_.max_ws_message_bytes);
+    clear_deadline(ws_);
+    ws_.async_accept(req,
+                     beast::bind_front_handler(&WsSession::on_accept, this->shared_from_this()));
+  }
+
+  void send(std::shared_ptr<const OutFrame> frame) override {
+    net::post(ws_.get_executor(), [self = this->shared_from_this(), frame = std::move(frame)] {
+      self->enqueue(frame);
+    });
+  }
+
+  void close(std::uint16_t code, std::string reason) override {
+    net::post(ws_.get_executor(), [self = this->shared_from_this(), code, reason] {
+      self->begin_close(static_cast<websocket::close_code>(code), reason);
+    });
+  }
+
+ private:
+  void on_accept(beast::error_code ec) {
+    if (ec) {
+      return finish();
+    }
+    open_ = true;
+    handler_->on_open(this->shared_from_this());
+    do_read();
+  }
+
+  void do_read() {
+    ws_.async_read(buffer_,
+                   beast::bind_front_handler(&WsSession::on_read, this->shared_from_this()));
+  }
+
+  void on_read(beast::error_code ec, std::size_t) {
+    if (ec) {
+      if (ec == websocket::error::message_too_big) {
+        spdlog::warn("a WebSocket client sent a message over {} bytes; closing it",
+                     options_.max_ws_message_bytes);
+      }
+      return finish();
+    }
+    const auto data = buffer_.cdata();
+    handler_->on_message(std::string_view(static_cast<const char*>(data.data()), data.size()),
+                         ws_.got_text());
+    buffer_.consume(buffer_.size());
+    do_read();
+  }
+
+  void enqueue(const std::shared_ptr<const OutFrame>& frame) {
+    if (closing_ || finished_) {
+      return;
+    }
+    // Made here, on this connection's strand, the first time any connection asks for it.
+    const std::size_t size = frame->bytes().size();
+    queued_bytes_ += size;
+    if (queued_bytes_ > options_.max_ws_queue_bytes) {
+      // A client that does not read must not grow the gateway's memory without bound.
+      spdlog::warn("a WebSocket client fell {} bytes behind (limit {}); disconnecting it",
+                   queued_bytes_, options_.max_ws_queue_bytes);
+      queued_bytes_ -= size;
+      while (queue_.size() > (writing_ ? 1u : 0u)) {
+        queued_bytes_ -= queue_.back()->bytes().size();
+        queue_.pop_back();
+      }
+      begin_close(websocket::close_code::policy_error, "client too slow: output queue full");
+      return;
+    }
+    queue_.push_back(frame);
+    if (!writing_) {
+      do_write();
+    }
+  }
+
+  void do_write() {
+    writing_ = true;
+    const auto& front = queue_.front();
+    ws_.binary(front->binary());
+    ws_.async_write(net::buffer(front->bytes()),
+                    beast::bind_front_handler(&WsSession::on_write, this->shared_from_this()));
+  }
+
+  void on_write(beast::error_code ec, std::size_t) {
+    writing_ = false;
+    queued_bytes_ -= queue_.front()->bytes().size();
+    queue_.pop_front();
+    if (ec) {
+      return finish();
+    }
+    if (close_reason_) {
+      do_close();
+      return;
+    }
+    if (!queue_.empty()) {
+      do_write();
+    }
+  }
+
+  void begin_close(websocket::close_code code, const std::string& reason) {
+    if (closing_ || finished_) {
+      return;
+    }
+    closing_ = true;
+    close_reason_ = websocket::close_reason(code, reason.substr(0, 120));
+    if (!open_) {
+      return finish();
+    }
+    if (!writing_) {
+      do_close();
+    }
+  }
+
+  void do_close() {
+    queue_.clear();
+    queued_bytes_ = 0;
+    ws_.async_close(*close_reason_, [self = this->shared_from_this()](beast::error_code) {
+      self->finish();
+    });
+  }
+
+  // The connection is over: the handler hears it once, and lets go of us.
+  void finish() {
+    if (finished_) {
+      return;
+    }
+    finished_ = true;
+    queue_.clear();
+    queued_bytes_ = 0;
+    if (auto handler = std::move(handler_)) {
+      handler->on_close();
+    }
+  }
+
+  websocket::stream<Stream> ws_;
+  beast::flat_buffer buffer_;
+  std::shared_ptr<WsHandler> handler_;
+  std::string subprotocol_;
+  const HttpOptions& options_;
+  std::deque<std::shared_ptr<const OutFrame>> queue_;
+  std::size_t queued_bytes_ = 0;
+  bool open_ = false;
+  bool writing_ = false;
+  bool closing_ = false;
+  bool finished_ = false;
+  std::optional<websocket::close_reason> close_reason_;
+};
+
+// ---- HTTP: one connection, one request at a time ----------------------------------------------
+//
+// While a request is being answered the session keeps a read posted on the connection, so it
+// learns when the client goes away mid-answer (an agent that gave up on a long cell) and can tell
+// the handler through Exchange::watch(). Bytes that arrive meanwhile (a pipelined request) stay in
+// the buffer for the next read, and end the watching.
+
+template <class Stream>
+class HttpSession;
+
+// Exchange over one HttpSession: every call is posted onto the session's strand.
+template <class Stream>
+class HttpExchange : public Exchange {
+ public:
+  HttpExchange(std::shared_ptr<HttpSession<Stream>> session,
+               std::shared_ptr<const std::atomic<bool>> gone, std::string peer)
+      : session_(std::move(session)), gone_(std::move(gone)), peer_(std::move(peer)) {}
+  std::string peer() const override { return peer_; }
+
+  void reply(Response res) override {
+    net::post(session_->stream_.get_executor(), [s = session_, res = std::move(res)]() mutable {
+      s->send(std::move(res));
+    });
+  }
+  void begin(Response head) override {
+    net::post(session_->stream_.get_executor(), [s = session_, head = std::move(head)]() mutable {
+      s->stream_begin(std::move(head));
+    });
+  }
+  bool write(std::string data) override {
+    if (gone_->load()) {
+      return false;
+    }
+    net::post(session_->stream_.get_executor(), [s = session_, data = std::move(data)]() mutable {
+      s->stream_chunk(std::move(data));
+    });
+    return true;
+  }
+  void end() override {
+    net::post(session_->stream_.get_executor(), [s = session_] { s->stream_end(); });
+  }
+  void watch(std::function<void()> on_gone) override {
+    net::post(session_->stream_.get_executor(), [s = session_, f = std::move(on_gone)]() mutable {
+      s->set_on_gone(std::move(f));
+    });
+  }
+
+ private:
+  std::shared_ptr<HttpSession<Stream>> session_;
+  std::shared_ptr<const std::atomic<bool>> gone_;
+  std::string peer_;
+};
+
+template <class Stream>
+class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
+ public:
+  static constexpr bool kTls = kIsTls<Stream>;
+  // A streamed answer the client does not read: past this many unsent bytes it is dropped.
+  static constexpr std::size_t kMaxStreamQueueBytes = 64u << 20;
+
+  template <class... Args>
+  HttpSession(Handler& handler, const HttpOptions& options, Args&&... args)
+      : stream_(std::forward<Args>(args)...), handler_(handler), options_(options) {}
+
+  void run() {
+    net::dispatch(stream_.get_executor(),
+                  beast::bind_front_handler(&HttpSession::start, this->shared_from_this()));
+  }
+
+ private:
+  friend class HttpExchange<Stream>;
+
+  void start() {
+    if constexpr (kTls) {
+      set_deadline(stream_, std::chrono::seconds(30));
+      stream_.async_handshake(ssl::stream_base::server,
+                              beast::bind_front_handler(&HttpSession::on_handshake,
+                                                        this->shared_from_this()));
+    } else {
+      do_read();
+    }
+  }
+
+  void on_handshake(beast::error_code ec) {
+    if (!ec) {
+      do_read();
+    }
+  }
+
+  void do_read() {
+    parser_.emplace();
+    parser_->body_limit(options_.max_body_bytes);
+    parser_->header_limit(static_cast<std::uint32_t>(options_.max_header_bytes));
+    set_deadline(stream_, std::chrono::seconds(60));
+    bhttp::async_read(stream_, buffer_, *parser_,
+                     beast::bind_front_handler(&HttpSession::on_read, this->shared_from_this()));
+  }
+
+  void on_read(beast::error_code ec, std::size_t) {
+    if (ec == bhttp::error::end_of_stream) {
+      return do_eof();
+    }
+    if (ec == bhttp::error::body_limit || ec == bhttp::error::header_limit) {
+      Request stub;
+      stub.version(11);
+      const bool body = ec == bhttp::error::body_limit;
+      auto res = json_response(
+          stub, body ? Status::payload_too_large : Status::request_header_fields_too_large,
+          {{"reason", body ? "Payload Too Large" : "Request Header Fields Too Large"},
+           {"message", body ? "the request body is over the limit of " +
+                                  std::to_string(options_.max_body_bytes) + " bytes"
+                            : "the request headers are over the limit"}});
+      res.keep_alive(false);
+      answering_ = true;
+      return send(std::move(res));
+    }
+    if (ec) {
+      return;  // timeouts, resets, garbage: drop the connection, nothing else changes
+    }
+    Request req = parser_->release();
+    if (websocket::is_upgrade(req)) {
+      Upgrade upgrade = handler_.upgrade(req);
+      if (upgrade.refusal || !upgrade.handler) {
+        Response refusal = upgrade.refusal ? std::move(*upgrade.refusal)
+                                           : error_response(req, make_error(ErrorCode::kNotFound,
+                                                                            "not_found",
+                                                                            "no WebSocket here"));
+        refusal.keep_alive(false);
+        answering_ = true;
+        return send(std::move(refusal));
+      }
+      auto ws = std::make_shared<WsSession<Stream>>(
+          std::move(stream_), std::move(upgrade.handler), std::move(upgrade.subprotocol), options_);
+      ws->run(std::move(req));
+      return;
+    }
+    // The answer may take as long as a cell runs: no deadline until it is written.
+    clear_deadline(stream_);
+    answering_ = true;
+    keep_alive_ = req.keep_alive();
+    gone_flag_ = std::make_shared<std::atomic<bool>>(false);
+    watch_client();
+    handler_.handle(std::move(req), std::make_shared<HttpExchange<Stream>>(
+                                        this->shared_from_this(), gone_flag_,
+                                        peer_address(stream_)));
+  }
+
+  // ---- noticing a client that leaves mid-answer ----
+
+  void watch_client() {
+    // Bytes already waiting (a pipelined request) show the client is there; the next request
+    // is parsed from them once this answer is out, so there is nothing to watch for.
+    if (watching_ || !answering_ || buffer_.size() > 0) {
+      return;
+    }
+    watching_ = true;
+    stream_.async_read_some(buffer_.prepare(4096),
+                            beast::bind_front_handler(&HttpSession::on_watch,
+                                                      this->shared_from_this()));
+  }
+
+  void on_watch(beast::error_code ec, std::size_t n) {
+    watching_ = false;
+    if (ec) {
+      client_gone();
+      return;
+    }
+    buffer_.commit(n);
+    if (answering_) {
+      watch_client();
+    } else if (resume_) {
+      resume_ = false;
+      do_read();
+    }
+  }
+
+  void client_gone() {
+    if (!answering_ || gone_flag_->exchange(true)) {
+      return;
+    }
+    stream_queue_.clear();
+    if (on_gone_) {
+      auto f = std::move(on_gone_);
+      on_gone_ = nullptr;
+      f();
+    }
+  }
+
+  void set_on_gone(std::function<void()> f) {
+    if (gone_flag_->load()) {
+      f();
+    } else if (answering_) {
+      on_gone_ = std::move(f);
+    }
+  }
+
+  // The answer is complete: read the next request once the watching read is back.
+  void answered() {
+    answering_ = false;
+    on_gone_ = nullptr;
+    if (gone_flag_ && gone_flag_->load()) {
+      return;
+    }
+    if (!keep_alive_) {
+      return do_eof();
+    }
+    if (watching_) {
+      resume_ = true;
+      set_deadline(stream_, std::chrono::seconds(60));
+    } else {
+      do_read();
+    }
+  }
+
+  // ---- a whole response ----
+
+  void send(Response res) {
+    keep_alive_ = keep_alive_ && res.keep_alive();
+    response_ = std::make_shared<Response>(std::move(res));
+    bhttp::async_write(stream_, *response_,
+                      beast::bind_front_handler(&HttpSession::on_write, this->shared_from_this()));
+  }
+
+  void on_write(beast::error_code ec, std::size_t) {
+    response_.reset();
+    if (ec) {
+      client_gone();
+      return;
+    }
+    answered();
+  }
+
+  // ---- a streamed response (chunked transfer coding) ----
+
+  void stream_begin(Response head) {
+    head.body().clear();
+    head.chunked(true);
+    keep_alive_ = keep_alive_ && head.keep_alive();
+    std::ostringstream os;
+    os << head.base();
+    stream_push(os.str());
+  }
+
+  void stream_chunk(std::string data) {
+    if (data.empty()) {
+      return;
+    }
+    std::ostringstream os;
+    os << std::hex << data.size() << "\r\n";
+    stream_push(os.str() + data + "\r\n");
+  }
+
+  void stream_end() {
+    stream_ending_ = true;
+    stream_push("0\r\n\r\n");
+  }
+
+  void stream_push(std::string bytes) {
+    if (gone_flag_->load()) {
+      return;
+    }
+    stream_queued_ += bytes.size();
+    if (stream_queued_ > kMaxStreamQueueBytes) {
+      spdlog::warn("a client fell {} bytes behind a streamed answer; disconnecting it",
+                   stream_queued_);
+      client_gone();
+      close_stream(stream_);
+      return;
+    }
+    stream_queue_.push_back(std::move(bytes));
+    if (!stream_writing_) {
+      stream_write_next();
+    }
+  }
+
+  void stream_write_next() {
+    stream_writing_ = true;
+    net::async_write(stream_, net::buffer(stream_queue_.front()),
+                     beast::bind_front_handler(&HttpSession::on_stream_write,
+                                               this->shared_from_this()));
+  }
+
+  void on_stream_write(beast::error_code ec, std::size_t) {
+    stream_writing_ = false;
+    if (ec) {
+      client_gone();
+      return;
+    }
+    if (stream_queue_.empty()) {
+      return;  // dropped meanwhile
+    }
+    stream_queued_ -= stream_queue_.front().size();
+    stream_queue_.pop_front();
+    if (!stream_queue_.empty()) {
+      return stream_write_next();
+    }
+    if (stream_ending_) {
+      stream_ending_ = false;
+      stream_queued_ = 0;
+      answered();
+    }
+  }
+
+  void do_eof() {
+    if constexpr (kTls) {
+      set_deadline(stream_, std::chrono::seconds(5));
+      stream_.async_shutdown([self = this->shared_from_this()](beast::error_code) {});
+    } else {
+      shutdown_send(stream_);
+    }
+  }
+
+  Stream stream_;
+  beast::flat_buffer buffer_;
+  std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
+  std::shared_ptr<Response> response_;
+  Handler& handler_;
+  const HttpOptions& options_;
+
+  bool answering_ = false;  // a request is being answered
+  bool keep_alive_ = true;
+  bool watching_ = false;   // a read is posted to notice the client leaving
+  bool resume_ = false;     // read the next request when the watching read completes
+  std::shared_ptr<std::atomic<bool>> gone_flag_ = std::make_shared<std::atomic<bool>>(false);
+  std::function<void()> on_gone_;
+  std::deque<std::string> stream_queue_;
+  std::size_t stream_queued_ = 0;
+  bool stream_writing_ = false;
+  bool stream_ending_ = false;
+};
+
+}  // namespace cellgate::http::detail

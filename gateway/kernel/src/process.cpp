@@ -1,0 +1,353 @@
+#include "cellgate/kernel/process.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <vector>
+
+#include "cellgate/launcher/spec_json.hpp"
+
+namespace cellgate::kernel {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kLauncherStatusFd = 3;
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return (v != nullptr && *v != '\0') ? std::string(v) : fallback;
+}
+
+}  // namespace
+
+std::string executable_dir() {
+  std::error_code ec;
+  auto exe = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(".") : exe.parent_path().string();
+}
+
+std::map<std::string, std::string> default_kernel_env(const std::string& work_dir, bool jailed) {
+  std::map<std::string, std::string> env = {
+      {"PATH", "/usr/local/bin:/usr/bin:/bin"},
+      {"LANG", "C.UTF-8"},
+      {"PYTHONUNBUFFERED", "1"},
+      // ipykernel's debugger warns on stderr about frozen modules at every start.
+      {"PYDEVD_DISABLE_FILE_VALIDATION", "1"},
+  };
+  if (!jailed) {
+    std::string cache = env_or("XDG_CACHE_HOME", env_or("HOME", "/tmp") + "/.cache");
+    env["HOME"] = work_dir;
+    env["MPLCONFIGDIR"] = cache + "/cellgate/matplotlib";
+  }
+  return env;
+}
+
+Result<pid_t> spawn_with_status_fd(std::vector<std::string> argv, std::vector<std::string> env,
+                                   int status_write_fd, const std::string& log_file) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, status_write_fd, kLauncherStatusFd);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_file.c_str(),
+                                   O_WRONLY | O_CREAT | O_APPEND, 0600);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  posix_spawn_file_actions_addclosefrom_np(&actions, kLauncherStatusFd + 1);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none, all_default;
+  sigemptyset(&none);
+  sigfillset(&all_default);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &all_default);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  std::vector<char*> cargv;
+  for (auto& a : argv) {
+    cargv.push_back(a.data());
+  }
+  cargv.push_back(nullptr);
+  std::vector<char*> cenv;
+  for (auto& e : env) {
+    cenv.push_back(e.data());
+  }
+  cenv.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, argv[0].c_str(), &actions, &attr, cargv.data(), cenv.data());
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) {
+    return errno_error(ErrorCode::kFailedPrecondition, "spawn", "posix_spawn('" + argv[0] + "')",
+                       rc);
+  }
+  return pid;
+}
+
+Result<std::unique_ptr<KernelProcess>> KernelProcess::start(LaunchRequest request) {
+  std::unique_ptr<KernelProcess> kp(new KernelProcess());
+
+  // A private runtime directory: connection file (it holds the key), ipc sockets, work dir.
+  std::string parent = request.runtime_parent.empty() ? env_or("TMPDIR", "/tmp")
+                                                      : request.runtime_parent;
+  std::string templ = parent + "/cellgate-XXXXXX";
+  if (::mkdtemp(templ.data()) == nullptr) {
+    return errno_error(ErrorCode::kInternal, "runtime_dir", "mkdtemp('" + templ + "')", errno);
+  }
+  kp->runtime_dir_ = templ;
+  if (request.work_dir.empty()) {
+    kp->work_dir_ = templ + "/work";
+    if (::mkdir(kp->work_dir_.c_str(), 0700) != 0) {
+      return errno_error(ErrorCode::kInternal, "runtime_dir", "mkdir('" + kp->work_dir_ + "')",
+                         errno);
+    }
+  } else {
+    kp->work_dir_ = request.work_dir;
+  }
+  kp->jailed_ = request.jail.has_value();
+  // The connection dir holds the ipc sockets and, for a jailed kernel, is bound into the jail.
+  const std::string conn_dir = templ + "/conn";
+  if (::mkdir(conn_dir.c_str(), 0700) != 0) {
+    return errno_error(ErrorCode::kInternal, "runtime_dir", "mkdir('" + conn_dir + "')", errno);
+  }
+  if (request.transport == "tcp" && !kp->jailed_) {
+    CELLGATE_ASSIGN_OR_RETURN(kp->connection_, ConnectionInfo::make_tcp());
+  } else {
+    kp->connection_ = ConnectionInfo::make_ipc(conn_dir + "/k");
+  }
+  kp->connection_.kernel_name = request.spec.name;
+  kp->connection_file_ = conn_dir + "/connection.json";
+  CELLGATE_TRY(kp->connection_.save(kp->connection_file_));
+
+  std::string launcher = request.launcher_path.empty() ? executable_dir() + "/cellgate-kernel"
+                                                       : request.launcher_path;
+  std::vector<std::string> args = {launcher, "--status-fd", std::to_string(kLauncherStatusFd),
+                                   "--connection-file", kp->connection_file_};
+  auto env_map = request.env.empty() ? default_kernel_env(kp->work_dir_, kp->jailed_) : request.env;
+  for (auto& [k, v] : request.spec.env.items()) {
+    if (v.is_string()) {
+      env_map[k] = v.get<std::string>();
+    }
+  }
+  if (kp->jailed_) {
+    jail::JailSpec spec = *request.jail;
+    if (spec.work_dir.empty()) {
+      spec.work_dir = kp->work_dir_;
+    }
+    spec.env = env_map;
+    const std::string spec_file = templ + "/jail.json";
+    {
+      std::ofstream out(spec_file);
+      out << launcher::spec_to_json(spec).dump(1);
+      if (!out) {
+        return errno_error(ErrorCode::kInternal, "runtime_dir", "write('" + spec_file + "')",
+                           errno);
+      }
+    }
+    args.insert(args.end(), {"--spec", spec_file});
+    if (!request.zygote_socket.empty()) {
+      args.insert(args.end(), {"--zygote-socket", request.zygote_socket});
+    }
+    kp->work_mounted_ = request.work_dir.empty();  // ours to unmount only when we made it
+    // The launcher's own environment: nothing but what was asked (the kernel's is the spec's).
+    env_map = request.launcher_env;
+  } else {
+    args.insert(args.end(), {"--no-jail", "--cwd", kp->work_dir_});
+  }
+  if (request.die_with_parent) {
+    args.emplace_back("--die-with-parent");
+  }
+  args.emplace_back("--");
+  for (auto& a : request.spec.expand_argv(kp->connection_file_)) {
+    args.push_back(std::move(a));
+  }
+
+  std::vector<std::string> env_strings;
+  for (auto& [k, v] : env_map) {
+    env_strings.push_back(k + "=" + v);
+  }
+
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    return errno_error(ErrorCode::kInternal, "spawn", "pipe2()", errno);
+  }
+  UniqueFd read_end(fds[0]);
+  // dup2 onto fd 3 must not be a no-op (a no-op would keep FD_CLOEXEC), so move the write end
+  // above it first.
+  UniqueFd write_end(::fcntl(fds[1], F_DUPFD_CLOEXEC, 10));
+  ::close(fds[1]);
+  if (!write_end) {
+    return errno_error(ErrorCode::kInternal, "spawn", "fcntl(F_DUPFD_CLOEXEC)", errno);
+  }
+
+  kp->log_file_ = templ + "/kernel.log";
+  // Nothing else of the gateway's reaches the launcher or its kernel: not its listening socket
+  // (which an orphaned kernel would keep open), not client connections, not other kernels' fds.
+  auto spawned = spawn_with_status_fd(std::move(args), std::move(env_strings),
+                                      write_end.get(), kp->log_file_);
+  if (!spawned) {
+    Error e = std::move(spawned).error();
+    e.reason = "launcher_missing";
+    return e;
+  }
+  const pid_t pid = *spawned;
+  kp->launcher_pid_ = pid;
+  write_end.reset();
+  ::fcntl(read_end.get(), F_SETFL, O_NONBLOCK);
+  kp->status_fd_ = std::move(read_end);
+
+  const auto deadline = Clock::now() + request.start_timeout;
+  while (!kp->started_ && !kp->exited_) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      return make_error(ErrorCode::kDeadlineExceeded, "start_timeout",
+                        "the launcher did not report within " +
+                            std::to_string(request.start_timeout.count()) + " ms");
+    }
+    kp->read_status(static_cast<int>(left.count()));
+  }
+  if (!kp->started_) {
+    return make_error(ErrorCode::kFailedPrecondition, "kernel_setup_error",
+                      "the kernel could not be started: " + kp->exited_->message);
+  }
+  // A kernel that exits at once (bad argv, missing module) starts, then ends: callers see that
+  // through poll_exit() and log_tail().
+  kp->kernel_pid_ = kp->started_->pid;
+  if (!kp->started_->connection_file.empty()) {
+    CELLGATE_ASSIGN_OR_RETURN(kp->connection_,
+                              ConnectionInfo::load(kp->started_->connection_file));
+  }
+  return kp;
+}
+
+void KernelProcess::read_status(int timeout_ms) {
+  if (!status_fd_) {
+    return;
+  }
+  pollfd pfd{status_fd_.get(), POLLIN, 0};
+  if (::poll(&pfd, 1, timeout_ms) <= 0) {
+    return;
+  }
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::read(status_fd_.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) {
+      continue;
+    }
+    if (n == 0) {
+      status_fd_.reset();  // the launcher is gone
+      if (!exited_) {
+        launcher::StatusEvent lost;
+        lost.kind = launcher::StatusEvent::Kind::kExited;
+        lost.reason = launcher::ExitReason::kSetupError;
+        lost.message = "the launcher ended without a report";
+        exited_ = lost;
+      }
+      break;
+    }
+    if (n < 0) {
+      break;  // EAGAIN
+    }
+    status_buffer_.append(buf, static_cast<std::size_t>(n));
+  }
+  for (std::size_t nl; (nl = status_buffer_.find('\n')) != std::string::npos;) {
+    auto ev = launcher::StatusEvent::parse_line(std::string_view(status_buffer_).substr(0, nl));
+    status_buffer_.erase(0, nl + 1);
+    if (!ev) {
+      continue;
+    }
+    if (ev->kind == launcher::StatusEvent::Kind::kStarted) {
+      started_ = *ev;
+    } else {
+      exited_ = *ev;
+    }
+  }
+}
+
+std::string KernelProcess::log_tail(std::size_t max_bytes) const {
+  std::ifstream in(log_file_, std::ios::binary | std::ios::ate);
+  if (!in) {
+    return {};
+  }
+  const auto size = static_cast<std::size_t>(in.tellg());
+  const std::size_t start = size > max_bytes ? size - max_bytes : 0;
+  in.seekg(static_cast<std::streamoff>(start));
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+Result<void> KernelProcess::signal(int sig) {
+  if (kernel_pid_ <= 0 || exited_) {
+    return make_error(ErrorCode::kFailedPrecondition, "not_running", "the kernel is not running");
+  }
+  // The launcher forwards it to the kernel (through the jail's init when jailed).
+  if (::kill(launcher_pid_, sig) != 0) {
+    return errno_error(ErrorCode::kInternal, "signal",
+                       "kill(" + std::to_string(kernel_pid_) + ", " + std::to_string(sig) + ")",
+                       errno);
+  }
+  return {};
+}
+
+std::optional<launcher::StatusEvent> KernelProcess::poll_exit() {
+  read_status(0);
+  return exited_;
+}
+
+std::optional<launcher::StatusEvent> KernelProcess::wait_exit(std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (!exited_) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0 || !status_fd_) {
+      break;
+    }
+    read_status(static_cast<int>(left.count()));
+  }
+  return exited_;
+}
+
+KernelProcess::~KernelProcess() {
+  if (launcher_pid_ > 0) {
+    if (kernel_pid_ > 0 && !poll_exit()) {
+      // A jailed kernel's pid is its jail's init: killing it ends the whole pid namespace. An
+      // unjailed kernel leads its own process group.
+      ::kill(jailed_ ? kernel_pid_ : -kernel_pid_, SIGKILL);
+      wait_exit(std::chrono::milliseconds(2000));
+    }
+    if (!exited_) {
+      ::kill(launcher_pid_, SIGKILL);
+    }
+    int wstatus = 0;
+    while (::waitpid(launcher_pid_, &wstatus, 0) < 0 && errno == EINTR) {
+    }
+  }
+  if (work_mounted_) {
+    // The launcher mounted a size-capped tmpfs on the work dir (it outlives the kernel so a
+    // restart keeps the files); it goes with the runtime dir.
+    ::umount2(work_dir_.c_str(), MNT_DETACH);
+  }
+  if (!runtime_dir_.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(runtime_dir_, ec);
+  }
+}
+
+Result<jail::CgroupStats> KernelProcess::cgroup_stats() const {
+  if (!started_ || started_->cgroup_paths.empty()) {
+    return make_error(ErrorCode::kNotFound, "no_cgroup", "the kernel has no cgroup of its own");
+  }
+  return jail::read_cgroup_stats(
+      started_->cgroup_version == "v2" ? jail::CgroupVersion::kV2 : jail::CgroupVersion::kV1,
+      started_->cgroup_paths);
+}
+
+}  // namespace cellgate::kernel

@@ -1,0 +1,75 @@
+// ServeOptions: everything `cellgate serve` is configured with (flags, an optional config file,
+// CELLGATE_* environment variables; see gateway/main.cpp for the precedence). The composition
+// root (server.cpp) maps it to each room's own options.
+//
+// Thread-safety: a value, fixed once the server starts.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cellgate/jail/spec.hpp"
+
+namespace cellgate::server {
+
+struct ServeOptions {
+  std::string ip = "127.0.0.1";
+  int port = 8888;
+  std::string token;      // "" with no_token false: a random one is made and printed once
+  bool no_token = false;  // allow every request (only for loopback experiments)
+  std::string state_dir;  // "" : $CELLGATE_STATE_DIR or ~/.local/state/cellgate
+  std::string base_url = "/";
+  std::size_t max_kernels = 64;
+  double cull_idle_timeout = 0;  // seconds; 0: never cull
+  double cull_interval = 300;
+  bool cull_connected = false;
+  bool cull_busy = false;
+  std::vector<std::string> allow_origins;  // exact origins, or "*"
+  std::string certfile;
+  std::string keyfile;
+  std::size_t max_body_bytes = 16u << 20;
+  std::size_t max_header_bytes = 16u << 10;
+  std::size_t max_ws_message_bytes = 64u << 20;  // one inbound WebSocket message
+  std::size_t max_ws_queue_bytes = 256u << 20;   // unsent outbound bytes before a client is dropped
+  double ws_ping_interval = 30;                   // seconds; 0: off
+  int threads = 2;
+  std::set<std::string> env_allowlist;  // client env names passed besides KERNEL_*
+  int restart_limit = 5;                // auto-restarts of a dying kernel before it is dead
+  double kernel_start_timeout = 60;     // seconds until the kernel must answer kernel_info
+  bool no_jail = false;                 // run kernels unjailed (explicit only)
+  // The warm pool: ready kernels kept per pooled kernelspec (0: off). Off here so embedding
+  // code and tests start nothing unasked; `cellgate serve` defaults to 2 (gateway/main.cpp).
+  int pool_size = 0;
+  std::vector<std::string> pool_kernels;  // kernelspecs pooled; empty: the default one
+  // The zygote (fork server) python3 ipykernels are started from, jailed kernels only. Off here
+  // for the same reason as the pool; `cellgate serve` turns it on (gateway/main.cpp).
+  bool zygote = false;
+  std::vector<std::string> zygote_preload;  // empty: ipykernel, IPython, numpy, pandas, matplotlib
+  // POST /api/kernels/{id}/execute
+  double execute_max_timeout = 600;              // seconds; longer requests are clamped
+  double execute_grace = 5;                      // seconds between the interrupt and a restart
+  std::size_t execute_stream_bytes = 1u << 20;   // stdout and stderr kept per cell, each
+  std::size_t execute_output_bytes = 8u << 20;   // one display_data / execute_result
+  double execute_keepalive = 3;                  // seconds between keepalives when streaming
+  // Artifacts (images and PDFs kernels display, stored by SHA-256 under <state>/artifacts)
+  std::size_t artifacts_per_kernel = 1000;
+  std::size_t artifact_bytes_per_kernel = 256u << 20;
+  // The files API (and one-shot files): the largest file read or written
+  std::size_t max_file_bytes = 16u << 20;
+  // The audit log: one JSON line per agent execution. "" : <state>/audit.log; "off": none.
+  std::string audit_log;
+  std::size_t audit_max_bytes = 64u << 20;  // rotated past this
+  int audit_keep = 5;                       // rotated files kept
+  std::vector<std::string> audit_redact;    // more secret patterns (ECMAScript regexes)
+  // E2B-compatible endpoints on a second listener (same --ip); 0: off.
+  int e2b_port = 0;
+  // E2B's SDK in debug mode sends no token: allow token-less E2B requests (loopback --ip only).
+  bool e2b_no_token = false;
+  jail::JailSpec jail;                  // limits for every kernel
+};
+
+}  // namespace cellgate::server

@@ -1,0 +1,47 @@
+// `cellgate serve`: the composition root. Server builds the parts — the kernel registry, the
+// artifact store, the audit log, the executor, the Jupyter/agent API, the E2B API and their
+// listeners — hands them to each other, and owns the threads they run on: the network threads,
+// the cell threads (every agent cell is a state machine on a strand there), and the offload
+// pool for blocking work (kernel starts, restarts, shutdowns, file I/O).
+//
+//   Server server(options);          // builds; starts no thread and no process
+//   auto port = server.start();      // the zygote, the monitor, the pool, the listeners
+//   server.run();                    // network threads, until stop() (any thread or a signal)
+//
+// Thread-safety: start() and run() from one thread; stop() from any.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "cellgate/result.hpp"
+#include "cellgate/server/config.hpp"
+
+namespace cellgate::kernels {
+class KernelRegistry;
+}
+
+namespace cellgate::server {
+
+class Server {
+ public:
+  explicit Server(ServeOptions options);
+  ~Server();
+  Result<int> start();
+  void run();
+  void stop();
+  const std::string& token() const;
+  kernels::KernelRegistry& registry();
+  const ServeOptions& options() const;
+  int e2b_port() const;  // 0 unless --e2b-port
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// `cellgate serve`: prints where it listens and the token, runs until SIGINT or SIGTERM, then
+// shuts every kernel down.
+int run_serve(ServeOptions options);
+
+}  // namespace cellgate::server

@@ -1,0 +1,271 @@
+#include "cellgate/server/server.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <cstdlib>
+#include <iostream>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "cellgate/api/api.hpp"
+#include "cellgate/api/e2b_api.hpp"
+#include "cellgate/execute/executor.hpp"
+#include "cellgate/http/listener.hpp"
+#include "cellgate/jail/jail.hpp"
+#include "cellgate/kernel/connection.hpp"
+#include "cellgate/kernels/registry.hpp"
+#include "cellgate/store/artifacts.hpp"
+#include "cellgate/store/audit.hpp"
+
+namespace cellgate::server {
+namespace {
+
+namespace net = boost::asio;
+
+// Blocking work is mostly waiting (a kernel start waits for the kernel to answer), so many
+// threads: 20 starts at once should take one start's time.
+constexpr int kOffloadThreads = 32;
+constexpr int kCellThreads = 2;
+
+std::string default_state_dir() {
+  if (const char* d = std::getenv("CELLGATE_STATE_DIR"); d != nullptr && *d != '\0') {
+    return d;
+  }
+  const char* home = std::getenv("HOME");
+  return std::string(home != nullptr && *home != '\0' ? home : "/root") + "/.local/state/cellgate";
+}
+
+std::chrono::milliseconds seconds_to_ms(double s) {
+  return std::chrono::milliseconds(static_cast<long long>(s * 1000));
+}
+
+kernels::RegistryOptions registry_options(const ServeOptions& o) {
+  kernels::RegistryOptions r;
+  r.state_dir = o.state_dir;
+  r.max_kernels = o.max_kernels;
+  r.cull_idle_timeout = o.cull_idle_timeout;
+  r.cull_interval = o.cull_interval;
+  r.cull_connected = o.cull_connected;
+  r.cull_busy = o.cull_busy;
+  r.env_allowlist = o.env_allowlist;
+  r.restart_limit = o.restart_limit;
+  r.kernel_start_timeout = o.kernel_start_timeout;
+  r.no_jail = o.no_jail;
+  r.pool_size = o.pool_size;
+  r.pool_kernels = o.pool_kernels;
+  r.zygote = o.zygote;
+  r.zygote_preload = o.zygote_preload;
+  r.jail = o.jail;
+  return r;
+}
+
+}  // namespace
+
+struct Server::Impl {
+  ServeOptions options;
+  std::string token;
+
+  net::io_context network;
+  net::io_context cells;
+  net::executor_work_guard<net::io_context::executor_type> cells_work{cells.get_executor()};
+  std::vector<std::thread> cell_threads;
+  net::thread_pool offload_pool{kOffloadThreads};
+
+  std::unique_ptr<util::AsioLoop> loop;
+  std::unique_ptr<kernels::KernelRegistry> registry;
+  std::unique_ptr<store::ArtifactStore> artifacts;
+  std::unique_ptr<store::AuditLog> audit;
+  std::unique_ptr<execute::Executor> executor;
+  std::unique_ptr<api::Api> api;
+  std::unique_ptr<api::E2bApi> e2b;
+  http::HttpOptions http_options;
+  std::shared_ptr<http::TlsContext> tls;
+  std::unique_ptr<http::Listener> listener;
+  std::unique_ptr<http::Listener> e2b_listener;
+
+  util::Offload offload() {
+    return [this](std::function<void()> fn) { net::post(offload_pool, std::move(fn)); };
+  }
+};
+
+Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
+  auto& o = impl_->options;
+  o = std::move(options);
+  if (o.token.empty() && !o.no_token) {
+    o.token = kernel::random_hex(24);
+  }
+  if (o.state_dir.empty()) {
+    o.state_dir = default_state_dir();
+  }
+  impl_->token = o.no_token ? "" : o.token;
+
+  impl_->loop = std::make_unique<util::AsioLoop>(impl_->cells);
+  impl_->registry = std::make_unique<kernels::KernelRegistry>(registry_options(o));
+
+  store::ArtifactCaps caps;
+  caps.count = o.artifacts_per_kernel;
+  caps.bytes = o.artifact_bytes_per_kernel;
+  impl_->artifacts = std::make_unique<store::ArtifactStore>(o.state_dir + "/artifacts", caps);
+  store::AuditLog::Options audit;
+  if (o.audit_log != "off") {
+    audit.path = o.audit_log.empty() ? o.state_dir + "/audit.log" : o.audit_log;
+  }
+  audit.max_bytes = o.audit_max_bytes;
+  audit.keep = static_cast<unsigned>(std::max(0, o.audit_keep));
+  audit.redact.insert(audit.redact.end(), o.audit_redact.begin(), o.audit_redact.end());
+  auto log = store::AuditLog::create(std::move(audit));
+  if (!log) {
+    throw std::invalid_argument(log.error().message);
+  }
+  impl_->audit = std::move(log).value();
+
+  execute::ExecuteLimits limits;
+  limits.stream_bytes = o.execute_stream_bytes;
+  limits.output_bytes = o.execute_output_bytes;
+  limits.grace = seconds_to_ms(o.execute_grace);
+  impl_->executor = std::make_unique<execute::Executor>(
+      *impl_->registry, *impl_->artifacts, *impl_->audit, limits, *impl_->loop, impl_->offload());
+
+  api::ApiOptions ao;
+  ao.base_url = o.base_url;
+  ao.token = impl_->token;
+  ao.allow_origins = o.allow_origins;
+  ao.execute_max_timeout = o.execute_max_timeout;
+  ao.execute_keepalive = o.execute_keepalive;
+  ao.max_file_bytes = o.max_file_bytes;
+  ao.jailed = !o.no_jail;
+  impl_->api = std::make_unique<api::Api>(*impl_->registry, *impl_->executor, std::move(ao),
+                                          impl_->offload());
+  api::E2bOptions eo;
+  eo.token = impl_->token;
+  eo.allow_missing_token = o.e2b_no_token;
+  eo.execute_max_timeout = o.execute_max_timeout;
+  eo.execute_keepalive = o.execute_keepalive;
+  impl_->e2b = std::make_unique<api::E2bApi>(*impl_->registry, *impl_->executor, std::move(eo),
+                                             impl_->offload());
+
+  impl_->http_options.max_body_bytes = o.max_body_bytes;
+  impl_->http_options.max_header_bytes = o.max_header_bytes;
+  impl_->http_options.max_ws_message_bytes = o.max_ws_message_bytes;
+  impl_->http_options.max_ws_queue_bytes = o.max_ws_queue_bytes;
+  impl_->http_options.ws_ping_interval = o.ws_ping_interval;
+}
+
+Server::~Server() {
+  stop();
+  impl_->listener.reset();
+  impl_->e2b_listener.reset();
+  // Cells end (their kernels go), then the threads they ran on.
+  impl_->registry->shutdown_all();
+  impl_->offload_pool.join();
+  impl_->cells_work.reset();
+  impl_->cells.stop();
+  for (auto& t : impl_->cell_threads) {
+    t.join();
+  }
+  impl_->e2b.reset();
+  impl_->api.reset();
+  impl_->executor.reset();
+  impl_->registry.reset();
+}
+
+const std::string& Server::token() const { return impl_->token; }
+kernels::KernelRegistry& Server::registry() { return *impl_->registry; }
+const ServeOptions& Server::options() const { return impl_->options; }
+int Server::e2b_port() const { return impl_->e2b_listener ? impl_->e2b_listener->port() : 0; }
+
+Result<int> Server::start() {
+  auto& o = impl_->options;
+  if (!o.certfile.empty() || !o.keyfile.empty()) {
+    CELLGATE_ASSIGN_OR_RETURN(impl_->tls, http::TlsContext::load(o.certfile, o.keyfile));
+  }
+  if (o.e2b_port != 0 && o.e2b_no_token && !http::is_loopback(o.ip)) {
+    return make_error(ErrorCode::kInvalidArgument, "e2b_no_token",
+                      "--e2b-no-token serves code execution without a token, so it is only "
+                      "allowed on a loopback --ip (127.0.0.1 or ::1), not " + o.ip);
+  }
+  CELLGATE_ASSIGN_OR_RETURN(impl_->listener,
+                            http::Listener::open(impl_->network, o.ip, o.port, *impl_->api,
+                                                 impl_->http_options, impl_->tls));
+  if (o.e2b_port != 0) {
+    CELLGATE_ASSIGN_OR_RETURN(impl_->e2b_listener,
+                              http::Listener::open(impl_->network, o.ip, o.e2b_port, *impl_->e2b,
+                                                   impl_->http_options, impl_->tls));
+  }
+  impl_->registry->start();
+  for (int i = 0; i < kCellThreads; ++i) {
+    impl_->cell_threads.emplace_back([this] { impl_->cells.run(); });
+  }
+  impl_->listener->start();
+  if (impl_->e2b_listener) {
+    impl_->e2b_listener->start();
+  }
+  return impl_->listener->port();
+}
+
+void Server::run() {
+  std::vector<std::thread> threads;
+  for (int i = 1; i < std::max(1, impl_->options.threads); ++i) {
+    threads.emplace_back([this] { impl_->network.run(); });
+  }
+  impl_->network.run();
+  for (auto& t : threads) {
+    t.join();
+  }
+}
+
+void Server::stop() { impl_->network.stop(); }
+
+int run_serve(ServeOptions options) {
+  spdlog::info("host: {}", jail::probe_host().describe());
+  if (options.no_jail) {
+    spdlog::warn("--no-jail: kernels run UNJAILED, as this user; do not give them untrusted code");
+  }
+  std::optional<Server> server_holder;
+  try {
+    server_holder.emplace(std::move(options));
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "cellgate serve: " << e.what() << "\n";
+    return 2;
+  }
+  Server& server = *server_holder;
+  auto port = server.start();
+  if (!port) {
+    std::cerr << "cellgate serve: " << port.error().message << "\n";
+    return 2;
+  }
+  net::io_context signals_ctx;
+  net::signal_set signals(signals_ctx, SIGINT, SIGTERM);
+  signals.async_wait([&](const boost::system::error_code&, int sig) {
+    spdlog::info("signal {}: shutting down", sig);
+    server.stop();
+  });
+  std::thread signal_thread([&] { signals_ctx.run(); });
+  const auto& o = server.options();
+  const std::string scheme = o.certfile.empty() ? "http" : "https";
+  std::cout << "cellgate serve: listening on " << scheme << "://" << o.ip << ":" << *port
+            << o.base_url << "\n";
+  if (server.e2b_port() != 0) {
+    std::cout << "cellgate serve: E2B-compatible endpoints on http://" << o.ip << ":"
+              << server.e2b_port() << "\n";
+  }
+  if (!server.token().empty()) {
+    std::cout << "cellgate serve: token " << server.token() << "\n"
+              << "  JupyterLab / jupyter server: jupyter server --gateway-url=" << scheme << "://"
+              << o.ip << ":" << *port << " --GatewayClient.auth_token=" << server.token() << "\n";
+  }
+  std::cout << std::flush;
+  server.run();
+  signals_ctx.stop();
+  signal_thread.join();
+  server.registry().shutdown_all();
+  return 0;
+}
+
+}  // namespace cellgate::server

@@ -1,0 +1,99 @@
+// AuditLog: one JSON line per execution, with secrets redacted, in a size-rotated file.
+//
+//   CELLGATE_ASSIGN_OR_RETURN(auto audit, AuditLog::create({.path = state_dir + "/audit.jsonl"}));
+//   audit->write({{"kernel_id", id}, {"code_sha256", sha256_hex(code)}, {"status", "ok"}});
+//
+// write() redacts every string value in the record, at any depth (object keys are kept), with
+// each pattern in turn, then appends the line with O_APPEND to a 0600 file (parent directories
+// are created 0700). Before a line would take the file over max_bytes, the file is rotated:
+// path → path.1 → … → path.<keep>, the oldest dropped. A line longer than max_bytes on its own is
+// still written whole, into a fresh file: the audit trail does not lose executions. What bounds a
+// line is max_string_bytes: a longer string value is cut (at the last whitespace in its final
+// KiB, so a secret is not cut in half and slips past a pattern) and ends "...[truncated N bytes]".
+// That also bounds the time redaction takes.
+//
+// Patterns are ECMAScript regexes (std::regex); a leading "(?i)" makes one case-insensitive. If a
+// pattern has capture groups, its first group is kept and only the rest of the match is replaced
+// ("password=" stays, "hunter2" becomes "[REDACTED]"); use (?:…) for grouping otherwise. They run
+// in libstdc++'s breadth-first executor, which needs no stack per character (the default
+// executor overflows the stack on matches of some 100 KB) but rejects back-references. It costs
+// about a microsecond per byte and pattern when tried at every position, so each default pattern
+// carries the literals its matches start with and is only tried where one occurs; a custom
+// pattern is tried everywhere (mind the cost with big records).
+//
+// I/O failures never throw: the first of a run is logged with spdlog, the record is dropped, and
+// the file is reopened on the next write. Lines are not fsynced.
+//
+// Thread-safety: write() and redact() may be called from any thread; redaction runs unlocked,
+// the append and rotation under a mutex.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cellgate/result.hpp"
+#include "cellgate/unique_fd.hpp"
+
+namespace cellgate::store {
+
+// Private key PEM blocks, bearer tokens, AWS access key ids, GitHub and OpenAI-style tokens,
+// and key=value pairs whose key says secret (api_key, secret, token, password, passwd,
+// authorization; the key is kept). Broad on purpose: "tokens = split(text)" loses its value too.
+std::vector<std::string> default_redact_patterns();
+
+struct AuditOptions {
+  std::string path;                                   // "" : disabled
+  std::uint64_t max_bytes = std::uint64_t{64} << 20;  // rotate before exceeding; 0: never
+  unsigned keep = 5;                                  // rotated files kept (path.1 … path.keep)
+  std::vector<std::string> redact = default_redact_patterns();  // add to these, or replace them
+  std::size_t max_string_bytes = 256u << 10;                    // per string value; 0: no limit
+};
+
+class AuditLog {
+ public:
+  using Options = AuditOptions;
+
+  // bad_redact_pattern (kInvalidArgument) for a pattern std::regex rejects or that matches the
+  // empty string. Nothing is opened until the first write().
+  static Result<std::unique_ptr<AuditLog>> create(Options options);
+
+  bool enabled() const { return !options_.path.empty(); }
+  const std::string& path() const { return options_.path; }
+
+  // Redacts and appends one line; a no-op when disabled.
+  void write(nlohmann::json record);
+
+  // `text` with every match of every pattern replaced by "[REDACTED]" (see above).
+  std::string redact(std::string_view text) const;
+
+ private:
+  struct Pattern {
+    std::regex re;
+    bool keep_first_group = false;
+    std::vector<std::string> anchors;  // lowercase; a match starts with one. None: try everywhere
+  };
+
+  static std::string replace_all(const std::string& text, const Pattern& pattern);
+  static std::string replace_anchored(const std::string& text, const Pattern& pattern);
+
+  AuditLog(Options options, std::vector<Pattern> patterns);
+  void redact_values(nlohmann::json& value) const;
+  Result<void> open_locked();
+  Result<void> rotate_locked();
+  void fail_locked(const Error& error);
+
+  const Options options_;
+  const std::vector<Pattern> patterns_;
+  std::mutex mu_;
+  UniqueFd fd_;
+  std::uint64_t size_ = 0;  // of the open file
+  bool failing_ = false;    // the last write failed and was logged
+};
+
+}  // namespace cellgate::store

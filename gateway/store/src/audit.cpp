@@ -1,0 +1,340 @@
+#include "cellgate/store/audit.hpp"
+#include "cellgate/util/fs.hpp"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <exception>
+
+namespace cellgate::store {
+namespace {
+
+constexpr std::string_view kRedacted = "[REDACTED]";
+constexpr std::size_t kCutBackLimit = 1024;  // how far a cut string backs off to whitespace
+
+// rename()/unlink() where a missing source is fine (fewer rotated files than `keep` so far).
+Result<void> rename_if_exists(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0 && errno != ENOENT) {
+    return errno_error(ErrorCode::kInternal, "audit_io", "rename('" + from + "', '" + to + "')",
+                       errno);
+  }
+  return {};
+}
+
+Result<void> unlink_if_exists(const std::string& path) {
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return errno_error(ErrorCode::kInternal, "audit_io", "unlink('" + path + "')", errno);
+  }
+  return {};
+}
+
+// Cuts `text` to at most `limit` bytes, on a UTF-8 boundary, backing off to the last whitespace
+// in the final KiB so that a token is dropped whole rather than left as a prefix a pattern
+// might no longer match.
+void truncate_string(std::string& text, std::size_t limit) {
+  if (limit == 0 || text.size() <= limit) {
+    return;
+  }
+  std::size_t cut = limit;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xc0) == 0x80) {
+    --cut;
+  }
+  for (std::size_t i = cut; i > 0 && cut - i < kCutBackLimit; --i) {
+    const char c = text[i - 1];
+    if (c == ' ' || c == '\n' || c == '\t' || c == '\r') {
+      cut = i;
+      break;
+    }
+  }
+  const std::size_t dropped = text.size() - cut;
+  text.resize(cut);
+  text += "...[truncated " + std::to_string(dropped) + " bytes]";
+}
+
+// The defaults, each with the literals (lowercase) its matches start with.
+struct DefaultPattern {
+  std::string_view source;
+  std::vector<std::string_view> anchors;
+};
+
+const std::vector<DefaultPattern>& default_table() {
+  static const std::vector<DefaultPattern> table = {
+      // PEM private keys, to the END line or, when it is missing (a cut string), to the end.
+      {R"(-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|$))",
+       {"-----begin "}},
+      // RFC 6750 bearer tokens, "Bearer " kept.
+      {R"((?i)(\bbearer[ \t]+)[A-Za-z0-9._~+/-]+=*)", {"bearer"}},
+      // AWS access key ids (long-term AKIA, temporary ASIA).
+      {R"(\b(?:AKIA|ASIA)[0-9A-Z]{16}\b)", {"akia", "asia"}},
+      // GitHub tokens: classic (ghp_, gho_, ghu_, ghs_, ghr_) and fine-grained.
+      {R"(\bgh[pousr]_[A-Za-z0-9]{36,}|\bgithub_pat_[A-Za-z0-9_]{22,})",
+       {"ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"}},
+      // OpenAI-style secret keys (sk-..., sk-proj-...).
+      {R"(\bsk-[A-Za-z0-9_-]{20,})", {"sk-"}},
+      // key=value / key: value / "key": "value", the key and separator kept. A quoted value is
+      // taken whole (bounded, so a stray quote cannot make the search quadratic), and an
+      // Authorization scheme goes with its credentials.
+      {R"((?i)((?:api[_-]?key|secret|token|password|passwd|authorization)(?:[_-][A-Za-z0-9]+)*)"
+       R"(["']?[ \t]*[=:][ \t]*)(?:(?:bearer|basic|token)[ \t]+)?)"
+       R"((?:"[^"\r\n]{0,256}"|'[^'\r\n]{0,256}'|\S+))",
+       {"api", "secret", "token", "password", "passwd", "authorization"}},
+  };
+  return table;
+}
+
+std::string ascii_lower(std::string_view text) {
+  std::string lower(text);
+  for (char& c : lower) {
+    if (c >= 'A' && c <= 'Z') {
+      c = static_cast<char>(c - 'A' + 'a');
+    }
+  }
+  return lower;
+}
+
+}  // namespace
+
+std::vector<std::string> default_redact_patterns() {
+  std::vector<std::string> sources;
+  for (const DefaultPattern& p : default_table()) {
+    sources.emplace_back(p.source);
+  }
+  return sources;
+}
+
+Result<std::unique_ptr<AuditLog>> AuditLog::create(Options options) {
+  std::vector<Pattern> patterns;
+  patterns.reserve(options.redact.size());
+  for (const std::string& source : options.redact) {
+    std::string_view body = source;
+    // The breadth-first executor (__polynomial, a libstdc++ extension): its recursion depth is
+    // bounded by the pattern, not the text; the default depth-first one recurses per character
+    // matched and overflows the stack on long matches.
+    auto flags = std::regex::ECMAScript | std::regex_constants::__polynomial;
+    if (body.starts_with("(?i)")) {
+      body.remove_prefix(4);
+      flags |= std::regex::icase;
+    }
+    try {
+      std::regex re(body.begin(), body.end(), flags);
+      if (std::regex_search(std::string(), re)) {
+        return make_error(
+            ErrorCode::kInvalidArgument, "bad_redact_pattern",
+            "redact pattern '" + source + "' matches the empty string; it would redact everything");
+      }
+      Pattern pattern{std::move(re), false, {}};
+      pattern.keep_first_group = pattern.re.mark_count() > 0;
+      for (const DefaultPattern& d : default_table()) {
+        if (d.source == source) {
+          pattern.anchors.assign(d.anchors.begin(), d.anchors.end());
+        }
+      }
+      patterns.push_back(std::move(pattern));
+    } catch (const std::regex_error& e) {
+      return make_error(
+          ErrorCode::kInvalidArgument, "bad_redact_pattern",
+          "redact pattern '" + source + "' is not a valid ECMAScript regex: " + e.what());
+    }
+  }
+  return std::unique_ptr<AuditLog>(new AuditLog(std::move(options), std::move(patterns)));
+}
+
+AuditLog::AuditLog(Options options, std::vector<Pattern> patterns)
+    : options_(std::move(options)), patterns_(std::move(patterns)) {}
+
+std::string AuditLog::redact(std::string_view text) const {
+  std::string out(text);
+  try {
+    for (const Pattern& p : patterns_) {
+      out = p.anchors.empty() ? replace_all(out, p) : replace_anchored(out, p);
+    }
+  } catch (const std::exception&) {
+    // std::regex can throw (error_complexity, bad_alloc); fail closed.
+    return std::string(kRedacted);
+  }
+  return out;
+}
+
+// regex_replace, except that empty matches (a pattern like \b) replace nothing.
+std::string AuditLog::replace_all(const std::string& text, const Pattern& pattern) {
+  std::string out;
+  auto copied = text.begin();
+  for (std::sregex_iterator it(text.begin(), text.end(), pattern.re), end; it != end; ++it) {
+    const std::smatch& m = *it;
+    if (m.length(0) == 0) {
+      continue;
+    }
+    out.append(copied, m[0].first);
+    if (pattern.keep_first_group) {
+      out += m.str(1);
+    }
+    out += kRedacted;
+    copied = m[0].second;
+  }
+  out.append(copied, text.end());
+  return out;
+}
+
+// replace_all(), trying the regex only where an anchor occurs: leftmost match first,
+// then on after its end. match_prev_avail lets \b see the character before.
+std::string AuditLog::replace_anchored(const std::string& text, const Pattern& pattern) {
+  const std::string lower = ascii_lower(text);
+  std::vector<std::size_t> next;  // the next occurrence of each anchor at or after `from`
+  for (const std::string& anchor : pattern.anchors) {
+    next.push_back(lower.find(anchor));
+  }
+  std::string out;
+  std::size_t copied = 0;
+  std::size_t from = 0;
+  for (;;) {
+    std::size_t at = std::string::npos;
+    for (std::size_t i = 0; i < next.size(); ++i) {
+      if (next[i] != std::string::npos && next[i] < from) {
+        next[i] = lower.find(pattern.anchors[i], from);
+      }
+      at = std::min(at, next[i]);
+    }
+    if (at == std::string::npos) {
+      break;
+    }
+    std::smatch m;
+    auto flags = std::regex_constants::match_continuous;
+    if (at > 0) {
+      flags |= std::regex_constants::match_prev_avail;
+    }
+    const auto begin = text.begin() + static_cast<std::ptrdiff_t>(at);
+    if (std::regex_search(begin, text.end(), m, pattern.re, flags) && m.length(0) > 0) {
+      out.append(text, copied, at - copied);
+      if (pattern.keep_first_group) {
+        out += m.str(1);
+      }
+      out += kRedacted;
+      copied = at + static_cast<std::size_t>(m.length(0));
+      from = copied;
+    } else {
+      from = at + 1;
+    }
+  }
+  if (copied == 0) {
+    return text;
+  }
+  out.append(text, copied);
+  return out;
+}
+
+void AuditLog::redact_values(nlohmann::json& value) const {
+  if (value.is_string()) {
+    auto& text = value.get_ref<std::string&>();
+    truncate_string(text, options_.max_string_bytes);
+    text = redact(text);
+  } else if (value.is_structured()) {
+    for (auto& item : value) {  // an object's values; its keys are kept as they are
+      redact_values(item);
+    }
+  }
+}
+
+void AuditLog::write(nlohmann::json record) {
+  if (!enabled()) {
+    return;
+  }
+  std::string line;
+  try {
+    redact_values(record);
+    line = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    line += '\n';
+  } catch (const std::exception& e) {
+    std::lock_guard lock(mu_);
+    fail_locked(make_error(ErrorCode::kInternal, "audit_record",
+                           std::string("cannot serialize the record: ") + e.what()));
+    return;
+  }
+
+  std::lock_guard lock(mu_);
+  if (!fd_) {
+    if (auto opened = open_locked(); !opened) {
+      fail_locked(opened.error());
+      return;
+    }
+  }
+  bool clean = true;
+  if (options_.max_bytes > 0 && size_ > 0 && size_ + line.size() > options_.max_bytes) {
+    // A rotation that fails leaves the line to go on the current file: too big beats lost.
+    if (auto rotated = rotate_locked(); !rotated) {
+      fail_locked(rotated.error());
+      clean = false;
+    }
+    if (!fd_) {
+      if (auto opened = open_locked(); !opened) {
+        fail_locked(opened.error());
+        return;
+      }
+    }
+  }
+  std::string_view rest = line;
+  while (!rest.empty()) {
+    const ssize_t n = ::write(fd_.get(), rest.data(), rest.size());
+    if (n < 0) {
+      if (errno == EINTR) {
+        continue;
+      }
+      fail_locked(
+          errno_error(ErrorCode::kInternal, "audit_io", "write('" + options_.path + "')", errno));
+      fd_.reset();  // reopened by the next write
+      return;
+    }
+    rest.remove_prefix(static_cast<std::size_t>(n));
+    size_ += static_cast<std::uint64_t>(n);
+  }
+  if (clean) {
+    failing_ = false;
+  }
+}
+
+Result<void> AuditLog::open_locked() {
+  const std::string& path = options_.path;
+  if (auto slash = path.rfind('/'); slash != std::string::npos && slash > 0) {
+    CELLGATE_TRY(make_private_dirs(path.substr(0, slash), "audit_io"));
+  }
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd) {
+    return errno_error(ErrorCode::kInternal, "audit_io", "open('" + path + "', O_APPEND)", errno);
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) {
+    return errno_error(ErrorCode::kInternal, "audit_io", "fstat('" + path + "')", errno);
+  }
+  fd_ = std::move(fd);
+  size_ = static_cast<std::uint64_t>(st.st_size);
+  return {};
+}
+
+// path.<keep> is dropped, path.<i> becomes path.<i+1>, path becomes path.1. Closes the file.
+Result<void> AuditLog::rotate_locked() {
+  const std::string& path = options_.path;
+  fd_.reset();
+  size_ = 0;
+  if (options_.keep == 0) {
+    return unlink_if_exists(path);
+  }
+  CELLGATE_TRY(unlink_if_exists(path + "." + std::to_string(options_.keep)));
+  for (unsigned i = options_.keep - 1; i >= 1; --i) {
+    CELLGATE_TRY(
+        rename_if_exists(path + "." + std::to_string(i), path + "." + std::to_string(i + 1)));
+  }
+  return rename_if_exists(path, path + ".1");
+}
+
+void AuditLog::fail_locked(const Error& error) {
+  if (!failing_) {
+    spdlog::error("audit log: {}; records are dropped or kept unrotated until it works again",
+                  error.describe());
+  }
+  failing_ = true;
+}
+
+}  // namespace cellgate::store

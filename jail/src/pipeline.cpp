@@ -1,0 +1,44 @@
+// The jail's two lists of steps, written once for exec mode and the zygote (order: jail.hpp).
+#include <string>
+#include <utility>
+
+#include "cellgate/jail/jail.hpp"
+#include "cellgate/jail/seccomp.hpp"
+
+namespace cellgate::jail {
+
+Result<void> run_steps(const std::vector<Step>& steps) {
+  for (const auto& step : steps) {
+    auto r = step.run();
+    if (!r) {
+      Error e = std::move(r).error();
+      e.message = std::string(step.name) + ": " + e.message;
+      return e;
+    }
+  }
+  return {};
+}
+
+Result<void> contain_init(const JailSpec& spec, const RootPaths& paths, uid_t uid, gid_t gid) {
+  return run_steps({
+      {"cgroup namespace", [] { return enter_cgroup_namespace(); }},
+      {"root filesystem", [&] { return build_root(spec, paths, uid, gid); }},
+      {"hostname", [&] { return set_hostname(spec.hostname); }},
+  });
+}
+
+Result<void> contain_kernel(const JailSpec& spec, uid_t uid, gid_t gid,
+                            const std::function<Result<void>()>& settle_fds) {
+  return run_steps({
+      {"session", [] { return new_session(); }},
+      {"work dir", [] { return enter_work_dir(); }},
+      {"rlimits", [&] { return apply_rlimits(spec); }},
+      {"credentials", [&] { return drop_privileges(uid, gid); }},
+      {"no_new_privs", [] { return set_no_new_privs(); }},
+      {"file descriptors", settle_fds},
+      // Last: after it, even the launcher's own code could not undo anything above.
+      {"seccomp", [] { return apply_seccomp(default_seccomp_table()); }},
+  });
+}
+
+}  // namespace cellgate::jail

@@ -1,0 +1,65 @@
+// Where `cellgate run` gets its kernels: an embedded gateway (a KernelRegistry and an Executor in
+// this process, state in a temp dir removed at the end) or a running `cellgate serve` (--url).
+// Both hand out one KernelSession per notebook and answer each cell with the Executor's answer
+// (see cellgate/server/execute.hpp), so the runner does not know which it talks to.
+//
+//   CELLGATE_ASSIGN_OR_RETURN(auto backend, make_embedded_backend(settings));
+//   CELLGATE_ASSIGN_OR_RETURN(auto session, backend->start("python3"));
+//   CELLGATE_TRY(session->put_file("data/sales.csv", bytes));
+//   CELLGATE_ASSIGN_OR_RETURN(nlohmann::json answer, session->execute("1 + 1", 30));
+//   session.reset();                      // the kernel is shut down
+//
+// Remote: POST /api/kernels {name}; PUT /api/kernels/{id}/files/{path};
+// POST /api/kernels/{id}/execute {code, timeout} (the JSON answer); DELETE /api/kernels/{id}.
+//
+// Thread-safety: a Backend's methods may be called from many threads at once (one notebook per
+// worker thread); a KernelSession is used by one thread. cancel() may be called from any thread
+// and makes running and later cells stop soon (answers "aborted" or an interrupted cell).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+#include "cellgate/result.hpp"
+
+namespace cellgate::notebooks::runner {
+
+class KernelSession {
+ public:
+  virtual ~KernelSession() = default;  // shuts the kernel down
+  // Places a file in the kernel's work dir (its cwd); missing directories are made.
+  virtual Result<void> put_file(const std::string& rel, const std::string& bytes) = 0;
+  // Runs one cell; timeout_seconds <= 0: no limit (a remote gateway clamps it to its maximum).
+  virtual Result<nlohmann::json> execute(const std::string& code, double timeout_seconds) = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // The kernelspec names this backend can start, and the one it starts by default.
+  virtual const std::set<std::string>& kernelspecs() const = 0;
+  virtual std::string default_kernel() const = 0;
+  // Blocking: returns once the kernel answers.
+  virtual Result<std::unique_ptr<KernelSession>> start(const std::string& kernel) = 0;
+  // The largest file put_file accepts.
+  virtual std::size_t max_file_bytes() const = 0;
+  // Stops running cells (Ctrl-C); later execute() calls answer "aborted" or fail.
+  virtual void cancel() = 0;
+};
+
+struct EmbeddedSettings {
+  std::size_t kernels = 1;  // kernels at once (--jobs)
+  bool no_jail = false;
+};
+// A temp state dir under $TMPDIR (removed when the backend is destroyed), a KernelRegistry and an
+// Executor. Server-side caps are set high enough for notebooks (64 MiB per stream and output).
+Result<std::unique_ptr<Backend>> make_embedded_backend(const EmbeddedSettings& settings);
+
+// Checks the URL and token up front (GET /api/kernelspecs), so a wrong token is a usage error.
+Result<std::unique_ptr<Backend>> make_remote_backend(const std::string& url,
+                                                     const std::string& token);
+
+}  // namespace cellgate::notebooks::runner

@@ -1,0 +1,79 @@
+// nbformat 4 for `cellgate run`: read and validate a notebook, inject papermill-style
+// parameters, and write it back in nbformat's own JSON style.
+//
+//   CELLGATE_ASSIGN_OR_RETURN(nlohmann::json nb, notebook::parse(text));   // validated
+//   CELLGATE_ASSIGN_OR_RETURN(auto p, notebook::parse_parameter("alpha=0.5"));
+//   notebook::inject_parameters(nb, {p});
+//   std::string out = notebook::dump(nb);
+//
+// Validation covers what a run depends on (https://nbformat.readthedocs.io/en/latest/
+// format_description.html): nbformat == 4, a cells array, each cell an object with a known
+// cell_type and a source that is a string or a list of strings, code cells' outputs a list and
+// execution_count null or an integer when present (they are rewritten by the run anyway), and
+// metadata objects with tags as lists of strings. Errors name the problem and the cell index:
+// "cells[3] (code): no 'source' (...)". Outputs already in the file are not validated: a run
+// replaces them.
+//
+// Thread-safety: pure functions on values.
+#pragma once
+
+#include <cstddef>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cellgate/result.hpp"
+
+namespace cellgate::notebooks::notebook {
+
+// Parses and validates; errors have reason "invalid_notebook" and say what is wrong.
+Result<nlohmann::json> parse(std::string_view text);
+Result<void> validate(const nlohmann::json& nb);
+
+// A cell's source as one string (nbformat allows a list of lines).
+std::string source_of(const nlohmann::json& cell);
+// The first non-blank line of a source, trimmed and shortened for messages.
+std::string first_line(std::string_view source, std::size_t max_chars = 60);
+bool has_tag(const nlohmann::json& cell, std::string_view tag);
+// metadata.kernelspec.name, or "" when the notebook does not say.
+std::string kernel_name(const nlohmann::json& nb);
+
+// `-p NAME=VALUE`: VALUE as a Python literal when it is one (int, float, True/False/None,
+// JSON true/false/null, a quoted string, a JSON list or object), else as a string.
+struct Parameter {
+  std::string name;
+  std::string python;  // the right-hand side: repr(value)
+};
+Result<Parameter> parse_parameter(std::string_view arg);
+// Python's repr() of a JSON value (strings quoted as Python does, true → True, null → None).
+std::string python_repr(const nlohmann::json& value);
+
+// Removes cells tagged "injected-parameters" (from an earlier run), then inserts a new code cell
+// tagged "injected-parameters" with one `name = value` line per parameter, right after the first
+// cell tagged "parameters", or first when there is none. Returns the new cell's index and
+// whether a "parameters" cell was found.
+struct Injection {
+  std::size_t index = 0;
+  bool after_parameters_cell = false;
+};
+Injection inject_parameters(nlohmann::json& nb, const std::vector<Parameter>& parameters);
+
+// Empties every code cell's outputs and execution_count, so cells a run does not reach carry
+// nothing stale.
+void clear_outputs(nlohmann::json& nb);
+
+// nbformat's style (indent 1, sorted keys, UTF-8 kept, a final newline); invalid UTF-8 in
+// outputs is replaced rather than failing the write.
+std::string dump(const nlohmann::json& nb);
+
+// The images and PDFs of an output's mime bundle, decoded: (mime, extension, bytes).
+struct Artifact {
+  std::string mime;
+  std::string extension;
+  std::string bytes;
+};
+std::vector<Artifact> artifacts_of(const nlohmann::json& output);
+
+}  // namespace cellgate::notebooks::notebook

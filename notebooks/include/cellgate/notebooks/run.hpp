@@ -1,0 +1,53 @@
+// `cellgate run`: execute notebooks headless in jailed kernels, as nbclient or papermill do.
+//
+//   cellgate run analysis.ipynb -o analysis.out.ipynb
+//   cellgate run report.ipynb -p region=South -p threshold=0.5 -o report.South.ipynb
+//   cellgate run notebooks/ --jobs 4 --output-dir out/ --results out/results --artifacts out/img
+//   cellgate run eval.ipynb --url http://127.0.0.1:8888 --token "$TOKEN" --json
+//
+// Each notebook (nbformat 4, validated first) gets a fresh kernel whose work dir (its cwd) holds
+// a copy of the files beside the notebook (that directory and its data/ subfolder, capped), and
+// its code cells run in order. Outputs and execution counts are written in nbformat's shapes; the
+// input is never overwritten unless --inplace. The run stops at the first cell that raises, unless
+// --allow-errors or the cell is tagged "raises-exception" (as nbclient does). A cell past
+// --timeout is interrupted and ends the notebook with status "timeout". `-p NAME=VALUE` adds an
+// "injected-parameters" cell after the cell tagged "parameters" (papermill's convention).
+//
+// By default the kernels run in an embedded gateway (a KernelRegistry and an Executor in this
+// process, state in a temp dir removed at the end); with --url on a running `cellgate serve`.
+// docs/run.md has the details and examples.
+//
+// Exit codes: 0 every notebook ran to its end (cell errors allowed by --allow-errors included);
+// 1 some notebook failed (a cell raised, timed out or its kernel died; or the output could not
+// be written); 2 usage errors, an unreachable gateway, or an invalid notebook; 130 interrupted.
+//
+// Thread-safety: run_notebooks blocks; it runs --jobs notebooks at once on its own threads.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace cellgate::notebooks {
+
+struct NotebookRunOptions {
+  std::vector<std::string> inputs;      // notebooks, or directories of *.ipynb
+  std::string output;                   // -o: the executed notebook (one input only)
+  std::string output_dir;               // --output-dir: DIR/<name>.ipynb per notebook
+  bool inplace = false;                 // write the executed notebook over its input
+  std::vector<std::string> parameters;  // -p NAME=VALUE
+  double timeout_seconds = 0;           // per cell; 0: none
+  bool allow_errors = false;            // run every cell even after errors
+  std::string artifacts_dir;            // save images and PDFs to DIR/<notebook>/
+  std::string kernel;                   // "": the notebook's kernelspec when known, else python3
+  std::string url;                      // a running gateway; "": an embedded one
+  std::string token;
+  bool json = false;     // the summary as JSON on stdout
+  int jobs = 1;          // notebooks at once
+  std::string results;   // FILE.json / FILE.csv (by extension; none: both)
+  bool no_jail = false;  // embedded kernels unjailed (explicit only)
+  bool progress = true;  // a progress line on stderr when it is a terminal
+};
+
+int run_notebooks(const NotebookRunOptions& options);
+
+}  // namespace cellgate::notebooks
