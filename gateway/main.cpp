@@ -12,55 +12,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   cellgate::cli::ExecOptions exec;
-  auto* exec_cmd = app.add_subcommand("exec", "run one cell in a fresh kernel and print its output");
-  exec_cmd->add_option("code", exec.code, "the code to run ('-' or nothing: read stdin)");
-  exec_cmd->add_option("-f,--file", exec.file, "read the code from this file");
-  exec_cmd->add_option("-k,--kernel", exec.kernel, "kernelspec name")->capture_default_str();
-  exec_cmd->add_option("-t,--timeout", exec.timeout_seconds,
-                       "interrupt the cell after this many seconds (0: never)");
-  exec_cmd->add_flag("--no-jail", exec.no_jail, "run the kernel unjailed (not for untrusted code)");
-  exec_cmd->add_option("--jail-spec", exec.jail_spec, "jail spec JSON (limits, mounts, env)");
-  exec_cmd->add_flag("-v,--verbose", exec.verbose, "log what the host supports");
-  exec_cmd->add_option("--url", exec.url, "run on this running gateway (http[s]://host:port)")
-      ->envname("CELLGATE_URL");
-  exec_cmd->add_option("--token", exec.token, "the gateway's token")->envname("CELLGATE_TOKEN");
-  exec_cmd->add_option("--kernel-id", exec.kernel_id,
-                       "with --url: run in this kernel (state kept) instead of a fresh one");
-  exec_cmd->add_option("--artifacts", exec.artifacts_dir,
-                       "save displayed images and PDFs here (default: a new dir in $TMPDIR)");
-
+  auto* exec_cmd = cellgate::cli::add_exec_command(app, exec);
   cellgate::notebooks::NotebookRunOptions run;
-  auto* run_cmd = app.add_subcommand(
-      "run", "execute notebooks headless in jailed kernels (exit 0 ok, 1 a notebook failed, "
-             "2 usage or invalid notebook)");
-  run_cmd->add_option("notebooks", run.inputs, "notebooks (.ipynb) or directories of them")
-      ->required();
-  run_cmd->add_option("-o,--output", run.output, "write the executed notebook here (one input)");
-  run_cmd->add_option("--output-dir", run.output_dir,
-                      "write each executed notebook to DIR/<name>.ipynb");
-  run_cmd->add_flag("--inplace", run.inplace, "write each executed notebook over its input");
-  run_cmd->add_option("-p,--parameter", run.parameters,
-                      "NAME=VALUE: set a parameter after the cell tagged 'parameters' (repeat)")
-      ->allow_extra_args(false);  // one value per -p: the notebooks may follow
-  run_cmd->add_option("-t,--timeout", run.timeout_seconds,
-                      "interrupt a cell after this many seconds; the notebook fails (0: never)");
-  run_cmd->add_flag("--allow-errors", run.allow_errors,
-                    "run every cell even after errors (still fails on timeouts)");
-  run_cmd->add_option("--artifacts", run.artifacts_dir,
-                      "save displayed images and PDFs to DIR/<notebook>/cell<i>-<n>.<ext>");
-  run_cmd->add_option("-k,--kernel", run.kernel,
-                      "kernelspec (default: the notebook's, when known here; else python3)");
-  run_cmd->add_option("--url", run.url, "run on this running gateway (http[s]://host:port)")
-      ->envname("CELLGATE_URL");
-  run_cmd->add_option("--token", run.token, "the gateway's token")->envname("CELLGATE_TOKEN");
-  run_cmd->add_flag("--json", run.json, "print the summary as JSON on stdout");
-  run_cmd->add_option("-j,--jobs", run.jobs, "notebooks run at once, each in its own kernel")
-      ->capture_default_str();
-  run_cmd->add_option("--results", run.results,
-                      "write per-notebook results: FILE.json / FILE.csv, or both for another name");
-  run_cmd->add_flag("--no-jail", run.no_jail,
-                    "run embedded kernels UNJAILED (not for untrusted notebooks)");
-  run_cmd->add_flag("!--no-progress", run.progress, "no progress line on a terminal");
+  auto* run_cmd = cellgate::notebooks::add_run_command(app, run);
 
   cellgate::server::ServeOptions serve;
   auto* serve_cmd = app.add_subcommand(

@@ -1,43 +1,36 @@
+// The embedded backend: the gateway's parts composed in this process, as `cellgate serve`
+// composes them. The remote one is remote_backend.cpp.
 #include "cellgate/notebooks/backend.hpp"
 
 #include <stdlib.h>  // mkdtemp
 
 #include <atomic>
-#include <chrono>
-#include <filesystem>
-#include <iostream>
-#include <mutex>
-
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <mutex>
 #include <thread>
 
+#include "backend_internal.hpp"
+#include "cellgate/execute/executor.hpp"
+#include "cellgate/kernel/backend.hpp"
+#include "cellgate/kernels/registry.hpp"
 #include "cellgate/store/artifacts.hpp"
 #include "cellgate/store/audit.hpp"
-#include "cellgate/execute/executor.hpp"
 #include "cellgate/store/files.hpp"
-#include "cellgate/kernels/registry.hpp"
-#include "cellgate/http/client.hpp"
 
-namespace http_client = cellgate::http::client;
-
-namespace cellgate::notebooks::runner {
+namespace cellgate::notebooks {
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 using namespace std::chrono_literals;
 
-// "No limit" for a cell: a week (the Executor needs a deadline; a remote gateway clamps this to
-// its --execute-max-timeout).
-constexpr double kNoTimeoutSeconds = 7 * 24 * 3600;
 constexpr std::size_t kNotebookOutputBytes = std::size_t{64} << 20;  // per stream and per output
-
-Error aborted_error() {
-  return make_error(ErrorCode::kFailedPrecondition, "aborted", "the run was interrupted");
-}
 
 // ---- embedded --------------------------------------------------------------------------------
 
@@ -120,7 +113,7 @@ class EmbeddedBackend final : public Backend {
  public:
   EmbeddedBackend(TempDir state, kernels::RegistryOptions options)
       : state_(std::move(state)),
-        registry_(std::move(options)),
+        registry_(std::move(options), process_backend_),
         artifacts_(state_.path() + "/artifacts", store::ArtifactCaps{}),
         loop_(cells_),
         cell_thread_([this] { cells_.run(); }) {
@@ -163,12 +156,15 @@ class EmbeddedBackend final : public Backend {
         new EmbeddedSession(registry_, *executor_, model.id, cancelled_, kMaxFileBytes));
   }
 
+  bool clamps_timeouts() const override { return false; }
   void cancel() override { cancelled_->store(true); }
+  bool cancelled() const override { return cancelled_->load(); }
 
  private:
   static constexpr std::size_t kMaxFileBytes = 16u << 20;
 
   TempDir state_;  // declared first, so removed after the registry has shut every kernel down
+  kernel::ProcessBackend process_backend_{{}};  // launcher only, no zygote; outlives the registry
   kernels::KernelRegistry registry_;
   store::ArtifactStore artifacts_;
   std::unique_ptr<store::AuditLog> audit_;
@@ -183,154 +179,6 @@ class EmbeddedBackend final : public Backend {
   std::shared_ptr<std::atomic<bool>> cancelled_ = std::make_shared<std::atomic<bool>>(false);
 };
 
-// ---- remote ----------------------------------------------------------------------------------
-
-constexpr auto kRestTimeout = 30s;
-constexpr auto kStartTimeout = 180s;  // a jailed kernel start is inside POST /api/kernels
-constexpr auto kAnswerSlack = 120s;   // past a cell's timeout: the grace period and a restart
-constexpr std::size_t kRemoteMaxFileBytes = std::size_t{16} << 20;  // serve's default
-
-Error http_error(const std::string& what, const http_client::Response& res) {
-  ErrorCode code = ErrorCode::kUnavailable;
-  if (res.status == 401 || res.status == 403) {
-    code = ErrorCode::kPermissionDenied;
-  } else if (res.status == 404) {
-    code = ErrorCode::kNotFound;
-  } else if (res.status >= 400 && res.status < 500) {
-    code = ErrorCode::kInvalidArgument;
-  }
-  return make_error(
-      code, "http_" + std::to_string(res.status),
-      what + ": the gateway answered " + std::to_string(res.status) + ": " + res.error_message());
-}
-
-class RemoteBackend;
-
-class RemoteSession final : public KernelSession {
- public:
-  RemoteSession(RemoteBackend& backend, std::string id) : backend_(backend), id_(std::move(id)) {}
-  ~RemoteSession() override;
-  Result<void> put_file(const std::string& rel, const std::string& bytes) override;
-  Result<json> execute(const std::string& code, double timeout_seconds) override;
-
- private:
-  RemoteBackend& backend_;
-  std::string id_;
-};
-
-class RemoteBackend final : public Backend {
- public:
-  explicit RemoteBackend(http_client::Client client) : client_(std::move(client)) {}
-
-  Result<void> init() {
-    CELLGATE_ASSIGN_OR_RETURN(auto res,
-                              client_.request("GET", "/api/kernelspecs", "", kRestTimeout));
-    if (res.status != 200) {
-      return http_error("GET /api/kernelspecs", res);
-    }
-    json specs = json::parse(res.body, nullptr, false);
-    if (!specs.is_object() || !specs.contains("kernelspecs") || !specs["kernelspecs"].is_object()) {
-      return make_error(ErrorCode::kUnavailable, "bad_answer",
-                        "GET /api/kernelspecs: not a Jupyter gateway's answer");
-    }
-    for (const auto& [name, spec] : specs["kernelspecs"].items()) {
-      names_.insert(name);
-    }
-    default_ = specs.value("default", "python3");
-    return ok_result();
-  }
-
-  const std::set<std::string>& kernelspecs() const override { return names_; }
-  std::string default_kernel() const override { return default_; }
-  std::size_t max_file_bytes() const override { return kRemoteMaxFileBytes; }
-
-  Result<std::unique_ptr<KernelSession>> start(const std::string& kernel) override {
-    if (cancelled_.load()) {
-      return aborted_error();
-    }
-    CELLGATE_ASSIGN_OR_RETURN(
-        auto res,
-        client_.request("POST", "/api/kernels", json{{"name", kernel}}.dump(), kStartTimeout));
-    if (res.status != 201 && res.status != 200) {
-      return http_error("POST /api/kernels", res);
-    }
-    json model = json::parse(res.body, nullptr, false);
-    if (!model.is_object() || !model.contains("id") || !model["id"].is_string()) {
-      return make_error(ErrorCode::kUnavailable, "bad_answer",
-                        "POST /api/kernels: the answer has no kernel id");
-    }
-    const std::string id = model["id"].get<std::string>();
-    {
-      std::lock_guard lock(mu_);
-      live_.insert(id);
-    }
-    return std::unique_ptr<KernelSession>(new RemoteSession(*this, id));
-  }
-
-  void cancel() override {
-    cancelled_.store(true);
-    std::set<std::string> ids;
-    {
-      std::lock_guard lock(mu_);
-      ids = live_;
-    }
-    for (const auto& id : ids) {
-      (void)client_.request("POST", "/api/kernels/" + id + "/interrupt", "", 5s);
-    }
-  }
-
- private:
-  friend class RemoteSession;
-  void forget(const std::string& id) {
-    std::lock_guard lock(mu_);
-    live_.erase(id);
-  }
-
-  const http_client::Client client_;
-  std::set<std::string> names_;
-  std::string default_ = "python3";
-  std::atomic<bool> cancelled_{false};
-  std::mutex mu_;
-  std::set<std::string> live_;  // kernels started and not yet deleted
-};
-
-RemoteSession::~RemoteSession() {
-  (void)backend_.client_.request("DELETE", "/api/kernels/" + id_, "", kRestTimeout);
-  backend_.forget(id_);
-}
-
-Result<void> RemoteSession::put_file(const std::string& rel, const std::string& bytes) {
-  const std::string target = "/api/kernels/" + id_ + "/files/" + http_client::encode_path(rel);
-  CELLGATE_ASSIGN_OR_RETURN(auto res, backend_.client_.request("PUT", target, bytes, kRestTimeout,
-                                                               "application/octet-stream"));
-  if (res.status != 201 && res.status != 200) {
-    return http_error("PUT files/" + rel, res);
-  }
-  return ok_result();
-}
-
-Result<json> RemoteSession::execute(const std::string& code, double timeout_seconds) {
-  if (backend_.cancelled_.load()) {
-    return aborted_error();
-  }
-  const double timeout = timeout_seconds > 0 ? timeout_seconds : kNoTimeoutSeconds;
-  const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(
-                        std::chrono::duration<double>(timeout)) +
-                    kAnswerSlack;
-  CELLGATE_ASSIGN_OR_RETURN(
-      auto res, backend_.client_.request("POST", "/api/kernels/" + id_ + "/execute",
-                                         json{{"code", code}, {"timeout", timeout}}.dump(), wait));
-  if (res.status != 200) {
-    return http_error("POST /api/kernels/{id}/execute", res);
-  }
-  json answer = json::parse(res.body, nullptr, false);
-  if (!answer.is_object() || !answer.contains("status")) {
-    return make_error(ErrorCode::kUnavailable, "bad_answer",
-                      "POST /api/kernels/{id}/execute: the answer is not an execute answer");
-  }
-  return answer;
-}
-
 }  // namespace
 
 Result<std::unique_ptr<Backend>> make_embedded_backend(const EmbeddedSettings& settings) {
@@ -344,13 +192,4 @@ Result<std::unique_ptr<Backend>> make_embedded_backend(const EmbeddedSettings& s
   return std::unique_ptr<Backend>(std::move(backend));
 }
 
-Result<std::unique_ptr<Backend>> make_remote_backend(const std::string& url,
-                                                     const std::string& token) {
-  CELLGATE_ASSIGN_OR_RETURN(auto parsed, http_client::parse_url(url));
-  auto backend = std::make_unique<RemoteBackend>(
-      http_client::Client(std::move(parsed), token, "cellgate-run"));
-  CELLGATE_TRY(backend->init());
-  return std::unique_ptr<Backend>(std::move(backend));
-}
-
-}  // namespace cellgate::notebooks::runner
+}  // namespace cellgate::notebooks

@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <regex>
 
+#include "cellgate/cli/artifacts.hpp"
 #include "cellgate/protocol/message.hpp"
-#include "cellgate/util/text.hpp"
 
 namespace cellgate::notebooks::notebook {
 namespace {
@@ -381,38 +381,19 @@ std::string dump(const json& nb) {
 }
 
 std::vector<Artifact> artifacts_of(const json& output) {
-  static constexpr std::array<std::pair<std::string_view, std::string_view>, 5> kMimes = {{
-      {"image/png", "png"},
-      {"image/jpeg", "jpg"},
-      {"image/gif", "gif"},
-      {"image/svg+xml", "svg"},
-      {"application/pdf", "pdf"},
-  }};
   std::vector<Artifact> found;
   const std::string type = output.value("output_type", "");
   if (type != "display_data" && type != "execute_result") {
     return found;
   }
   auto data = output.find("data");
-  if (data == output.end() || !data->is_object()) {
+  if (data == output.end()) {
     return found;
   }
-  for (const auto& [mime, extension] : kMimes) {
-    auto value = data->find(std::string(mime));
-    if (value == data->end() || !is_multiline_string(*value)) {
-      continue;
-    }
-    std::string text = value->is_string() ? value->get<std::string>() : [&] {
-      std::string joined;
-      for (const auto& part : *value) {
-        joined += part.get_ref<const std::string&>();
-      }
-      return joined;
-    }();
-    if (mime == "image/svg+xml") {
-      found.push_back({std::string(mime), std::string(extension), std::move(text)});
-    } else if (auto bytes = base64_decode(text); bytes && !bytes->empty()) {
-      found.push_back({std::string(mime), std::string(extension), std::move(*bytes)});
+  for (auto& file : cli::displayed_files(*data)) {
+    // An SVG is text and may be empty; a binary that decodes to nothing is not an artifact.
+    if (file.bytes && (!file.bytes->empty() || file.mime == "image/svg+xml")) {
+      found.push_back({std::move(file.mime), std::move(file.extension), std::move(*file.bytes)});
     }
   }
   return found;

@@ -3,6 +3,11 @@
 // Decode = frames -> verified, parsed message. Route = frames -> verified header fields only
 // (what the gateway needs to forward a message byte for byte). Encode = parsed -> signed frames.
 // Sizes: a status message (~300 B) and a display_data carrying a 1 MiB base64 PNG.
+//
+// Bridge = what the gateway does for one kernel message on its way to a WebSocket client: today
+// an Envelope (split, verify, copy, check the JSON with simdjson, peek the header and parent)
+// and the frame for the client's format, spliced from the frames (v1: byte for byte); before,
+// a full decode (nlohmann DOM) and an encode per listener.
 #include <benchmark/benchmark.h>
 
 #include <xeus/xauthentication.hpp>
@@ -10,6 +15,8 @@
 #include <zmq_addon.hpp>
 
 #include "cellgate/protocol/codec.hpp"
+#include "cellgate/protocol/envelope.hpp"
+#include "cellgate/protocol/ws_frames.hpp"
 
 namespace {
 
@@ -103,6 +110,37 @@ void BM_XeusSerialize(benchmark::State& state) {
   }
 }
 
+// range(1): 0 legacy JSON text, 1 v1 binary.
+void BM_EnvelopeBridge(benchmark::State& state) {
+  auto signer = Signer::create("hmac-sha256", kKey).value();
+  auto frames = wire(state.range(0) != 0);
+  std::vector<std::string_view> views(frames.begin(), frames.end());
+  const bool v1 = state.range(1) != 0;
+  for (auto _ : state) {
+    auto env = cellgate::protocol::Envelope::from_wire(cellgate::protocol::Channel::kIopub,
+                                                       std::span<const std::string_view>(views),
+                                                       signer);
+    const std::string& out = v1 ? env.value()->ws_v1() : env.value()->ws_legacy(nullptr);
+    benchmark::DoNotOptimize(out.data());
+  }
+}
+
+void BM_DecodeEncodeBridge(benchmark::State& state) {
+  auto signer = Signer::create("hmac-sha256", kKey).value();
+  auto frames = wire(state.range(0) != 0);
+  std::vector<std::string_view> views(frames.begin(), frames.end());
+  const bool v1 = state.range(1) != 0;
+  for (auto _ : state) {
+    auto msg = cellgate::protocol::decode(std::span<const std::string_view>(views), signer);
+    bool binary = false;
+    std::string out = v1 ? cellgate::protocol::encode_v1("iopub", msg.value())
+                         : cellgate::protocol::encode_legacy("iopub", msg.value(), binary);
+    benchmark::DoNotOptimize(out.data());
+  }
+}
+
+BENCHMARK(BM_EnvelopeBridge)->ArgsProduct({{0, 1}, {0, 1}})->ArgNames({"large", "v1"});
+BENCHMARK(BM_DecodeEncodeBridge)->ArgsProduct({{0, 1}, {0, 1}})->ArgNames({"large", "v1"});
 BENCHMARK(BM_CellgateRoute)->Arg(0)->Arg(1)->ArgName("large");
 BENCHMARK(BM_CellgateDecode)->Arg(0)->Arg(1)->ArgName("large");
 BENCHMARK(BM_XeusDeserialize)->Arg(0)->Arg(1)->ArgName("large");

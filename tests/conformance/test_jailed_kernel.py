@@ -20,7 +20,7 @@ from unittest import SkipTest
 import pytest
 
 import jupyter_kernel_test as jkt  # not `from ... import KernelTests`: pytest would collect it
-from jupyter_client import KernelRegistry
+from jupyter_client import KernelManager
 from jupyter_kernel_test import TIMEOUT
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,7 +103,7 @@ class JailedIPyKernelTests(jkt.KernelTests):
             os.environ["JUPYTER_PATH"] = str(jupyter_dir)
             os.environ["JUPYTER_RUNTIME_DIR"] = str(runtime_dir)
 
-            cls.km = KernelRegistry(kernel_name=KERNEL_NAME, transport="ipc",
+            cls.km = KernelManager(kernel_name=KERNEL_NAME, transport="ipc",
                                    ip=str(ipc_dir / "k"),
                                    connection_file=str(runtime_dir / "connection.json"))
             cls.km.start_kernel()

@@ -33,7 +33,7 @@ if os.geteuid() != 0:
     pytest.skip("the jailed kernel and the zygote need root (namespaces, cgroups, mounts)",
                 allow_module_level=True)
 
-from jupyter_client import KernelRegistry  # noqa: E402
+from jupyter_client import KernelManager  # noqa: E402
 from jupyter_client.kernelspec import KernelSpecManager  # noqa: E402
 
 import test_jailed_kernel as jailed  # noqa: E402  (its class is subclassed, not re-collected)
@@ -162,11 +162,11 @@ def write_kernelspec(kernels_dir: Path, socket: Path) -> None:
 
 
 def start_manager(tmp: Path, socket: Path):
-    """A started KernelRegistry (ipc, private dirs under `tmp`), its client, the launcher's stderr."""
+    """A started KernelManager (ipc, private dirs under `tmp`), its client, the launcher's stderr."""
     write_kernelspec(tmp / "kernels", socket)
     ipc_dir = tmp / "ipc"  # bound into the jail: nothing but this kernel's sockets in it
     ipc_dir.mkdir(mode=0o700)
-    km = KernelRegistry(kernel_name=KERNEL_NAME, transport="ipc", ip=str(ipc_dir / "k"),
+    km = KernelManager(kernel_name=KERNEL_NAME, transport="ipc", ip=str(ipc_dir / "k"),
                        connection_file=str(tmp / "connection.json"),
                        kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(tmp / "kernels")]))
     stderr_path = tmp / "launcher.err"

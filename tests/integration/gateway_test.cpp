@@ -19,6 +19,7 @@
 
 #include "cellgate/kernel/client.hpp"
 #include "cellgate/http/message.hpp"
+#include "cellgate/kernel/backend.hpp"
 #include "cellgate/kernels/registry.hpp"
 
 namespace cellgate::kernels {
@@ -51,12 +52,12 @@ std::string join(const std::vector<std::string>& v) {
 // Keeps the iopub status messages a kernel delivers, and whether it was told the kernel is gone.
 class RecordingListener : public ChannelListener {
  public:
-  void deliver(Channel channel, std::shared_ptr<const protocol::Message> msg) override {
-    if (channel != Channel::kIopub || msg->msg_type() != "status") {
+  void deliver(protocol::EnvelopePtr msg) override {
+    if (msg->channel() != Channel::kIopub || msg->header().msg_type != "status") {
       return;
     }
     std::lock_guard lock(mu_);
-    states_.push_back(msg->content.value("execution_state", ""));
+    states_.push_back(msg->message().content.value("execution_state", ""));
     cv_.notify_all();
   }
   void kernel_gone(const std::string& reason) override {
@@ -114,7 +115,7 @@ std::string stdout_of(const kernel::Collected& c) {
 // Runs a cell through the gateway's own client of the kernel.
 Result<kernel::Collected> run(KernelRegistry& km, const std::string& id, const std::string& code) {
   CELLGATE_ASSIGN_OR_RETURN(auto k, km.find(id));
-  auto client = k->client();
+  auto client = k->connection();
   if (!client) {
     return make_error(ErrorCode::kUnavailable, "no_client", "the kernel has no client");
   }
@@ -140,7 +141,7 @@ std::string output_of(KernelRegistry& km, const std::string& id, const std::stri
 void fire(KernelRegistry& km, const std::string& id, const std::string& code) {
   auto k = km.find(id);
   ASSERT_TRUE(k) << k.error().describe();
-  auto client = k.value()->client();
+  auto client = k.value()->connection();
   ASSERT_TRUE(client);
   client->send(Channel::kShell, "execute_request", kernel::execute_content(code),
                kernel::RequestHandlers{});
@@ -204,7 +205,7 @@ class GatewayTest : public ::testing::Test {
   }
 
   KernelRegistry& make_manager(RegistryOptions o) {
-    manager_ = std::make_unique<KernelRegistry>(std::move(o));
+    manager_ = std::make_unique<KernelRegistry>(std::move(o), backend_);
     manager_->start();
     return *manager_;
   }
@@ -214,6 +215,7 @@ class GatewayTest : public ::testing::Test {
   }
 
   std::string root_;
+  kernel::ProcessBackend backend_{{}};  // the launcher, no zygote; outlives the registry
   std::unique_ptr<KernelRegistry> manager_;
 };
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cellgate/kernel/client.hpp"
+#include "cellgate/kernel/backend.hpp"
 #include "cellgate/kernels/registry.hpp"
 
 namespace cellgate::kernels {
@@ -60,7 +61,7 @@ std::string output_of(KernelRegistry& km, const std::string& id, const std::stri
   if (!k) {
     return "<" + k.error().describe() + ">";
   }
-  auto client = k.value()->client();
+  auto client = k.value()->connection();
   if (!client) {
     return "<no client>";
   }
@@ -114,7 +115,7 @@ class PoolTest : public ::testing::Test {
   }
 
   KernelRegistry& make_manager(RegistryOptions o) {
-    manager_ = std::make_unique<KernelRegistry>(std::move(o));
+    manager_ = std::make_unique<KernelRegistry>(std::move(o), backend_);
     manager_->start();
     return *manager_;
   }
@@ -143,6 +144,7 @@ class PoolTest : public ::testing::Test {
   }
 
   std::string root_;
+  kernel::ProcessBackend backend_{{}};  // the launcher, no zygote; outlives the registry
   std::unique_ptr<KernelRegistry> manager_;
 };
 
@@ -166,7 +168,7 @@ TEST_F(PoolTest, StartClaimsAReadyKernelAndThePoolRefills) {
   EXPECT_EQ(km.list().front().id, k->id);
   EXPECT_TRUE(km.find(k->id));
   // The pool's warm-up cell left no trace: this is the kernel's first counted cell.
-  auto client = km.find(k->id).value()->client();
+  auto client = km.find(k->id).value()->connection();
   ASSERT_TRUE(client);
   auto first = client->request(Channel::kShell, "execute_request",
                                kernel::execute_content("print(len(In))"), 30s);

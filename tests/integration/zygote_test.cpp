@@ -1,11 +1,11 @@
-// KernelRegistry with its zygote (RegistryOptions::zygote) against real jailed ipykernels: pooled
+// KernelRegistry over a ProcessBackend with a zygote against real jailed ipykernels: pooled
 // and client kernels are forked from it (pandas already imported, the jail's pid 1 a child of
 // the zygote), kernels outlive a SIGKILLed zygote with their variables, a new zygote is ready
 // within seconds and new kernels come from it, a dead pooled kernel is replaced from it.
 // Needs root (the jail); skips otherwise.
 //
-// kernel::Zygote's pid is not reachable through KernelRegistry: the test finds the zygote as the
-// child of this process running cellgate-zygote (a process this test started).
+// The zygote belongs to the kernel backend (kernel::ProcessBackend) the test composes, as
+// `cellgate serve` does; its pid is read from there.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "cellgate/kernel/client.hpp"
+#include "cellgate/kernel/backend.hpp"
 #include "cellgate/kernels/registry.hpp"
 
 namespace cellgate::kernels {
@@ -63,37 +64,13 @@ pid_t parent_of(pid_t pid) {
   return -1;
 }
 
-// The child of this process running the zygote (`cellgate-kernel --zygote`, which execs
-// `cellgate-zygote`), -1 if none.
-pid_t zygote_pid() {
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/proc", ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) {
-      continue;
-    }
-    const pid_t pid = static_cast<pid_t>(std::stol(name));
-    if (parent_of(pid) != ::getpid()) {
-      continue;
-    }
-    std::istringstream argv(read_file("/proc/" + name + "/cmdline"));
-    for (std::string arg; std::getline(argv, arg, '\0');) {
-      const bool zygote_binary = arg.size() >= 16 && arg.rfind("/cellgate-zygote") == arg.size() - 16;
-      if (arg == "--zygote" || zygote_binary) {
-        return pid;
-      }
-    }
-  }
-  return -1;
-}
-
 // The cell's stdout, or a description of how it failed.
 std::string output_of(KernelRegistry& km, const std::string& id, const std::string& code) {
   auto k = km.find(id);
   if (!k) {
     return "<" + k.error().describe() + ">";
   }
-  auto client = k.value()->client();
+  auto client = k.value()->connection();
   if (!client) {
     return "<no client>";
   }
@@ -135,7 +112,8 @@ class ZygoteGatewayTest : public ::testing::Test {
   }
 
   void TearDown() override {
-    manager_.reset();  // ends the kernels and the zygote (SIGTERM, reaped)
+    manager_.reset();  // ends the kernels
+    backend_.reset();  // and the zygote (SIGTERM, reaped)
     if (!root_.empty()) {
       std::error_code ec;
       fs::remove_all(root_, ec);
@@ -148,10 +126,20 @@ class ZygoteGatewayTest : public ::testing::Test {
     o.kernel_start_timeout = 60;
     o.pool_size = pool_size;
     o.pool_kernels = {"python3"};
-    o.zygote = true;
-    manager_ = std::make_unique<KernelRegistry>(std::move(o));
+    kernel::ZygoteOptions z;
+    z.socket_path = o.state_dir + "/run/zygote.sock";
+    z.log_file = o.state_dir + "/zygote.log";
+    backend_ = std::make_unique<kernel::ProcessBackend>(
+        kernel::ProcessBackendOptions{.launcher_path = "", .zygote = std::move(z)});
+    manager_ = std::make_unique<KernelRegistry>(std::move(o), *backend_);
     manager_->start();
     return *manager_;
+  }
+
+  // The running zygote's pid, -1 if none.
+  pid_t zygote_pid() {
+    kernel::Zygote* zygote = backend_ ? backend_->zygote() : nullptr;
+    return zygote != nullptr ? zygote->pid() : -1;
   }
 
   bool wait_pool(std::size_t n) {
@@ -179,6 +167,7 @@ class ZygoteGatewayTest : public ::testing::Test {
   }
 
   std::string root_;
+  std::unique_ptr<kernel::ProcessBackend> backend_;  // outlives the registry
   std::unique_ptr<KernelRegistry> manager_;
 };
 

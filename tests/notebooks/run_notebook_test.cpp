@@ -1,4 +1,4 @@
-// nbformat handling of `cellgate run` (gateway/src/cli/run_notebook.cpp): validation messages,
+// nbformat handling of `cellgate run` (notebooks/src/notebook.cpp): validation messages,
 // -p values as Python literals, the injected-parameters cell, artifacts of an output.
 #include "cellgate/notebooks/notebook.hpp"
 

@@ -28,7 +28,7 @@ import sys
 import time
 
 import zmq
-from jupyter_client.manager import KernelRegistry
+from jupyter_client.manager import KernelManager
 
 KEY = "0b7d5a6e-3c1f-4e8a-9b2d-6f4e1c7a9d30"
 SCHEME = "hmac-sha256"
@@ -171,7 +171,7 @@ def main():
         os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "ipykernel"))
     os.makedirs(out_dir, exist_ok=True)
 
-    km = KernelRegistry(kernel_name="python3")
+    km = KernelManager(kernel_name="python3")
     km.session.key = KEY.encode()
     km.session.signature_scheme = SCHEME
     argv = km.kernel_spec.argv

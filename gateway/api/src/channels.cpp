@@ -5,6 +5,7 @@
 #include <mutex>
 #include <optional>
 
+#include "cellgate/protocol/envelope.hpp"
 #include "cellgate/protocol/ws_frames.hpp"
 
 namespace cellgate::api {
@@ -25,33 +26,46 @@ std::optional<Channel> inbound_channel(const std::string& name) {
   return std::nullopt;  // iopub and hb are not for clients to send on
 }
 
-// A kernel message as one connection's frame, encoded when the connection first sends it.
-class MessageFrame : public http::OutFrame {
+// A kernel message as one connection's frame: the envelope's encoding for the connection's
+// format, made by the first connection that sends it and shared by all.
+class EnvelopeFrame : public http::OutFrame {
  public:
-  MessageFrame(Channel channel, std::shared_ptr<const protocol::Message> msg, bool v1)
-      : channel_(channel), msg_(std::move(msg)), v1_(v1) {}
+  EnvelopeFrame(protocol::EnvelopePtr env, bool v1) : env_(std::move(env)), v1_(v1) {}
   const std::string& bytes() const override {
-    std::call_once(once_, [this] {
-      const std::string name = kernel::to_string(channel_);
-      bool binary = true;
-      bytes_ = v1_ ? protocol::encode_v1(name, *msg_) : protocol::encode_legacy(name, *msg_, binary);
-      binary_ = binary;
-    });
-    return bytes_;
+    return v1_ ? env_->ws_v1() : env_->ws_legacy(nullptr);
   }
-  bool binary() const override {
-    bytes();
-    return binary_;
-  }
+  bool binary() const override { return v1_ || !env_->frames().buffers.empty(); }
 
  private:
-  Channel channel_;
-  std::shared_ptr<const protocol::Message> msg_;
+  protocol::EnvelopePtr env_;
   bool v1_;
-  mutable std::once_flag once_;
-  mutable std::string bytes_;
-  mutable bool binary_ = true;
 };
+
+// A client's message, checked and made an envelope: v1 frames are cut into their parts and
+// forwarded as they are; legacy frames are parsed (their JSON holds the parts).
+Result<protocol::EnvelopePtr> inbound(std::string_view frame, bool text, bool v1,
+                                      kernel::Channel& channel) {
+  if (!text && v1) {
+    CELLGATE_ASSIGN_OR_RETURN(protocol::WsFrames parts, protocol::split_v1(frame));
+    auto ch = inbound_channel(parts.channel);
+    if (!ch) {
+      return make_error(ErrorCode::kInvalidArgument, "bad_channel",
+                        "a message on channel '" + parts.channel + "'");
+    }
+    channel = *ch;
+    return protocol::Envelope::from_frames(channel, std::move(parts.frames));
+  }
+  CELLGATE_ASSIGN_OR_RETURN(protocol::WsMessage decoded,
+                            text ? protocol::decode_legacy_json(frame)
+                                 : protocol::decode_legacy_binary(frame));
+  auto ch = inbound_channel(decoded.channel);
+  if (!ch) {
+    return make_error(ErrorCode::kInvalidArgument, "bad_channel",
+                      "a message on channel '" + decoded.channel + "'");
+  }
+  channel = *ch;
+  return protocol::Envelope::from_message(channel, std::move(decoded.message));
+}
 
 class ChannelBridge : public http::WsHandler,
                       public kernels::ChannelListener,
@@ -75,21 +89,14 @@ class ChannelBridge : public http::WsHandler,
   }
 
   void on_message(std::string_view frame, bool text) override {
-    Result<protocol::WsMessage> decoded = text  ? protocol::decode_legacy_json(frame)
-                                          : v1_ ? protocol::decode_v1(frame)
-                                                : protocol::decode_legacy_binary(frame);
-    if (!decoded) {
+    kernel::Channel channel = kernel::Channel::kShell;
+    auto env = inbound(frame, text, v1_, channel);
+    if (!env) {
       // Bad input changes nothing else: the frame is dropped, the connection stays.
-      spdlog::warn("kernel {}: dropped a bad frame: {}", kernel_->id(), decoded.error().message);
+      spdlog::warn("kernel {}: dropped a bad frame: {}", kernel_->id(), env.error().message);
       return;
     }
-    auto channel = inbound_channel(decoded->channel);
-    if (!channel) {
-      spdlog::warn("kernel {}: dropped a message on channel '{}'", kernel_->id(),
-                   decoded->channel);
-      return;
-    }
-    if (auto posted = kernel_->post(*channel, std::move(decoded->message), shared_from_this());
+    if (auto posted = kernel_->post(channel, std::move(env).value(), shared_from_this());
         !posted) {
       spdlog::warn("kernel {}: {}", kernel_->id(), posted.error().message);
     }
@@ -103,9 +110,9 @@ class ChannelBridge : public http::WsHandler,
 
   // ---- kernels::ChannelListener (any thread) ----
 
-  void deliver(Channel channel, std::shared_ptr<const protocol::Message> msg) override {
+  void deliver(protocol::EnvelopePtr msg) override {
     if (auto c = connection()) {
-      c->send(std::make_shared<MessageFrame>(channel, std::move(msg), v1_));
+      c->send(std::make_shared<EnvelopeFrame>(std::move(msg), v1_));
     }
   }
 

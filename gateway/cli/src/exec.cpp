@@ -6,22 +6,19 @@
 #include <csignal>
 #include <cstdio>
 #include <deque>
-#include <filesystem>
 #include <fstream>
-#include <map>
 #include <iostream>
 #include <iterator>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <variant>
 
 #include "cellgate/jail/jail.hpp"
 #include "cellgate/kernel/client.hpp"
 #include "cellgate/kernel/process.hpp"
 #include "cellgate/launcher/spec_json.hpp"
-#include "cellgate/store/artifacts.hpp"
 #include "cellgate/util/text.hpp"
+#include "output.hpp"
 
 namespace cellgate::cli {
 namespace {
@@ -143,85 +140,6 @@ class CellPrinter {
 };
 
 }  // namespace
-
-namespace detail {
-
-std::vector<std::string> ArtifactSaver::save(const json& data) {
-  std::vector<std::string> lines;
-  if (!data.is_object()) {
-    return lines;
-  }
-  static const std::map<std::string, std::string> kExtensions = {
-      {"image/png", "png"}, {"image/jpeg", "jpg"}, {"image/gif", "gif"},
-      {"image/svg+xml", "svg"}, {"application/pdf", "pdf"}};
-  for (const auto& [mime, ext] : kExtensions) {
-    auto it = data.find(mime);
-    if (it == data.end()) {
-      continue;
-    }
-    std::string text;
-    if (it->is_string()) {
-      text = it->get<std::string>();
-    } else if (it->is_array()) {
-      for (const auto& part : *it) {
-        text += part.is_string() ? part.get<std::string>() : std::string();
-      }
-    }
-    std::optional<std::string> bytes =
-        mime == "image/svg+xml" ? std::optional<std::string>(text) : base64_decode(text);
-    if (!bytes) {
-      lines.push_back("<" + mime + ": not valid base64, not saved>");
-      continue;
-    }
-    if (!made_) {
-      if (dir_.empty()) {
-        const char* tmp = std::getenv("TMPDIR");
-        std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
-                              "/cellgate-artifacts-XXXXXX";
-        if (::mkdtemp(pattern.data()) == nullptr) {
-          lines.push_back("<" + mime + ": cannot make a directory for artifacts>");
-          continue;
-        }
-        dir_ = pattern;
-      } else {
-        std::error_code ec;
-        std::filesystem::create_directories(dir_, ec);
-      }
-      made_ = true;
-    }
-    const std::string path = dir_ + "/" + store::sha256_hex(*bytes).substr(0, 16) + "." + ext;
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(bytes->data(), static_cast<std::streamsize>(bytes->size()));
-    lines.push_back(out ? "<" + mime + " saved to " + path + ">"
-                        : "<" + mime + ": cannot write " + path + ">");
-  }
-  return lines;
-}
-
-void print_bundle(const json& data, ArtifactSaver& saver) {
-  if (!data.is_object()) {
-    return;
-  }
-  const auto saved = saver.save(data);
-  for (const auto& line : saved) {
-    std::cout << line << "\n";
-  }
-  if (auto text = data.find("text/plain"); text != data.end() && text->is_string()) {
-    // A figure's text/plain is its repr ("<Figure size 640x480 with 1 Axes>"): the saved
-    // path says more.
-    if (saved.empty()) {
-      std::cout << text->get<std::string>() << "\n";
-    }
-  } else if (saved.empty()) {
-    for (auto& [mime, value] : data.items()) {
-      std::size_t size = value.is_string() ? value.get_ref<const std::string&>().size() : 0;
-      std::cout << "<" << mime << ", " << size << " bytes>\n";
-    }
-  }
-  std::cout << std::flush;
-}
-
-}  // namespace detail
 
 int run_exec(const ExecOptions& options) {
   bool from_stdin = false;

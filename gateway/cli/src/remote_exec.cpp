@@ -1,29 +1,21 @@
 // `cellgate exec --url`: one cell on a running gateway, streamed as NDJSON and printed as it
 // arrives (POST /api/execute, or /api/kernels/{id}/execute with --kernel-id).
-#include <boost/asio/connect.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/ssl.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
-#include <boost/beast/ssl.hpp>
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 
-#include "cellgate/cli/exec.hpp"
-#include "cellgate/result.hpp"
 #include "cellgate/http/client.hpp"
+#include "output.hpp"
 
 namespace cellgate::cli::detail {
 namespace {
 
-namespace net = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
-namespace ssl = net::ssl;
-using tcp = net::ip::tcp;
 using nlohmann::json;
+using namespace std::chrono_literals;
 
 constexpr double kNoTimeoutSeconds = 86400;  // "no limit": the gateway clamps it to its maximum
+constexpr auto kHeadTimeout = 30s;           // connect, send, and the answer's headers
+constexpr auto kAnswerSlack = 120s;  // past the cell's timeout: the grace period and a restart
 
 // Prints each streamed event; remembers how the cell ended.
 class EventPrinter {
@@ -31,6 +23,7 @@ class EventPrinter {
   explicit EventPrinter(std::string artifacts_dir) : saver_(std::move(artifacts_dir)) {}
 
   void feed(std::string_view bytes) {
+    fed_ = true;
     pending_.append(bytes);
     for (auto nl = pending_.find('\n'); nl != std::string::npos; nl = pending_.find('\n')) {
       const std::string line = pending_.substr(0, nl);
@@ -40,6 +33,9 @@ class EventPrinter {
       }
     }
   }
+
+  bool fed() const { return fed_; }
+  bool ended() const { return ended_; }
 
   int exit_code() const {
     if (!ended_) {
@@ -102,109 +98,54 @@ class EventPrinter {
 
   ArtifactSaver saver_;
   std::string pending_;
+  bool fed_ = false;
   bool ended_ = false;
   std::string status_ = "error";
   std::string failure_;
 };
 
-template <class Stream>
-int exchange(Stream& stream, const http::request<http::string_body>& req, EventPrinter& printer) {
-  http::write(stream, req);
-  beast::flat_buffer buffer;
-  http::response_parser<http::buffer_body> parser;
-  parser.body_limit(boost::none);
-  http::read_header(stream, buffer, parser);
-  const auto status = parser.get().result_int();
-  std::string error_body;
-  char chunk[16384];
-  while (!parser.is_done()) {
-    parser.get().body().data = chunk;
-    parser.get().body().size = sizeof(chunk);
-    beast::error_code ec;
-    http::read_some(stream, buffer, parser, ec);
-    if (ec && ec != http::error::need_buffer) {
-      if (ec == http::error::end_of_stream || ec == net::error::eof) {
-        break;
-      }
-      throw beast::system_error(ec);
-    }
-    const std::size_t n = sizeof(chunk) - parser.get().body().size;
-    if (status == 200) {
-      printer.feed(std::string_view(chunk, n));
-    } else {
-      error_body.append(chunk, n);
-    }
-  }
-  if (status != 200) {
-    json err = json::parse(error_body, nullptr, false);
-    std::cerr << "cellgate exec: the gateway answered " << status << ": "
-              << (err.is_object() ? err.value("message", error_body) : error_body) << "\n";
-    return status == 404 ? kExitUsage : (status == 401 || status == 403 ? kExitUsage : kExitKernelDied);
-  }
-  return printer.exit_code();
-}
-
 }  // namespace
 
 int run_remote_exec(const ExecOptions& options, const std::string& code) {
-  auto url = cellgate::http::client::parse_url(options.url);
+  auto url = http::client::parse_url(options.url);
   if (!url) {
     std::cerr << "cellgate exec: " << url.error().message << "\n";
     return kExitUsage;
   }
-  json body = {{"code", code},
-               {"timeout", options.timeout_seconds > 0 ? options.timeout_seconds
-                                                       : kNoTimeoutSeconds}};
+  const double timeout = options.timeout_seconds > 0 ? options.timeout_seconds : kNoTimeoutSeconds;
+  json body = {{"code", code}, {"timeout", timeout}};
   std::string target;
   if (options.kernel_id.empty()) {
-    target = url->base + "/api/execute";
+    target = "/api/execute";
     body["kernel"] = options.kernel;
   } else {
-    target = url->base + "/api/kernels/" + options.kernel_id + "/execute";
+    target = "/api/kernels/" + options.kernel_id + "/execute";
   }
-  http::request<http::string_body> req{http::verb::post, target, 11};
-  req.set(http::field::host, url->host + ":" + url->port);
-  req.set(http::field::user_agent, "cellgate-exec");
-  req.set(http::field::accept, "application/x-ndjson");
-  req.set(http::field::content_type, "application/json");
-  if (!options.token.empty()) {
-    req.set(http::field::authorization, "token " + options.token);
-  }
-  req.keep_alive(false);
-  req.body() = body.dump();
-  req.prepare_payload();
+  http::client::StreamLimits limits;
+  limits.head = kHeadTimeout;
+  limits.total = std::chrono::duration_cast<std::chrono::milliseconds>(
+                     std::chrono::duration<double>(timeout)) +
+                 kHeadTimeout + kAnswerSlack;
 
   EventPrinter printer(options.artifacts_dir);
-  try {
-    net::io_context ioc;
-    tcp::resolver resolver(ioc);
-    auto endpoints = resolver.resolve(url->host, url->port);
-    if (url->tls) {
-      ssl::context ctx(ssl::context::tls_client);
-      ctx.set_default_verify_paths();
-      ctx.set_verify_mode(ssl::verify_peer);
-      beast::ssl_stream<beast::tcp_stream> stream(ioc, ctx);
-      // SNI; OpenSSL's macro casts the old way.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wold-style-cast"
-      const bool sni = SSL_set_tlsext_host_name(stream.native_handle(), url->host.c_str()) == 1;
-#pragma GCC diagnostic pop
-      if (!sni) {
-        throw beast::system_error(static_cast<int>(::ERR_get_error()),
-                                  net::error::get_ssl_category());
-      }
-      stream.set_verify_callback(ssl::host_name_verification(url->host));
-      beast::get_lowest_layer(stream).connect(endpoints);
-      stream.handshake(ssl::stream_base::client);
-      return exchange(stream, req, printer);
+  const http::client::Client client(std::move(url).value(), options.token, "cellgate-exec");
+  auto res = client.stream("POST", target, body.dump(), "application/x-ndjson",
+                           [&printer](std::string_view piece) { printer.feed(piece); }, limits);
+  if (!res) {
+    if (printer.ended()) {
+      return printer.exit_code();  // the cell's end arrived; the connection failed after it
     }
-    beast::tcp_stream stream(ioc);
-    stream.connect(endpoints);
-    return exchange(stream, req, printer);
-  } catch (const std::exception& e) {
-    std::cerr << "cellgate exec: cannot talk to " << options.url << ": " << e.what() << "\n";
-    return kExitUsage;
+    std::cerr << "cellgate exec: cannot talk to " << options.url << ": " << res.error().message
+              << "\n";
+    return printer.fed() ? printer.exit_code() : kExitUsage;
   }
+  if (res->status != 200) {
+    std::cerr << "cellgate exec: the gateway answered " << res->status << ": "
+              << res->error_message() << "\n";
+    return res->status == 404 || res->status == 401 || res->status == 403 ? kExitUsage
+                                                                          : kExitKernelDied;
+  }
+  return printer.exit_code();
 }
 
 }  // namespace cellgate::cli::detail

@@ -84,7 +84,38 @@ constexpr bool kIsTls = requires(Stream& s) {
 // ---- WebSocket: one client connection, bridged to a WsHandler ---------------------------------
 
 template <class Stream>
-class WsSession : public WsConnection, public std::enable_shared_from_this<WsSession<Stream>> {
+class WsSession;
+
+// The WsConnection a handler holds: a weak handle on the session plus its strand. Every call is
+// posted to the strand, where the session is locked, so no other thread ever holds the session:
+// it is destroyed on its strand, after its last handler, never under Beast's feet.
+template <class Stream>
+class WsOutbox : public WsConnection {
+ public:
+  WsOutbox(net::any_io_executor strand, std::weak_ptr<WsSession<Stream>> session)
+      : strand_(std::move(strand)), session_(std::move(session)) {}
+  void send(std::shared_ptr<const OutFrame> frame) override {
+    net::post(strand_, [weak = session_, frame = std::move(frame)] {
+      if (auto session = weak.lock()) {
+        session->enqueue(frame);
+      }
+    });
+  }
+  void close(std::uint16_t code, std::string reason) override {
+    net::post(strand_, [weak = session_, code, reason = std::move(reason)] {
+      if (auto session = weak.lock()) {
+        session->begin_close(static_cast<websocket::close_code>(code), reason);
+      }
+    });
+  }
+
+ private:
+  net::any_io_executor strand_;
+  std::weak_ptr<WsSession<Stream>> session_;
+};
+
+template <class Stream>
+class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
  public:
   WsSession(Stream&& stream, std::shared_ptr<WsHandler> handler, std::string subprotocol,
             const HttpOptions& options)
@@ -115,25 +146,16 @@ class WsSession : public WsConnection, public std::enable_shared_from_this<WsSes
                      beast::bind_front_handler(&WsSession::on_accept, this->shared_from_this()));
   }
 
-  void send(std::shared_ptr<const OutFrame> frame) override {
-    net::post(ws_.get_executor(), [self = this->shared_from_this(), frame = std::move(frame)] {
-      self->enqueue(frame);
-    });
-  }
-
-  void close(std::uint16_t code, std::string reason) override {
-    net::post(ws_.get_executor(), [self = this->shared_from_this(), code, reason] {
-      self->begin_close(static_cast<websocket::close_code>(code), reason);
-    });
-  }
-
  private:
+  friend class WsOutbox<Stream>;
+
   void on_accept(beast::error_code ec) {
     if (ec) {
       return finish();
     }
     open_ = true;
-    handler_->on_open(this->shared_from_this());
+    handler_->on_open(
+        std::make_shared<WsOutbox<Stream>>(ws_.get_executor(), this->weak_from_this()));
     do_read();
   }
 
@@ -272,6 +294,15 @@ class HttpExchange : public Exchange {
   HttpExchange(std::shared_ptr<HttpSession<Stream>> session,
                std::shared_ptr<const std::atomic<bool>> gone, std::string peer)
       : session_(std::move(session)), gone_(std::move(gone)), peer_(std::move(peer)) {}
+  // The exchange lives wherever the answer is made (an offload thread, a cell's strand): its
+  // reference to the session is let go on the session's strand, so the session is never
+  // destroyed on another thread.
+  ~HttpExchange() override {
+    auto strand = session_->stream_.get_executor();
+    net::post(strand, [s = std::move(session_)] {});
+  }
+  HttpExchange(const HttpExchange&) = delete;
+  HttpExchange& operator=(const HttpExchange&) = delete;
   std::string peer() const override { return peer_; }
 
   void reply(Response res) override {

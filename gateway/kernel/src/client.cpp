@@ -37,33 +37,13 @@ Error zmq_failure(const std::string& what, const zmq::error_t& e) {
 
 }  // namespace
 
-const char* to_string(RequestEnd end) {
-  switch (end) {
-    case RequestEnd::kComplete:
-      return "complete";
-    case RequestEnd::kKernelDead:
-      return "kernel_dead";
-    case RequestEnd::kCancelled:
-      return "cancelled";
-  }
-  return "?";
-}
-
-json execute_content(std::string code, bool allow_stdin, bool store_history, bool silent) {
-  return json{{"code", std::move(code)},
-              {"silent", silent},
-              {"store_history", store_history},
-              {"user_expressions", json::object()},
-              {"allow_stdin", allow_stdin},
-              {"stop_on_error", true}};
-}
-
 // ---- the I/O thread and its state ------------------------------------------------------------
 
 struct KernelClient::Impl {
   struct Outgoing {
     Channel channel;
-    protocol::Message msg;
+    protocol::Message msg;                    // unless `envelope` is set
+    protocol::EnvelopePtr envelope;           // a client's message, forwarded as it is
     std::optional<RequestHandlers> handlers;  // register a route before sending
   };
   struct Route {
@@ -241,7 +221,7 @@ struct KernelClient::Impl {
       return false;
     }
     for (auto& out : batch) {
-      const std::string id = out.msg.msg_id();
+      const std::string id = out.envelope ? out.envelope->header().msg_id : out.msg.msg_id();
       if (out.handlers) {
         if (!alive.load()) {
           if (out.handlers->on_end) {
@@ -251,7 +231,8 @@ struct KernelClient::Impl {
         }
         routes.emplace(id, Route{std::move(*out.handlers), false, false, {}});
       }
-      std::vector<std::string> frames = protocol::encode(out.msg, signer);
+      std::vector<std::string> frames =
+          out.envelope ? out.envelope->to_wire(signer) : protocol::encode(out.msg, signer);
       zmq::multipart_t multipart;
       for (auto& f : frames) {
         multipart.addstr(std::move(f));
@@ -286,42 +267,47 @@ struct KernelClient::Impl {
       for (auto& p : parts) {
         views.emplace_back(static_cast<const char*>(p.data()), p.size());
       }
-      auto msg = protocol::decode(std::span<const std::string_view>(views), signer,
-                                  options.limits);
-      if (!msg) {
+      auto env = protocol::Envelope::from_wire(channel, std::span<const std::string_view>(views),
+                                               signer, options.limits);
+      parts.clear();  // the envelope owns copies; free the frames before dispatching
+      if (!env) {
         wire_error_count.fetch_add(1);
         if (options.on_wire_error) {
-          options.on_wire_error(channel, msg.error());
+          options.on_wire_error(channel, env.error());
         }
         continue;
       }
-      dispatch(channel, std::move(msg).value());
+      dispatch(channel, std::move(env).value());
     }
   }
 
-  void dispatch(Channel channel, protocol::Message msg) {
+  // Routes on the header alone: the content is parsed only by a handler that asks for it (and
+  // for status messages, whose execution_state completes requests).
+  void dispatch(Channel channel, const protocol::EnvelopePtr& env) {
     if (channel == Channel::kIopub) {
       iopub_seen.store(true);
       if (options.on_iopub) {
-        options.on_iopub(channel, msg);
+        options.on_iopub(env);
       }
     }
-    auto it = routes.find(msg.parent_msg_id());
-    if (it == routes.end()) {
-      if (options.on_unrouted && !(channel == Channel::kIopub && options.on_iopub)) {
-        options.on_unrouted(channel, msg);
+    auto it = routes.find(env->parent().msg_id);
+    if (it == routes.end() || env->parent().msg_id.empty()) {
+      if (options.on_unrouted && channel != Channel::kIopub) {
+        options.on_unrouted(env);
       }
       return;
     }
     Route& route = it->second;
-    if (route.handlers.on_message) {
-      route.handlers.on_message(channel, msg);
+    if (route.handlers.on_envelope) {
+      route.handlers.on_envelope(env);
+    } else if (route.handlers.on_message) {
+      route.handlers.on_message(channel, env->message());
     }
     if (channel == Channel::kShell || channel == Channel::kControl) {
       route.got_reply = true;
       route.reply_at = Clock::now();
-    } else if (channel == Channel::kIopub && msg.msg_type() == "status" &&
-               msg.content.value("execution_state", "") == "idle") {
+    } else if (channel == Channel::kIopub && env->header().msg_type == "status" &&
+               env->message().content.value("execution_state", "") == "idle") {
       route.got_idle = true;
     }
     if (route.got_reply && (route.got_idle || !route.handlers.wait_for_idle)) {
@@ -488,59 +474,19 @@ const protocol::Session& KernelClient::session() const { return impl_->session; 
 
 std::string KernelClient::send(Channel channel, protocol::Message msg, RequestHandlers handlers) {
   std::string id = msg.msg_id();
-  impl_->enqueue(Impl::Outgoing{channel, std::move(msg), std::move(handlers)});
+  impl_->enqueue(Impl::Outgoing{channel, std::move(msg), nullptr, std::move(handlers)});
   return id;
 }
 
-std::string KernelClient::send(Channel channel, std::string_view msg_type, json content,
-                               RequestHandlers handlers) {
-  return send(channel, impl_->session.make(msg_type, std::move(content)), std::move(handlers));
-}
-
-void KernelClient::post(Channel channel, protocol::Message msg) {
-  msg.identities.clear();
-  impl_->enqueue(Impl::Outgoing{channel, std::move(msg), std::nullopt});
+void KernelClient::post(Channel channel, protocol::EnvelopePtr msg) {
+  impl_->enqueue(Impl::Outgoing{channel, {}, std::move(msg), std::nullopt});
 }
 
 void KernelClient::send_input(const protocol::Message& input_request, std::string value) {
   protocol::Message reply =
       impl_->session.make_reply(input_request, "input_reply", json{{"value", std::move(value)}});
   reply.identities.clear();  // a DEALER adds its own routing id
-  impl_->enqueue(Impl::Outgoing{Channel::kStdin, std::move(reply), std::nullopt});
-}
-
-Result<Collected> KernelClient::request(Channel channel, std::string_view msg_type, json content,
-                                        std::chrono::milliseconds timeout, bool wait_for_idle) {
-  struct Shared {
-    std::mutex mu;
-    std::condition_variable cv;
-    Collected collected;
-    bool done = false;
-  };
-  auto shared = std::make_shared<Shared>();
-  RequestHandlers handlers;
-  handlers.wait_for_idle = wait_for_idle;
-  handlers.on_message = [shared, channel](Channel ch, const protocol::Message& msg) {
-    std::lock_guard lock(shared->mu);
-    shared->collected.messages.emplace_back(ch, msg);
-    if (ch == channel) {
-      shared->collected.reply = msg;
-    }
-  };
-  handlers.on_end = [shared](RequestEnd end) {
-    std::lock_guard lock(shared->mu);
-    shared->collected.end = end;
-    shared->done = true;
-    shared->cv.notify_all();
-  };
-  send(channel, msg_type, std::move(content), std::move(handlers));
-  std::unique_lock lock(shared->mu);
-  if (!shared->cv.wait_for(lock, timeout, [&] { return shared->done; })) {
-    return make_error(ErrorCode::kDeadlineExceeded, "timeout",
-                      std::string(msg_type) + " got no complete answer within " +
-                          std::to_string(timeout.count()) + " ms");
-  }
-  return std::move(shared->collected);
+  impl_->enqueue(Impl::Outgoing{Channel::kStdin, std::move(reply), nullptr, std::nullopt});
 }
 
 Result<json> KernelClient::wait_ready(std::chrono::milliseconds timeout) {

@@ -43,22 +43,6 @@ void replace_all(std::string& s, const std::string& from, const std::string& to)
 
 }  // namespace
 
-const char* to_string(Channel channel) {
-  switch (channel) {
-    case Channel::kShell:
-      return "shell";
-    case Channel::kControl:
-      return "control";
-    case Channel::kStdin:
-      return "stdin";
-    case Channel::kIopub:
-      return "iopub";
-    case Channel::kHeartbeat:
-      return "hb";
-  }
-  return "?";
-}
-
 std::string ConnectionInfo::endpoint(Channel channel) const {
   int port = 0;
   switch (channel) {

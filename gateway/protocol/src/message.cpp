@@ -7,6 +7,23 @@
 #include <ctime>
 
 namespace cellgate::protocol {
+
+const char* to_string(Channel channel) {
+  switch (channel) {
+    case Channel::kShell:
+      return "shell";
+    case Channel::kControl:
+      return "control";
+    case Channel::kStdin:
+      return "stdin";
+    case Channel::kIopub:
+      return "iopub";
+    case Channel::kHeartbeat:
+      return "hb";
+  }
+  return "?";
+}
+
 namespace {
 
 std::string string_field(const nlohmann::json& object, const char* key) {

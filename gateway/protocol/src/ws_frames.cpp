@@ -217,43 +217,45 @@ Result<WsMessage> from_legacy_json(const char* what, json&& object) {
   return out;
 }
 
+// The four JSON texts of a message, in frame order.
+using Parts = std::array<std::string_view, 4>;
+
 // The legacy JSON text: the message with top-level msg_id, msg_type and channel, and
-// "buffers": [] when `with_buffers_key`. Written by hand to keep the documented key order.
-std::string legacy_json_text(std::string_view channel, const protocol::Message& msg,
-                             bool with_buffers_key) {
+// "buffers": [] when `with_buffers_key`. Written by hand to keep the documented key order; the
+// parts are spliced in as they are.
+std::string legacy_json_text(std::string_view channel, const Parts& parts, std::string_view msg_id,
+                             std::string_view msg_type, bool with_buffers_key) {
+  const std::string id = dump(json(std::string(msg_id)));
+  const std::string type = dump(json(std::string(msg_type)));
+  const std::string chan = dump(json(std::string(channel)));
   std::string out;
+  out.reserve(parts[0].size() + parts[1].size() + parts[2].size() + parts[3].size() + id.size() +
+              type.size() + chan.size() + 128);
   out += "{\"header\":";
-  out += dump_part(msg.header);
+  out += parts[0];
   out += ",\"msg_id\":";
-  out += dump(json(msg.msg_id()));
+  out += id;
   out += ",\"msg_type\":";
-  out += dump(json(msg.msg_type()));
+  out += type;
   out += ",\"parent_header\":";
-  out += dump_part(msg.parent_header);
+  out += parts[1];
   out += ",\"metadata\":";
-  out += dump_part(msg.metadata);
+  out += parts[2];
   out += ",\"content\":";
-  out += dump_part(msg.content);
+  out += parts[3];
   if (with_buffers_key) {
     out += ",\"buffers\":[]";
   }
   out += ",\"channel\":";
-  out += dump(json(std::string(channel)));
+  out += chan;
   out += '}';
   return out;
 }
 
-}  // namespace
-
-std::string encode_legacy_json(std::string_view channel, const protocol::Message& msg) {
-  return legacy_json_text(channel, msg, /*with_buffers_key=*/true);
-}
-
-std::string encode_legacy_binary(std::string_view channel, const protocol::Message& msg) {
+std::string legacy_binary(const std::string& text, const std::vector<std::string>& buffers) {
   // With no buffers this still writes a well-formed nbufs = 1 frame, which decoders (ours and
   // JupyterLab's) reject; callers use encode_legacy to pick the form.
-  const std::string text = legacy_json_text(channel, msg, /*with_buffers_key=*/false);
-  const std::size_t nbufs = 1 + msg.buffers.size();
+  const std::size_t nbufs = 1 + buffers.size();
   constexpr std::uint64_t kMax = std::numeric_limits<std::uint32_t>::max();
   // Offsets are uint32: a frame whose last buffer starts past 4 GiB cannot be written. Far above
   // any WebSocket frame limit, so this is a programming error rather than a runtime condition.
@@ -266,7 +268,7 @@ std::string encode_legacy_binary(std::string_view channel, const protocol::Messa
       throw std::length_error("legacy binary frame: offsets do not fit in 32 bits");
     }
     offsets.push_back(static_cast<std::uint32_t>(pos));
-    pos += (i == 0 ? text.size() : msg.buffers[i - 1].size());
+    pos += (i == 0 ? text.size() : buffers[i - 1].size());
   }
   std::string out;
   out.reserve(pos);
@@ -275,32 +277,26 @@ std::string encode_legacy_binary(std::string_view channel, const protocol::Messa
     put_u32_be(out, offset);
   }
   out += text;
-  for (const std::string& buffer : msg.buffers) {
+  for (const std::string& buffer : buffers) {
     out += buffer;
   }
   return out;
 }
 
-std::string encode_legacy(std::string_view channel, const protocol::Message& msg, bool& binary) {
-  binary = !msg.buffers.empty();
-  return binary ? encode_legacy_binary(channel, msg) : encode_legacy_json(channel, msg);
-}
-
-std::string encode_v1(std::string_view channel, const protocol::Message& msg) {
-  const std::array<std::string, 4> parts = {dump_part(msg.header), dump_part(msg.parent_header),
-                                            dump_part(msg.metadata), dump_part(msg.content)};
-  const std::uint64_t offset_number = 6 + static_cast<std::uint64_t>(msg.buffers.size());
+std::string v1_frame(std::string_view channel, const Parts& parts,
+                     const std::vector<std::string>& buffers) {
+  const std::uint64_t offset_number = 6 + static_cast<std::uint64_t>(buffers.size());
   std::vector<std::uint64_t> offsets;
   offsets.reserve(offset_number);
   std::uint64_t pos = 8 * (1 + offset_number);
   offsets.push_back(pos);
   pos += channel.size();
   offsets.push_back(pos);
-  for (const std::string& part : parts) {
+  for (std::string_view part : parts) {
     pos += part.size();
     offsets.push_back(pos);
   }
-  for (const std::string& buffer : msg.buffers) {
+  for (const std::string& buffer : buffers) {
     pos += buffer.size();
     offsets.push_back(pos);
   }
@@ -311,13 +307,61 @@ std::string encode_v1(std::string_view channel, const protocol::Message& msg) {
     put_u64_le(out, offset);
   }
   out += channel;
-  for (const std::string& part : parts) {
+  for (std::string_view part : parts) {
     out += part;
   }
-  for (const std::string& buffer : msg.buffers) {
+  for (const std::string& buffer : buffers) {
     out += buffer;
   }
   return out;
+}
+
+struct DumpedParts {
+  explicit DumpedParts(const protocol::Message& msg)
+      : texts{dump_part(msg.header), dump_part(msg.parent_header), dump_part(msg.metadata),
+              dump_part(msg.content)},
+        parts{texts[0], texts[1], texts[2], texts[3]} {}
+  std::array<std::string, 4> texts;
+  Parts parts;
+};
+
+}  // namespace
+
+std::string encode_legacy_json(std::string_view channel, const protocol::Message& msg) {
+  DumpedParts d(msg);
+  return legacy_json_text(channel, d.parts, msg.msg_id(), msg.msg_type(), /*with_buffers_key=*/true);
+}
+
+std::string encode_legacy_binary(std::string_view channel, const protocol::Message& msg) {
+  DumpedParts d(msg);
+  return legacy_binary(
+      legacy_json_text(channel, d.parts, msg.msg_id(), msg.msg_type(), /*with_buffers_key=*/false),
+      msg.buffers);
+}
+
+std::string encode_legacy(std::string_view channel, const protocol::Message& msg, bool& binary) {
+  binary = !msg.buffers.empty();
+  return binary ? encode_legacy_binary(channel, msg) : encode_legacy_json(channel, msg);
+}
+
+std::string encode_v1(std::string_view channel, const protocol::Message& msg) {
+  DumpedParts d(msg);
+  return v1_frame(channel, d.parts, msg.buffers);
+}
+
+std::string encode_v1(std::string_view channel, const Frames& frames) {
+  return v1_frame(channel, {frames.header, frames.parent_header, frames.metadata, frames.content},
+                  frames.buffers);
+}
+
+std::string encode_legacy(std::string_view channel, const Frames& frames, std::string_view msg_id,
+                          std::string_view msg_type, bool& binary) {
+  const Parts parts = {frames.header, frames.parent_header, frames.metadata, frames.content};
+  binary = !frames.buffers.empty();
+  if (!binary) {
+    return legacy_json_text(channel, parts, msg_id, msg_type, /*with_buffers_key=*/true);
+  }
+  return legacy_binary(legacy_json_text(channel, parts, msg_id, msg_type, false), frames.buffers);
 }
 
 Result<WsMessage> decode_legacy_json(std::string_view frame) {
@@ -359,6 +403,55 @@ Result<WsMessage> decode_legacy_binary(std::string_view frame) {
   for (std::uint64_t i = 1; i < nbufs; ++i) {
     const std::uint64_t stop = (i + 1 < nbufs) ? offsets[i + 1] : size;
     out.message.buffers.emplace_back(frame.substr(offsets[i], stop - offsets[i]));
+  }
+  return out;
+}
+
+Result<WsFrames> split_v1(std::string_view frame) {
+  constexpr const char* kWhat = "v1 frame";
+  const std::uint64_t size = frame.size();
+  if (size < 8) {
+    return bad_frame(std::string(kWhat) + ": " + std::to_string(size) +
+                     " bytes is too short for the offset count (8 bytes)");
+  }
+  const std::uint64_t offset_number = get_u64_le(frame, 0);
+  if (offset_number < 6) {
+    return bad_frame(std::string(kWhat) + ": offset count " + std::to_string(offset_number) +
+                     " is below 6 (channel, four message parts and the end)");
+  }
+  // 8 * (1 + offset_number) <= size, written so that nothing can overflow.
+  if (offset_number > size / 8 - 1) {
+    return bad_frame(std::string(kWhat) + ": an offset table of " + std::to_string(offset_number) +
+                     " entries does not fit in the " + std::to_string(size) + "-byte frame");
+  }
+  const std::uint64_t table_end = 8 * (1 + offset_number);
+  std::vector<std::uint64_t> offsets;
+  offsets.reserve(offset_number);
+  for (std::uint64_t i = 0; i < offset_number; ++i) {
+    offsets.push_back(get_u64_le(frame, 8 * (i + 1)));
+  }
+  CELLGATE_TRY(check_offsets(kWhat, offsets, size, table_end));
+  if (offsets.back() != size) {
+    return bad_frame(std::string(kWhat) + ": the last offset (" + std::to_string(offsets.back()) +
+                     ") is not the frame length (" + std::to_string(size) + ")");
+  }
+  auto part = [&](std::size_t i) { return frame.substr(offsets[i], offsets[i + 1] - offsets[i]); };
+
+  WsFrames out;
+  out.channel = std::string(part(0));
+  CELLGATE_TRY(check_channel(kWhat, out.channel));
+  std::string* targets[] = {&out.frames.header, &out.frames.parent_header, &out.frames.metadata,
+                            &out.frames.content};
+  for (std::size_t i = 0; i < kV1PartNames.size(); ++i) {
+    targets[i]->assign(part(i + 1));
+    // An empty or null parent_header, metadata or content is {} (as decode_v1 reads them).
+    if (i > 0 && (targets[i]->empty() || *targets[i] == "null")) {
+      *targets[i] = "{}";
+    }
+  }
+  out.frames.buffers.reserve(offset_number - 6);
+  for (std::size_t i = 5; i + 1 < offset_number; ++i) {
+    out.frames.buffers.emplace_back(part(i));
   }
   return out;
 }

@@ -18,6 +18,7 @@
 #include "cellgate/execute/executor.hpp"
 #include "cellgate/http/listener.hpp"
 #include "cellgate/jail/jail.hpp"
+#include "cellgate/kernel/backend.hpp"
 #include "cellgate/kernel/connection.hpp"
 #include "cellgate/kernels/registry.hpp"
 #include "cellgate/store/artifacts.hpp"
@@ -59,10 +60,21 @@ kernels::RegistryOptions registry_options(const ServeOptions& o) {
   r.no_jail = o.no_jail;
   r.pool_size = o.pool_size;
   r.pool_kernels = o.pool_kernels;
-  r.zygote = o.zygote;
-  r.zygote_preload = o.zygote_preload;
   r.jail = o.jail;
   return r;
+}
+
+// Kernels start through the launcher; jailed python3 ipykernels fork from the zygote when asked.
+kernel::ProcessBackendOptions backend_options(const ServeOptions& o) {
+  kernel::ProcessBackendOptions b;
+  if (o.zygote && !o.no_jail) {
+    kernel::ZygoteOptions z;
+    z.socket_path = o.state_dir + "/run/zygote.sock";
+    z.log_file = o.state_dir + "/zygote.log";
+    z.preload = o.zygote_preload;
+    b.zygote = std::move(z);
+  }
+  return b;
 }
 
 }  // namespace
@@ -78,6 +90,7 @@ struct Server::Impl {
   net::thread_pool offload_pool{kOffloadThreads};
 
   std::unique_ptr<util::AsioLoop> loop;
+  std::unique_ptr<kernel::ProcessBackend> backend;  // outlives the registry
   std::unique_ptr<kernels::KernelRegistry> registry;
   std::unique_ptr<store::ArtifactStore> artifacts;
   std::unique_ptr<store::AuditLog> audit;
@@ -106,7 +119,9 @@ Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->token = o.no_token ? "" : o.token;
 
   impl_->loop = std::make_unique<util::AsioLoop>(impl_->cells);
-  impl_->registry = std::make_unique<kernels::KernelRegistry>(registry_options(o));
+  impl_->backend = std::make_unique<kernel::ProcessBackend>(backend_options(o));
+  impl_->registry = std::make_unique<kernels::KernelRegistry>(
+      registry_options(o), *impl_->backend, [loop = impl_->loop.get()] { return loop->now(); });
 
   store::ArtifactCaps caps;
   caps.count = o.artifacts_per_kernel;

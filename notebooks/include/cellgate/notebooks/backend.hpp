@@ -1,7 +1,7 @@
-// Where `cellgate run` gets its kernels: an embedded gateway (a KernelRegistry and an Executor in
+// Where a notebook run gets its kernels: an embedded gateway (a KernelRegistry and an Executor in
 // this process, state in a temp dir removed at the end) or a running `cellgate serve` (--url).
 // Both hand out one KernelSession per notebook and answer each cell with the Executor's answer
-// (see cellgate/server/execute.hpp), so the runner does not know which it talks to.
+// (see cellgate/execute/executor.hpp), so the runner does not know which it talks to.
 //
 //   CELLGATE_ASSIGN_OR_RETURN(auto backend, make_embedded_backend(settings));
 //   CELLGATE_ASSIGN_OR_RETURN(auto session, backend->start("python3"));
@@ -25,7 +25,7 @@
 
 #include "cellgate/result.hpp"
 
-namespace cellgate::notebooks::runner {
+namespace cellgate::notebooks {
 
 class KernelSession {
  public:
@@ -46,8 +46,12 @@ class Backend {
   virtual Result<std::unique_ptr<KernelSession>> start(const std::string& kernel) = 0;
   // The largest file put_file accepts.
   virtual std::size_t max_file_bytes() const = 0;
+  // Whether a cell may be cut short of the timeout it asks for (a remote gateway's
+  // --execute-max-timeout).
+  virtual bool clamps_timeouts() const = 0;
   // Stops running cells (Ctrl-C); later execute() calls answer "aborted" or fail.
   virtual void cancel() = 0;
+  virtual bool cancelled() const = 0;
 };
 
 struct EmbeddedSettings {
@@ -62,4 +66,4 @@ Result<std::unique_ptr<Backend>> make_embedded_backend(const EmbeddedSettings& s
 Result<std::unique_ptr<Backend>> make_remote_backend(const std::string& url,
                                                      const std::string& token);
 
-}  // namespace cellgate::notebooks::runner
+}  // namespace cellgate::notebooks

@@ -21,11 +21,18 @@
 // 1 some notebook failed (a cell raised, timed out or its kernel died; or the output could not
 // be written); 2 usage errors, an unreachable gateway, or an invalid notebook; 130 interrupted.
 //
+// The library underneath: runner.hpp runs one notebook against a Backend (backend.hpp);
+// notebook.hpp reads, validates and writes nbformat.
+//
 // Thread-safety: run_notebooks blocks; it runs --jobs notebooks at once on its own threads.
 #pragma once
 
 #include <string>
 #include <vector>
+
+namespace CLI {
+class App;
+}  // namespace CLI
 
 namespace cellgate::notebooks {
 
@@ -48,6 +55,11 @@ struct NotebookRunOptions {
   bool progress = true;  // a progress line on stderr when it is a terminal
 };
 
+// Declares the `run` subcommand on `app`, its options bound to `options`; returns it (so that the
+// caller can tell whether it was parsed).
+CLI::App* add_run_command(CLI::App& app, NotebookRunOptions& options);
+
+// Runs the notebooks; returns the exit code.
 int run_notebooks(const NotebookRunOptions& options);
 
 }  // namespace cellgate::notebooks

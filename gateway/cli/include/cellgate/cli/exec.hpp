@@ -17,21 +17,19 @@
 //
 // Exit codes: 0 ok, 1 the cell raised, 2 usage or start-up failure, 3 the kernel died,
 // 124 the timeout passed (the cell was interrupted).
+//
+// Thread-safety: run_exec blocks and writes to the process's stdout and stderr: one at a time.
 #pragma once
 
-#include <nlohmann/json.hpp>
 #include <string>
-#include <vector>
+
+#include "cellgate/cli/exit_codes.hpp"
+
+namespace CLI {
+class App;
+}  // namespace CLI
 
 namespace cellgate::cli {
-
-// The exit codes of `cellgate exec` (local and --url) and `cellgate run`.
-inline constexpr int kExitOk = 0;
-inline constexpr int kExitCellError = 1;  // exec: the cell raised; run: a notebook failed
-inline constexpr int kExitUsage = 2;
-inline constexpr int kExitKernelDied = 3;
-inline constexpr int kExitTimeout = 124;
-inline constexpr int kExitInterrupted = 130;
 
 struct ExecOptions {
   std::string code;               // the cell
@@ -47,23 +45,11 @@ struct ExecOptions {
   std::string artifacts_dir;       // where displayed images and PDFs are saved
 };
 
+// Declares the `exec` subcommand on `app`, its options bound to `options`; returns it (so that
+// the caller can tell whether it was parsed).
+CLI::App* add_exec_command(CLI::App& app, ExecOptions& options);
+
+// Blocks until the cell has ended; returns the exit code (cellgate/cli/exit_codes.hpp).
 int run_exec(const ExecOptions& options);
-
-namespace detail {
-// Saves the images and PDFs of a mime bundle; returns "<mime saved to PATH>" lines.
-class ArtifactSaver {
- public:
-  explicit ArtifactSaver(std::string dir) : dir_(std::move(dir)) {}
-  std::vector<std::string> save(const nlohmann::json& data);
-
- private:
-  std::string dir_;
-  bool made_ = false;
-};
-// The local and remote runs print a bundle the same way.
-void print_bundle(const nlohmann::json& data, ArtifactSaver& saver);
-// `cellgate exec --url`: remote_exec.cpp.
-int run_remote_exec(const ExecOptions& options, const std::string& code);
-}  // namespace detail
 
 }  // namespace cellgate::cli

@@ -23,16 +23,22 @@
 //   exchange->watch([cell] { cell->cancel(); });              // the client left
 //
 // Each cell is a state machine on its own strand of the event loop, driven by the kernel's
-// messages and timers — no thread waits for it: queued (one FIFO per kernel: agent calls on one
-// kernel run one at a time, a call that cannot start within its timeout answers "timeout"
-// without running) → running → at the deadline (or cancel()) interrupted → after the grace
-// period the kernel is restarted (on the offload pool) and the answer says state_lost: true.
+// messages and timers — no thread waits for it (gateway/execute/src/cell.hpp draws it): queued
+// (one FIFO per kernel: agent calls on one kernel run one at a time in arrival order; a call that
+// cannot start within its timeout answers "timeout", one whose client leaves first "aborted",
+// one whose kernel is deleted first "dead", all without running) → running → at the deadline (or
+// cancel()) interrupted → after the grace period the kernel is restarted (on the offload pool)
+// and the answer says state_lost: true. Deleting the kernel ends its running cell with "dead".
 // Output is capped per stream and per output while it arrives, so a cell that prints without end
-// costs the gateway a bounded amount of memory. Artifacts are decoded, hashed and written on the
-// cell's strand, never on the kernel's I/O thread.
+// costs the gateway a bounded amount of memory. Kernel messages are parsed, artifacts decoded,
+// hashed and written, and the work dir compared on the cell's strand, never on the kernel's I/O
+// thread.
 //
-// Thread-safety: every method may be called from any thread. on_event and done are called on the
-// cell's strand, one at a time; they must not block.
+// Thread-safety: every method may be called from any thread; the blocking ones (*_and_wait)
+// never from the loop's threads (they wait for the loop). on_event and done are called on the
+// cell's strand, one at a time; they must not block. The registry, artifact store, audit log and
+// loop must outlive the executor and the offload work it queued; cells still on their way when
+// the executor goes answer "aborted" on their strands.
 #pragma once
 
 #include <atomic>
@@ -94,9 +100,10 @@ struct RunOptions {
 using Answer = Result<nlohmann::json>;
 using Done = std::function<void(Answer)>;
 
-// A cell on its way; cancel() stops it as a timeout would (the client left): a queued cell
-// answers "aborted" without running, a running one is interrupted (then restarted after the
-// grace period if it does not stop).
+// A cell on its way; cancel() stops it as a timeout would (the client left), and the answer
+// says "aborted": a queued cell does not run, a running one is interrupted (then its kernel
+// restarted after the grace period if it does not stop). A cancel after the cell ended does
+// nothing.
 class CellHandle {
  public:
   virtual ~CellHandle() = default;
@@ -115,12 +122,15 @@ class Executor {
   // A fresh kernel (started on the offload pool), files put in its work dir, one cell, the kernel
   // shut down; the answer has "kernel_id" too.
   std::shared_ptr<CellHandle> run_once(OneShotRequest request, RunOptions options, Done done);
-  // Code with no outputs and no history (set-up such as os.chdir); an error if it raised.
+  // Code with no outputs and no history (set-up such as os.chdir), in the kernel's FIFO like a
+  // cell; an error if it raised (setup_failed) or ran past `timeout` (then it is interrupted).
+  // No audit line.
   void run_silently(const std::string& kernel_id, std::string code,
                     std::chrono::milliseconds timeout, std::function<void(Result<void>)> done);
 
   // Blocking forms of the above, for callers on the offload pool or a CLI thread (never a
-  // network thread or the loop's).
+  // network thread or the loop's). `cancelled` is looked at every 50 ms; once true, the cell is
+  // cancelled.
   Answer run_and_wait(const std::string& kernel_id, ExecuteRequest request, RunOptions options,
                       const std::shared_ptr<std::atomic<bool>>& cancelled = nullptr);
   Result<void> run_silently_and_wait(const std::string& kernel_id, std::string code,

@@ -14,12 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "cellgate/protocol/message.hpp"
 #include "cellgate/result.hpp"
 
 namespace cellgate::kernel {
 
-enum class Channel { kShell, kControl, kStdin, kIopub, kHeartbeat };
-const char* to_string(Channel channel);
+using protocol::Channel;
+using protocol::to_string;
 
 struct ConnectionInfo {
   std::string transport = "tcp";  // "tcp" or "ipc"

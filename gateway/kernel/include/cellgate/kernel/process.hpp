@@ -24,6 +24,7 @@
 
 #include "cellgate/jail/spec.hpp"
 #include "cellgate/kernel/connection.hpp"
+#include "cellgate/kernel/kernel.hpp"
 #include "cellgate/jail/cgroup.hpp"
 #include "cellgate/launcher/status.hpp"
 #include "cellgate/result.hpp"
@@ -74,34 +75,34 @@ std::string executable_dir();
 Result<pid_t> spawn_with_status_fd(std::vector<std::string> argv, std::vector<std::string> env,
                                    int status_write_fd, const std::string& log_file);
 
-class KernelProcess {
+class KernelProcess : public KernelProcessHandle {
  public:
   static Result<std::unique_ptr<KernelProcess>> start(LaunchRequest request);
-  ~KernelProcess();
+  ~KernelProcess() override;
   KernelProcess(const KernelProcess&) = delete;
   KernelProcess& operator=(const KernelProcess&) = delete;
 
-  const ConnectionInfo& connection() const { return connection_; }
-  const std::string& connection_file() const { return connection_file_; }
+  const ConnectionInfo& connection() const override { return connection_; }
+  const std::string& connection_file() const override { return connection_file_; }
   const std::string& work_dir() const { return work_dir_; }
   // The kernel's and the launcher's own stdout and stderr (not the cells' output, which travels
   // on iopub): start-up banners, crashes, C-level writes to fd 1 and 2.
   const std::string& log_file() const { return log_file_; }
   // The last `max_bytes` of the log, for error messages.
-  std::string log_tail(std::size_t max_bytes = 2000) const;
-  pid_t pid() const { return kernel_pid_; }
+  std::string log_tail(std::size_t max_bytes = 2000) const override;
+  pid_t pid() const override { return kernel_pid_; }
 
-  bool jailed() const { return jailed_; }
+  bool jailed() const override { return jailed_; }
   // The kernel cgroup's figures (CPU used, memory now and at peak); kNotFound for an unjailed
   // kernel or once the cgroup is gone.
-  Result<jail::CgroupStats> cgroup_stats() const;
+  Result<jail::CgroupStats> cgroup_stats() const override;
   // Sends a signal to the kernel (SIGINT interrupts an ipykernel), through the launcher, which
   // forwards it (into the jail).
-  Result<void> signal(int sig);
+  Result<void> signal(int sig) override;
   // The launcher's "exited" report once the kernel has ended; nullopt while it runs.
-  std::optional<launcher::StatusEvent> poll_exit();
+  std::optional<launcher::StatusEvent> poll_exit() override;
   // Waits up to `timeout` for the kernel to end.
-  std::optional<launcher::StatusEvent> wait_exit(std::chrono::milliseconds timeout);
+  std::optional<launcher::StatusEvent> wait_exit(std::chrono::milliseconds timeout) override;
 
  private:
   KernelProcess() = default;

@@ -21,6 +21,11 @@ namespace cellgate::protocol {
 
 inline constexpr std::string_view kProtocolVersion = "5.3";
 
+// The sockets of a kernel (https://jupyter-client.readthedocs.io/en/stable/messaging.html).
+enum class Channel { kShell, kControl, kStdin, kIopub, kHeartbeat };
+// "shell", "control", "stdin", "iopub", "hb".
+const char* to_string(Channel channel);
+
 struct Message {
   std::vector<std::string> identities;  // ZeroMQ routing prefix (ROUTER side), may be empty
   nlohmann::json header = nlohmann::json::object();
@@ -34,6 +39,15 @@ struct Message {
   std::string msg_id() const;
   // The msg_id of the request this message answers, or "".
   std::string parent_msg_id() const;
+};
+
+// The four JSON frames and the binary buffers of a message, owned, unparsed (envelope.hpp).
+struct Frames {
+  std::string header;
+  std::string parent_header;
+  std::string metadata;
+  std::string content;
+  std::vector<std::string> buffers;
 };
 
 // A new random UUID4 in canonical form (8-4-4-4-12 lowercase hex).

@@ -46,10 +46,25 @@ std::string encode_legacy_binary(std::string_view channel, const protocol::Messa
 std::string encode_legacy(std::string_view channel, const protocol::Message& msg, bool& binary);
 std::string encode_v1(std::string_view channel, const protocol::Message& msg);
 
+// The same forms from a message's frames as they came (each JSON frame an object, checked by
+// the caller), spliced in byte for byte: nothing is parsed or serialised again.
+std::string encode_v1(std::string_view channel, const Frames& frames);
+std::string encode_legacy(std::string_view channel, const Frames& frames, std::string_view msg_id,
+                          std::string_view msg_type, bool& binary);
+
 // A text frame is legacy JSON; a binary frame is legacy binary or v1 depending on the
 // negotiated subprotocol.
 Result<WsMessage> decode_legacy_json(std::string_view frame);
 Result<WsMessage> decode_legacy_binary(std::string_view frame);
 Result<WsMessage> decode_v1(std::string_view frame);
+
+// A v1 frame cut into its channel and parts without parsing them (the offsets and the channel
+// checked as decode_v1 checks them; an empty or `null` parent_header, metadata or content
+// becomes {}). The bridge forwards these to the kernel after Envelope::from_frames checks them.
+struct WsFrames {
+  std::string channel;
+  Frames frames;
+};
+Result<WsFrames> split_v1(std::string_view frame);
 
 }  // namespace cellgate::protocol

@@ -1,10 +1,19 @@
-// Internal: small filesystem helpers shared by the gateway's stores (artifacts, audit log).
+// Small filesystem helpers shared by the gateway's rooms: private directories for the stores
+// (artifacts, audit log), and the one atomic write (kernel state records, artifacts, …).
+//
+//   CELLGATE_TRY(make_private_dirs(dir, "artifact_io"));
+//   CELLGATE_TRY(atomic_write(dir + "/kernel.json", text));     // 0600, all or nothing
+//
+// Thread-safety: functions without shared state. Two atomic_writes of one path at once each
+// succeed; the file then holds one of the two texts, whole.
 #pragma once
 
 #include <sys/stat.h>
+#include <sys/types.h>
 
 #include <cerrno>
 #include <string>
+#include <string_view>
 
 #include "cellgate/result.hpp"
 
@@ -23,5 +32,10 @@ inline Result<void> make_private_dirs(const std::string& path, const char* reaso
   }
   return {};
 }
+
+// Replaces `path` with `data`, all or nothing: a temp file beside it (created exclusively with
+// `mode`, never following a symlink), written, fsync'd, renamed over `path`, and the directory
+// fsync'd, so a crash leaves either the old file or the new one. Errors name the failed call.
+Result<void> atomic_write(const std::string& path, std::string_view data, mode_t mode = 0600);
 
 }  // namespace cellgate

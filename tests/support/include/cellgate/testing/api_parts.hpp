@@ -1,7 +1,8 @@
 // Test support: the parts an Api needs, composed as the server composes them (server.cpp): a
-// registry, an artifact store, no audit log, an executor whose cells run on one thread, and an
-// offload pool. The registry is not started (no zygote, monitor or pool) unless start() is
-// called, so route and session tests run without root or Python.
+// kernel backend (the real launcher, no zygote: route tests never launch), a registry, an
+// artifact store, no audit log, an executor whose cells run on one thread, and an offload pool.
+// The registry is not started (no monitor or pool) unless start() is called, so route and
+// session tests run without root or Python.
 //
 //   cellgate::testing::ApiParts parts({.state_dir = dir, .token = "secret"});
 //   parts.api.handle(request, [](http::Response res) { … });
@@ -18,6 +19,7 @@
 
 #include "cellgate/api/api.hpp"
 #include "cellgate/execute/executor.hpp"
+#include "cellgate/kernel/backend.hpp"
 #include "cellgate/kernels/registry.hpp"
 #include "cellgate/store/artifacts.hpp"
 #include "cellgate/store/audit.hpp"
@@ -37,7 +39,7 @@ struct ApiPartsOptions {
 struct ApiParts {
   explicit ApiParts(ApiPartsOptions o)
       : options(std::move(o)),
-        registry(registry_options(options)),
+        registry(registry_options(options), backend),
         artifacts(options.state_dir + "/artifacts"),
         audit(std::move(store::AuditLog::create({})).value()),
         loop(cells),
@@ -74,6 +76,7 @@ struct ApiParts {
   boost::asio::io_context cells;
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work{
       cells.get_executor()};
+  kernel::ProcessBackend backend{{}};
   kernels::KernelRegistry registry;
   store::ArtifactStore artifacts;
   std::unique_ptr<store::AuditLog> audit;

@@ -1,0 +1,85 @@
+// Collector: everything one agent cell produced — stdout, stderr, nbformat outputs, the result,
+// the error, artifacts, notices — capped as it arrives (ExecuteLimits), and passed on as events
+// to the cell's sink. The answer's capture fields come from here.
+//
+//   Collector c(limits, on_event, &artifacts, kernel_id);
+//   c.on_message("stream", content);          // {"name": "stdout", "text": "hi\n"}
+//   c.fields(answer);                         // "stdout", "outputs", "truncated", …
+//
+// Artifacts (images, PDFs) are decoded, hashed and written by ArtifactStore::put from
+// on_message, so the collector runs where the cell does (its strand), never on a kernel's I/O
+// thread.
+//
+// Thread-safety: none; one cell's strand uses it.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cellgate/execute/executor.hpp"
+
+namespace cellgate::execute {
+
+class Collector {
+ public:
+  using Sink = std::function<void(const nlohmann::json& event)>;
+
+  Collector(ExecuteLimits limits, Sink sink, store::ArtifactStore* artifacts,
+            std::string kernel_id);
+
+  // Whether an iopub message of this type is captured (the rest — status, comms — need not be
+  // parsed).
+  static bool captures(std::string_view msg_type);
+  // One iopub message of the cell (execute_input, stream, execute_result, display_data,
+  // update_display_data, error, clear_output); other types are ignored. The content comes from a
+  // kernel: fields of the wrong type are treated as absent.
+  void on_message(std::string_view msg_type, const nlohmann::json& content);
+  // An event of the cell's own (keepalive): sent on as it is.
+  void emit(const nlohmann::json& event);
+  // No event reaches the sink after this (the answer is made).
+  void close() { sink_ = nullptr; }
+
+  // Adds stdout, stderr, outputs, result, error, artifacts, notices and truncated to `answer`.
+  void fields(nlohmann::json& answer) const;
+
+  const nlohmann::json& execution_count() const { return execution_count_; }
+  const nlohmann::json& error() const { return error_; }
+  const nlohmann::json& artifacts() const { return artifacts_; }
+  std::size_t stdout_bytes() const { return out_[0].size(); }
+  std::size_t stderr_bytes() const { return out_[1].size(); }
+  std::size_t dropped_bytes() const { return dropped_bytes_; }
+
+ private:
+  void notice(const std::string& key, const std::string& message);
+  bool add_output(nlohmann::json output);
+  void on_stream(const nlohmann::json& c);
+  nlohmann::json store_artifacts(const nlohmann::json& data);
+  void on_bundle(std::string_view type, const nlohmann::json& c);
+  void on_error(const nlohmann::json& c);
+
+  const ExecuteLimits limits_;
+  Sink sink_;
+  store::ArtifactStore* artifacts_store_;
+  const std::string kernel_id_;
+
+  std::string out_[2];  // stdout, stderr
+  bool out_truncated_[2] = {false, false};
+  bool outputs_truncated_ = false;
+  std::size_t dropped_bytes_ = 0;
+  nlohmann::json outputs_ = nlohmann::json::array();
+  std::map<std::string, std::vector<std::size_t>> displays_;  // display_id → output indices
+  nlohmann::json result_;                                     // null
+  nlohmann::json error_;                                      // null
+  nlohmann::json artifacts_ = nlohmann::json::array();
+  nlohmann::json notices_ = nlohmann::json::array();
+  std::set<std::string> noticed_;   // reasons already noticed, so each is said once
+  nlohmann::json execution_count_;  // from execute_input, for the artifacts of display_data
+};
+
+}  // namespace cellgate::execute

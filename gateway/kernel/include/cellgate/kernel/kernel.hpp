@@ -1,0 +1,165 @@
+// The seam at the kernel: what the gateway needs from a running kernel's channels
+// (KernelConnection) and from starting one (KernelBackend). The ZeroMQ KernelClient and the
+// launcher (KernelProcess, with the zygote) implement them for real; tests/support has a fake
+// that replays captured ipykernel traffic, so the registry, the executor, the pool, culling and
+// the WebSocket bridge are tested without root and without Python.
+//
+//   auto process = backend.launch(request);                       // a jailed kernel
+//   auto conn = backend.connect(*process.value(), {.on_iopub = …});   // its channels
+//   conn.value()->wait_ready(10s);
+//   conn.value()->send(Channel::kShell, "execute_request", execute_content("1+1"),
+//                      {.on_envelope = …, .on_end = …});
+//
+// Messages from a kernel arrive as Envelopes (protocol/envelope.hpp): routed on their header,
+// parsed only where their content is used.
+//
+// Thread-safety: KernelConnection's and KernelBackend's methods may be called from any thread.
+// Handlers and events run on the connection's I/O thread, one at a time, and must not block.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "cellgate/jail/cgroup.hpp"
+#include "cellgate/jail/spec.hpp"
+#include "cellgate/kernel/connection.hpp"
+#include "cellgate/launcher/status.hpp"
+#include "cellgate/protocol/envelope.hpp"
+#include "cellgate/protocol/message.hpp"
+#include "cellgate/result.hpp"
+
+namespace cellgate::kernel {
+
+using protocol::EnvelopePtr;
+using MessageHandler = std::function<void(Channel, const protocol::Message&)>;
+using EnvelopeHandler = std::function<void(const EnvelopePtr&)>;
+
+enum class RequestEnd {
+  kComplete,    // the reply arrived, and (if waited for) iopub status idle for this request
+  kKernelDead,  // the kernel died before the request completed
+  kCancelled,   // the connection was closed first
+};
+const char* to_string(RequestEnd end);
+
+struct RequestHandlers {
+  // The reply, every iopub message and every input_request whose parent is this request, as
+  // envelopes. When set, on_message is not called.
+  EnvelopeHandler on_envelope;
+  // The same, parsed (on the I/O thread): for callers that want every message's content.
+  MessageHandler on_message;
+  // Called exactly once, last.
+  std::function<void(RequestEnd)> on_end;
+  // Complete only after iopub status "idle" for this request as well as the reply, so every
+  // output has been delivered. Turn off for requests whose idle may never come (shutdown, or a
+  // kernel_info sent before the iopub subscription is live).
+  bool wait_for_idle = true;
+};
+
+// Everything one request produced, in arrival order.
+struct Collected {
+  std::vector<std::pair<Channel, protocol::Message>> messages;
+  std::optional<protocol::Message> reply;
+  RequestEnd end = RequestEnd::kComplete;
+};
+
+// How to talk to a kernel, and what the gateway hears from it besides the answers to its own
+// requests.
+struct ClientOptions {
+  // A ping every interval; `heartbeat_misses` unanswered pings in a row mean the kernel is dead.
+  // Detection takes at most (misses + 1) * interval after the kernel stops. Death is only
+  // declared once the kernel has answered a first ping (a starting kernel is not dead).
+  std::chrono::milliseconds heartbeat_interval{200};
+  int heartbeat_misses = 3;
+  protocol::Limits limits;
+  std::string username = "cellgate";
+
+  // Every iopub message, whether or not it answers a request of ours (it is also given to that
+  // request's handler).
+  EnvelopeHandler on_iopub;
+  // Shell, control and stdin messages whose parent is no request of ours: the replies to
+  // messages sent with post(), status at start-up.
+  EnvelopeHandler on_unrouted;
+  // The kernel stopped answering heartbeats. Called once.
+  std::function<void(const std::string& reason)> on_dead;
+  // A frame set from the kernel that failed its checks (bad signature, bad JSON, too large). It
+  // is dropped; nothing else changes.
+  std::function<void(Channel, const Error&)> on_wire_error;
+};
+
+// content of an execute_request with the spec's defaults.
+nlohmann::json execute_content(std::string code, bool allow_stdin = false,
+                               bool store_history = true, bool silent = false);
+
+// One running kernel's channels.
+class KernelConnection {
+ public:
+  virtual ~KernelConnection() = default;
+
+  virtual const protocol::Session& session() const = 0;
+  // Queues a request; returns its msg_id at once.
+  virtual std::string send(Channel channel, protocol::Message msg, RequestHandlers handlers) = 0;
+  // Sends a client's message as it is (its own header, session and parent), re-signed with the
+  // kernel's key, without tracking a reply: what comes back goes to ClientOptions::on_unrouted.
+  virtual void post(Channel channel, EnvelopePtr msg) = 0;
+  // Answers an input_request received on the stdin channel.
+  virtual void send_input(const protocol::Message& input_request, std::string value) = 0;
+  // Waits until the kernel answers kernel_info_request and iopub delivers messages. Returns the
+  // kernel_info_reply content. Blocking.
+  virtual Result<nlohmann::json> wait_ready(std::chrono::milliseconds timeout) = 0;
+  virtual bool is_alive() const = 0;
+
+  std::string send(Channel channel, std::string_view msg_type, nlohmann::json content,
+                   RequestHandlers handlers);
+  // Sends a request and waits until it ends or `timeout` passes (kDeadlineExceeded; the request
+  // stays routed and its late messages are dropped). Blocking: never on a loop or I/O thread.
+  Result<Collected> request(Channel channel, std::string_view msg_type, nlohmann::json content,
+                            std::chrono::milliseconds timeout, bool wait_for_idle = true);
+};
+
+// A started kernel process.
+class KernelProcessHandle {
+ public:
+  virtual ~KernelProcessHandle() = default;
+  virtual pid_t pid() const = 0;  // the kernel's, in the host's pid namespace
+  virtual bool jailed() const = 0;
+  virtual const ConnectionInfo& connection() const = 0;
+  virtual const std::string& connection_file() const = 0;
+  // The last bytes of the kernel's and launcher's own output, for error messages.
+  virtual std::string log_tail(std::size_t max_bytes = 2000) const = 0;
+  // CPU and memory of the kernel's cgroup; kNotFound when unjailed or gone.
+  virtual Result<jail::CgroupStats> cgroup_stats() const = 0;
+  virtual Result<void> signal(int sig) = 0;
+  // The launcher's "exited" report once the kernel has ended; nullopt while it runs.
+  virtual std::optional<launcher::StatusEvent> poll_exit() = 0;
+  virtual std::optional<launcher::StatusEvent> wait_exit(std::chrono::milliseconds timeout) = 0;
+};
+
+struct LaunchRequest;  // process.hpp
+
+// Starts kernels and connects to them.
+class KernelBackend {
+ public:
+  virtual ~KernelBackend() = default;
+  // Starts what the backend runs on its own (the zygote). Not in the constructor.
+  virtual void start() {}
+  // Periodic upkeep (reaping and restarting the zygote); from the registry's monitor.
+  virtual void tick() {}
+  // Waits until launches will be fast (the zygote is ready); false when they will not be.
+  virtual bool wait_fast(std::chrono::milliseconds timeout) { return timeout.count() >= 0; }
+  // Blocking: returns once the launcher reports the kernel started (or failed).
+  virtual Result<std::unique_ptr<KernelProcessHandle>> launch(LaunchRequest request) = 0;
+  virtual Result<std::unique_ptr<KernelConnection>> connect(const KernelProcessHandle& process,
+                                                            ClientOptions options) = 0;
+};
+
+}  // namespace cellgate::kernel

@@ -1,0 +1,53 @@
+#include "cellgate/kernel/backend.hpp"
+
+#include "cellgate/kernel/client.hpp"
+#include "cellgate/kernel/process.hpp"
+
+namespace cellgate::kernel {
+
+ProcessBackend::ProcessBackend(ProcessBackendOptions options) : options_(std::move(options)) {}
+
+ProcessBackend::~ProcessBackend() = default;
+
+void ProcessBackend::start() {
+  if (options_.zygote && !zygote_) {
+    ZygoteOptions zo = *options_.zygote;
+    if (zo.launcher_path.empty()) {
+      zo.launcher_path = options_.launcher_path;
+    }
+    zygote_ = std::make_unique<Zygote>(std::move(zo));
+  }
+}
+
+void ProcessBackend::tick() {
+  if (zygote_) {
+    zygote_->tick();
+  }
+}
+
+bool ProcessBackend::wait_fast(std::chrono::milliseconds timeout) {
+  if (!zygote_ || zygote_->failed()) {
+    return false;
+  }
+  return zygote_->wait_ready(timeout);
+}
+
+Result<std::unique_ptr<KernelProcessHandle>> ProcessBackend::launch(LaunchRequest request) {
+  if (request.launcher_path.empty()) {
+    request.launcher_path = options_.launcher_path;
+  }
+  if (zygote_ && request.jail && request.zygote_socket.empty()) {
+    request.zygote_socket = zygote_->ready_socket();
+  }
+  CELLGATE_ASSIGN_OR_RETURN(auto process, KernelProcess::start(std::move(request)));
+  return std::unique_ptr<KernelProcessHandle>(std::move(process));
+}
+
+Result<std::unique_ptr<KernelConnection>> ProcessBackend::connect(
+    const KernelProcessHandle& process, ClientOptions options) {
+  CELLGATE_ASSIGN_OR_RETURN(auto client,
+                            KernelClient::connect(process.connection(), std::move(options)));
+  return std::unique_ptr<KernelConnection>(std::move(client));
+}
+
+}  // namespace cellgate::kernel

@@ -1,0 +1,220 @@
+// ManagedKernel: one live kernel as the gateway keeps it — its state, its process and connection,
+// and the listeners (WebSockets) attached to it.
+//
+// Its state is an explicit machine; every transition is a method that checks the current state
+// under the kernel's mutex and fails (or does nothing) from any other:
+//
+//   starting ──started()──► idle ◄──iopub status──► busy
+//      │                     │ ▲                      │
+//      │          begin_restart() / died() (≤ limit)  │      died() past --restart-limit
+//      │                     ▼ │ started()            ▼
+//      │                 restarting ──restart_failed()──► dead ──begin_restart()──► restarting
+//      └──────────── end() from any state ──────────────────────────────────────► gone
+//
+// execution_state (the Jupyter model's string) is derived from it: starting, idle, busy,
+// restarting, dead ("gone" reads as dead).
+//
+//   auto k = registry.find(id).value();
+//   k->attach(listener, session_id);              // a WebSocket receives iopub and its replies
+//   k->post(Channel::kShell, envelope, listener);  // a WebSocket's request
+//   k->connection()->request(…);                   // the gateway's own requests (agents)
+//
+// Routing: iopub goes to every attached listener; shell, control and stdin messages that answer
+// no request of the gateway go to the listener that sent a message with the same header.session
+// (the parent's session). Only status messages are parsed (for execution_state); everything else
+// is routed on its header and handed on as the same Envelope.
+//
+// Thread-safety: every method is thread-safe. on_iopub/on_unrouted run on the connection's I/O
+// thread; listeners are called outside the kernel's lock and must only queue work.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cellgate/jail/cgroup.hpp"
+#include "cellgate/kernel/connection.hpp"
+#include "cellgate/kernel/kernel.hpp"
+#include "cellgate/protocol/envelope.hpp"
+#include "cellgate/result.hpp"
+#include "cellgate/util/loop.hpp"
+
+namespace cellgate::kernels {
+
+// The clock idle times are measured on (last_activity, culling): util::Clock::now in the
+// gateway, a clock the test moves in unit tests.
+using Now = std::function<util::Clock::time_point()>;
+
+enum class KernelState {
+  kStarting,    // launched, not yet answering kernel_info; no client sees it yet
+  kIdle,        // running; no tracked request in progress
+  kBusy,        // running a request (iopub status busy)
+  kRestarting,  // its process is being replaced (a client's restart, or after it died)
+  kDead,        // died past --restart-limit, or a restart failed; `reason` says why
+  kGone,        // shut down, culled or discarded: no process, listeners told
+};
+const char* to_string(KernelState state);
+// The Jupyter model's execution_state: "starting", "idle", "busy", "restarting", "dead".
+const char* execution_state(KernelState state);
+
+struct KernelModel {
+  std::string id;
+  std::string name;
+  std::string last_activity;    // ISO 8601 UTC with microseconds and Z
+  std::string execution_state;  // starting | idle | busy | restarting | dead
+  int connections = 0;
+  std::string reason;  // why it is dead, when it is
+  nlohmann::json to_json() const;
+};
+
+// A WebSocket (or anything else) that receives a kernel's messages.
+class ChannelListener {
+ public:
+  virtual ~ChannelListener() = default;
+  // A message for this listener (its channel is msg->channel()). Must not block.
+  virtual void deliver(protocol::EnvelopePtr msg) = 0;
+  // The kernel is gone (deleted, culled, or replaced by a newer connection with this listener's
+  // session id): close with a normal closure.
+  virtual void kernel_gone(const std::string& reason) = 0;
+};
+
+// The facts about a kernel's process that its state record keeps.
+struct ProcessFacts {
+  pid_t pid = -1;
+  bool jailed = false;
+  kernel::ConnectionInfo connection;
+  std::string connection_file;
+  static ProcessFacts of(const kernel::KernelProcessHandle& process);
+};
+
+class ManagedKernel {
+ public:
+  // A started kernel: its process and its connection.
+  struct Running {
+    std::unique_ptr<kernel::KernelProcessHandle> process;
+    std::shared_ptr<kernel::KernelConnection> connection;
+  };
+  enum class AfterDeath {
+    kRestart,  // now restarting: the caller replaces the process
+    kDead,     // past the restart limit: now dead
+    kIgnored,  // not running (restarting already, dead or gone): nothing changed
+  };
+
+  // A kernel in state starting. `home` is state_dir/kernels/<id> (its work dir lives there);
+  // `env` is the client's env, already filtered.
+  ManagedKernel(std::string id, kernel::KernelSpec spec, std::string home, uid_t uid,
+                std::map<std::string, std::string> env, Now now);
+  ~ManagedKernel();  // stops the connection, then the process
+  ManagedKernel(const ManagedKernel&) = delete;
+  ManagedKernel& operator=(const ManagedKernel&) = delete;
+
+  const std::string& id() const { return id_; }
+  const kernel::KernelSpec& spec() const { return spec_; }
+  const std::string& home() const { return home_; }
+  // The kernel's work dir on the host (kept across restarts) and the uid/gid its files belong to.
+  std::string work_dir() const { return home_ + "/work"; }
+  uid_t uid() const { return uid_; }
+  const std::map<std::string, std::string>& env() const { return env_; }
+
+  KernelState state() const;
+  KernelModel model() const;
+  std::string reason() const;
+  int restarts() const;  // deaths since the last start or client restart
+  // The last client message, kernel message, attach or start, on the injected clock.
+  util::Clock::time_point last_activity() const;
+  void touch();
+
+  // ---- listeners ----
+  // Attaches a listener for the client session `session_id` ("" when the client gave none). A
+  // listener already attached with the same session id is replaced (jupyter_server does the
+  // same) and told kernel_gone. Returns false when the kernel is gone.
+  bool attach(const std::shared_ptr<ChannelListener>& listener, const std::string& session_id);
+  void detach(const ChannelListener* listener);
+  // Forwards a client's message as it is; replies to it go to `sender` (by header.session).
+  Result<void> post(kernel::Channel channel, protocol::EnvelopePtr msg,
+                    const std::shared_ptr<ChannelListener>& sender);
+  // Tells every listener a status the gateway decided ("restarting", "dead"), with the reason.
+  void publish_status(const std::string& state, const std::string& reason = "");
+
+  // ---- the running kernel ----
+  // The connection for the gateway's own requests (agents, interrupts). Null while restarting.
+  std::shared_ptr<kernel::KernelConnection> connection() const;
+  // Its cgroup's CPU and memory figures; an error when unjailed or not running.
+  Result<jail::CgroupStats> cgroup_stats() const;
+  // The running process's facts; nullopt without one.
+  std::optional<ProcessFacts> process_facts() const;
+  // Interrupts the running cell as the kernelspec says: SIGINT ("signal"), or an
+  // interrupt_request on control ("message"; blocks up to 5 s for the reply).
+  Result<void> interrupt();
+  // Why the running kernel has died ("" while it runs, or when it is not idle or busy): the
+  // launcher's exit report, or lost heartbeats.
+  std::string death_reason() const;
+  // Deprecated (the executor's per-kernel FIFO replaces it): held by an agent execution.
+  std::timed_mutex& execution_mutex() { return execution_mu_; }
+
+  // ---- what the connection reports (kernel::ClientOptions) ----
+  void on_iopub(const protocol::EnvelopePtr& msg);
+  void on_unrouted(const protocol::EnvelopePtr& msg);
+
+  // ---- transitions (the registry drives them) ----
+  // starting | restarting → idle, with this process and connection. A client restart
+  // (`client_restart`) also resets the restart count. Fails when the kernel is gone (the
+  // process is then stopped).
+  Result<void> started(Running running, bool client_restart = false);
+  // idle | busy | dead → restarting (a client's restart). kFailedPrecondition when it is
+  // starting or restarting already, kNotFound when gone.
+  Result<void> begin_restart();
+  // idle | busy → restarting while restarts ≤ restart_limit, else → dead; the reason is kept.
+  AfterDeath died(const std::string& reason, int restart_limit);
+  // restarting | starting → dead with `reason`.
+  void restart_failed(const std::string& reason);
+  // Takes the process and connection out and stops them (restarting only; the connection
+  // first, joining its I/O thread, then the process, which ends the kernel and its cgroup).
+  void stop_process();
+  // Any state → gone: stops the process, detaches every listener. Returns what was running (for
+  // a polite shutdown_request first; stop it by destroying it) and the listeners to tell.
+  // Empty when already gone.
+  struct Ended {
+    Running running;
+    std::vector<std::shared_ptr<ChannelListener>> listeners;
+  };
+  Ended end();
+
+ private:
+  struct Attached {
+    std::weak_ptr<ChannelListener> listener;
+    std::string session_id;
+  };
+
+  void touch_locked();
+  std::vector<std::shared_ptr<ChannelListener>> listeners_locked() const;
+  static void stop(Running running);
+
+  const std::string id_;
+  const kernel::KernelSpec spec_;
+  const std::string home_;
+  const uid_t uid_;
+  const std::map<std::string, std::string> env_;
+  const Now now_;
+
+  mutable std::mutex mu_;
+  KernelState state_ = KernelState::kStarting;
+  std::string reason_;
+  int restarts_ = 0;
+  Running running_;
+  std::vector<Attached> attached_;
+  std::map<std::string, std::weak_ptr<ChannelListener>> by_session_;  // header.session → sender
+  std::chrono::system_clock::time_point last_activity_wall_;  // for the model
+  util::Clock::time_point last_activity_;                     // for idle times
+  std::timed_mutex execution_mu_;
+};
+
+}  // namespace cellgate::kernels

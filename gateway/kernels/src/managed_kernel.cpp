@@ -1,0 +1,419 @@
+#include "cellgate/kernels/managed_kernel.hpp"
+
+#include <csignal>
+#include <set>
+
+namespace cellgate::kernels {
+namespace {
+
+using kernel::Channel;
+using nlohmann::json;
+
+// jupyter_server does not let these requests' status messages change execution_state.
+const std::set<std::string, std::less<>> kUntracked = {
+    "comm_info_request", "kernel_info_request", "debug_request", "shutdown_request",
+    "interrupt_request"};
+
+bool running_state(KernelState s) { return s == KernelState::kIdle || s == KernelState::kBusy; }
+
+Error unavailable(const std::string& what) {
+  return make_error(ErrorCode::kUnavailable, "kernel_unavailable", what);
+}
+
+}  // namespace
+
+const char* to_string(KernelState state) {
+  switch (state) {
+    case KernelState::kStarting:
+      return "starting";
+    case KernelState::kIdle:
+      return "idle";
+    case KernelState::kBusy:
+      return "busy";
+    case KernelState::kRestarting:
+      return "restarting";
+    case KernelState::kDead:
+      return "dead";
+    case KernelState::kGone:
+      return "gone";
+  }
+  return "?";
+}
+
+const char* execution_state(KernelState state) {
+  return state == KernelState::kGone ? "dead" : to_string(state);
+}
+
+json KernelModel::to_json() const {
+  json j = {{"id", id},
+            {"name", name},
+            {"last_activity", last_activity},
+            {"execution_state", execution_state},
+            {"connections", connections}};
+  if (!reason.empty()) {
+    j["reason"] = reason;
+  }
+  return j;
+}
+
+ProcessFacts ProcessFacts::of(const kernel::KernelProcessHandle& process) {
+  return ProcessFacts{process.pid(), process.jailed(), process.connection(),
+                      process.connection_file()};
+}
+
+ManagedKernel::ManagedKernel(std::string id, kernel::KernelSpec spec, std::string home, uid_t uid,
+                             std::map<std::string, std::string> env, Now now)
+    : id_(std::move(id)),
+      spec_(std::move(spec)),
+      home_(std::move(home)),
+      uid_(uid),
+      env_(std::move(env)),
+      now_(std::move(now)),
+      last_activity_wall_(std::chrono::system_clock::now()),
+      last_activity_(now_()) {}
+
+ManagedKernel::~ManagedKernel() {
+  Running running;
+  {
+    std::lock_guard lock(mu_);
+    running = std::move(running_);
+  }
+  stop(std::move(running));
+}
+
+void ManagedKernel::stop(Running running) {
+  // Outside the lock: the connection's I/O thread calls back into us, so it stops first (its
+  // thread joined); then the process goes, which kills the kernel and its cgroup.
+  running.connection.reset();
+  running.process.reset();
+}
+
+// ---- reading ----------------------------------------------------------------------------------
+
+KernelState ManagedKernel::state() const {
+  std::lock_guard lock(mu_);
+  return state_;
+}
+
+std::string ManagedKernel::reason() const {
+  std::lock_guard lock(mu_);
+  return reason_;
+}
+
+int ManagedKernel::restarts() const {
+  std::lock_guard lock(mu_);
+  return restarts_;
+}
+
+KernelModel ManagedKernel::model() const {
+  std::lock_guard lock(mu_);
+  KernelModel m;
+  m.id = id_;
+  m.name = spec_.name;
+  m.last_activity = protocol::iso8601(last_activity_wall_);
+  m.execution_state = execution_state(state_);
+  m.reason = reason_;
+  for (const auto& a : attached_) {
+    if (!a.listener.expired()) {
+      ++m.connections;
+    }
+  }
+  return m;
+}
+
+util::Clock::time_point ManagedKernel::last_activity() const {
+  std::lock_guard lock(mu_);
+  return last_activity_;
+}
+
+void ManagedKernel::touch() {
+  std::lock_guard lock(mu_);
+  touch_locked();
+}
+
+void ManagedKernel::touch_locked() {
+  last_activity_wall_ = std::chrono::system_clock::now();
+  last_activity_ = now_();
+}
+
+std::shared_ptr<kernel::KernelConnection> ManagedKernel::connection() const {
+  std::lock_guard lock(mu_);
+  return running_.connection;
+}
+
+Result<jail::CgroupStats> ManagedKernel::cgroup_stats() const {
+  std::lock_guard lock(mu_);
+  if (!running_.process) {
+    return make_error(ErrorCode::kUnavailable, "kernel_not_running", "the kernel is not running");
+  }
+  return running_.process->cgroup_stats();
+}
+
+std::optional<ProcessFacts> ManagedKernel::process_facts() const {
+  std::lock_guard lock(mu_);
+  if (!running_.process) {
+    return std::nullopt;
+  }
+  return ProcessFacts::of(*running_.process);
+}
+
+std::string ManagedKernel::death_reason() const {
+  std::lock_guard lock(mu_);
+  if (!running_state(state_) || !running_.process) {
+    return "";
+  }
+  if (auto ended = running_.process->poll_exit()) {
+    std::string reason = launcher::to_string(ended->reason);
+    if (ended->reason == launcher::ExitReason::kOk) {
+      reason = "exited with code " + std::to_string(ended->exit_code);
+    }
+    if (ended->signal != 0) {
+      reason += " (signal " + std::to_string(ended->signal) + ")";
+    }
+    if (!ended->message.empty()) {
+      reason += ": " + ended->message;
+    }
+    return reason;
+  }
+  if (running_.connection && !running_.connection->is_alive()) {
+    return "the kernel stopped answering heartbeats";
+  }
+  return "";
+}
+
+Result<void> ManagedKernel::interrupt() {
+  if (spec_.interrupt_mode == "message") {
+    auto conn = connection();
+    if (!conn) {
+      return unavailable("the kernel is restarting");
+    }
+    auto r = conn->request(Channel::kControl, "interrupt_request", json::object(),
+                           std::chrono::seconds(5), false);
+    if (!r) {
+      return std::move(r).error();
+    }
+    return {};
+  }
+  std::lock_guard lock(mu_);
+  if (!running_.process) {
+    return unavailable("the kernel is restarting");
+  }
+  return running_.process->signal(SIGINT);
+}
+
+// ---- listeners --------------------------------------------------------------------------------
+
+std::vector<std::shared_ptr<ChannelListener>> ManagedKernel::listeners_locked() const {
+  std::vector<std::shared_ptr<ChannelListener>> out;
+  for (const auto& a : attached_) {
+    if (auto l = a.listener.lock()) {
+      out.push_back(std::move(l));
+    }
+  }
+  return out;
+}
+
+bool ManagedKernel::attach(const std::shared_ptr<ChannelListener>& listener,
+                           const std::string& session_id) {
+  std::vector<std::shared_ptr<ChannelListener>> replaced;
+  {
+    std::lock_guard lock(mu_);
+    if (state_ == KernelState::kGone) {
+      return false;
+    }
+    if (!session_id.empty()) {
+      // jupyter_server: a second connection with the same session id replaces the stale one.
+      for (auto& a : attached_) {
+        if (a.session_id == session_id) {
+          if (auto old = a.listener.lock()) {
+            replaced.push_back(std::move(old));
+          }
+          a.listener.reset();
+        }
+      }
+      by_session_[session_id] = listener;
+    }
+    std::erase_if(attached_, [](const Attached& a) { return a.listener.expired(); });
+    attached_.push_back({listener, session_id});
+    touch_locked();
+  }
+  for (auto& old : replaced) {
+    old->kernel_gone("replaced by a new connection with the same session_id");
+  }
+  return true;
+}
+
+void ManagedKernel::detach(const ChannelListener* listener) {
+  std::lock_guard lock(mu_);
+  std::erase_if(attached_, [&](const Attached& a) {
+    auto l = a.listener.lock();
+    return !l || l.get() == listener;
+  });
+  std::erase_if(by_session_, [&](const auto& entry) {
+    auto l = entry.second.lock();
+    return !l || l.get() == listener;
+  });
+}
+
+Result<void> ManagedKernel::post(Channel channel, protocol::EnvelopePtr msg,
+                                 const std::shared_ptr<ChannelListener>& sender) {
+  std::shared_ptr<kernel::KernelConnection> conn;
+  {
+    std::lock_guard lock(mu_);
+    if (state_ == KernelState::kGone || !running_.connection) {
+      return unavailable("kernel " + id_ + " is " + to_string(state_));
+    }
+    if (const std::string& session = msg->header().session; !session.empty() && sender) {
+      by_session_[session] = sender;
+    }
+    touch_locked();
+    conn = running_.connection;
+  }
+  conn->post(channel, std::move(msg));
+  return {};
+}
+
+void ManagedKernel::on_iopub(const protocol::EnvelopePtr& msg) {
+  // Only status messages are parsed, and outside the lock.
+  std::string status;
+  if (msg->header().msg_type == "status" && kUntracked.count(msg->parent().msg_type) == 0) {
+    status = msg->message().content.value("execution_state", "");
+  }
+  std::vector<std::shared_ptr<ChannelListener>> targets;
+  {
+    std::lock_guard lock(mu_);
+    touch_locked();
+    if (running_state(state_)) {
+      if (status == "busy") {
+        state_ = KernelState::kBusy;
+      } else if (status == "idle") {
+        state_ = KernelState::kIdle;
+      }
+    }
+    targets = listeners_locked();
+  }
+  for (auto& l : targets) {
+    l->deliver(msg);
+  }
+}
+
+void ManagedKernel::on_unrouted(const protocol::EnvelopePtr& msg) {
+  std::shared_ptr<ChannelListener> target;
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = by_session_.find(msg->parent().session); it != by_session_.end()) {
+      target = it->second.lock();
+    }
+  }
+  if (target) {
+    target->deliver(msg);
+  }
+}
+
+void ManagedKernel::publish_status(const std::string& state, const std::string& reason) {
+  static const protocol::Session gateway_session("cellgate");
+  json content = {{"execution_state", state}};
+  if (!reason.empty()) {
+    content["reason"] = reason;  // cellgate's addition; clients read only execution_state
+  }
+  auto msg = protocol::Envelope::from_message(Channel::kIopub,
+                                              gateway_session.make("status", std::move(content)));
+  std::vector<std::shared_ptr<ChannelListener>> targets;
+  {
+    std::lock_guard lock(mu_);
+    targets = listeners_locked();
+  }
+  for (auto& l : targets) {
+    l->deliver(msg);
+  }
+}
+
+// ---- transitions ------------------------------------------------------------------------------
+
+Result<void> ManagedKernel::started(Running running, bool client_restart) {
+  Running refused;  // stopped outside the lock
+  {
+    std::lock_guard lock(mu_);
+    if (state_ == KernelState::kStarting || state_ == KernelState::kRestarting) {
+      running_ = std::move(running);
+      state_ = KernelState::kIdle;
+      reason_.clear();
+      if (client_restart) {
+        restarts_ = 0;
+      }
+      touch_locked();
+      return {};
+    }
+    refused = std::move(running);
+  }
+  const KernelState now = state();
+  stop(std::move(refused));
+  return make_error(ErrorCode::kFailedPrecondition, "kernel_" + std::string(to_string(now)),
+                    "kernel " + id_ + " is " + to_string(now));
+}
+
+Result<void> ManagedKernel::begin_restart() {
+  std::lock_guard lock(mu_);
+  switch (state_) {
+    case KernelState::kIdle:
+    case KernelState::kBusy:
+    case KernelState::kDead:
+      state_ = KernelState::kRestarting;
+      return {};
+    case KernelState::kStarting:
+    case KernelState::kRestarting:
+      return make_error(ErrorCode::kFailedPrecondition, "restarting",
+                        "the kernel is already restarting");
+    case KernelState::kGone:
+      return make_error(ErrorCode::kNotFound, "no_such_kernel", "Kernel does not exist: " + id_);
+  }
+  return {};
+}
+
+ManagedKernel::AfterDeath ManagedKernel::died(const std::string& reason, int restart_limit) {
+  std::lock_guard lock(mu_);
+  if (!running_state(state_)) {
+    return AfterDeath::kIgnored;
+  }
+  reason_ = reason;
+  if (++restarts_ <= restart_limit) {
+    state_ = KernelState::kRestarting;
+    return AfterDeath::kRestart;
+  }
+  state_ = KernelState::kDead;
+  return AfterDeath::kDead;
+}
+
+void ManagedKernel::restart_failed(const std::string& reason) {
+  std::lock_guard lock(mu_);
+  if (state_ == KernelState::kStarting || state_ == KernelState::kRestarting) {
+    state_ = KernelState::kDead;
+    reason_ = reason;
+  }
+}
+
+void ManagedKernel::stop_process() {
+  Running running;
+  {
+    std::lock_guard lock(mu_);
+    if (state_ != KernelState::kRestarting) {
+      return;
+    }
+    running = std::move(running_);
+  }
+  stop(std::move(running));
+}
+
+ManagedKernel::Ended ManagedKernel::end() {
+  std::lock_guard lock(mu_);
+  if (state_ == KernelState::kGone) {
+    return {};
+  }
+  state_ = KernelState::kGone;
+  Ended ended{std::move(running_), listeners_locked()};
+  attached_.clear();
+  by_session_.clear();
+  return ended;
+}
+
+}  // namespace cellgate::kernels

@@ -1,0 +1,202 @@
+// The remote backend: kernels of a running `cellgate serve`, through its REST API and http's
+// client. The embedded one is backend.cpp.
+#include <atomic>
+#include <chrono>
+#include <mutex>
+
+#include "backend_internal.hpp"
+#include "cellgate/http/client.hpp"
+#include "cellgate/notebooks/backend.hpp"
+
+namespace cellgate::notebooks {
+namespace {
+
+namespace http_client = http::client;
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+constexpr auto kRestTimeout = 30s;
+constexpr auto kStartTimeout = 180s;  // a jailed kernel start is inside POST /api/kernels
+constexpr auto kInterruptTimeout = 5s;
+constexpr auto kAnswerSlack = 120s;  // past a cell's timeout: the grace period and a restart
+constexpr std::size_t kRemoteMaxFileBytes = std::size_t{16} << 20;  // serve's default
+
+Error http_error(const std::string& what, const http_client::Response& res) {
+  ErrorCode code = ErrorCode::kUnavailable;
+  if (res.status == 401 || res.status == 403) {
+    code = ErrorCode::kPermissionDenied;
+  } else if (res.status == 404) {
+    code = ErrorCode::kNotFound;
+  } else if (res.status >= 400 && res.status < 500) {
+    code = ErrorCode::kInvalidArgument;
+  }
+  return make_error(
+      code, "http_" + std::to_string(res.status),
+      what + ": the gateway answered " + std::to_string(res.status) + ": " + res.error_message());
+}
+
+// The gateway's REST calls a run makes, and the kernels it started and has not deleted yet (so
+// that cancel() can interrupt them). Answers from the network are read defensively.
+class Gateway {
+ public:
+  explicit Gateway(http_client::Client client) : client_(std::move(client)) {}
+
+  // GET /api/kernelspecs: the names and the default.
+  Result<std::pair<std::set<std::string>, std::string>> kernelspecs() const {
+    CELLGATE_ASSIGN_OR_RETURN(auto res,
+                              client_.request("GET", "/api/kernelspecs", "", kRestTimeout));
+    if (res.status != 200) {
+      return http_error("GET /api/kernelspecs", res);
+    }
+    json specs = json::parse(res.body, nullptr, false);
+    if (!specs.is_object() || !specs.contains("kernelspecs") || !specs["kernelspecs"].is_object()) {
+      return make_error(ErrorCode::kUnavailable, "bad_answer",
+                        "GET /api/kernelspecs: not a Jupyter gateway's answer");
+    }
+    std::set<std::string> names;
+    for (const auto& [name, spec] : specs["kernelspecs"].items()) {
+      names.insert(name);
+    }
+    return std::make_pair(std::move(names), specs.value("default", "python3"));
+  }
+
+  // POST /api/kernels {name}: the new kernel's id.
+  Result<std::string> start(const std::string& kernel) {
+    if (cancelled_.load()) {
+      return aborted_error();
+    }
+    CELLGATE_ASSIGN_OR_RETURN(
+        auto res,
+        client_.request("POST", "/api/kernels", json{{"name", kernel}}.dump(), kStartTimeout));
+    if (res.status != 201 && res.status != 200) {
+      return http_error("POST /api/kernels", res);
+    }
+    json model = json::parse(res.body, nullptr, false);
+    if (!model.is_object() || !model.contains("id") || !model["id"].is_string()) {
+      return make_error(ErrorCode::kUnavailable, "bad_answer",
+                        "POST /api/kernels: the answer has no kernel id");
+    }
+    std::string id = model["id"].get<std::string>();
+    std::lock_guard lock(mu_);
+    live_.insert(id);
+    return id;
+  }
+
+  // DELETE /api/kernels/{id}; failures are left to the gateway's culler.
+  void shutdown(const std::string& id) {
+    (void)client_.request("DELETE", "/api/kernels/" + id, "", kRestTimeout);
+    std::lock_guard lock(mu_);
+    live_.erase(id);
+  }
+
+  // PUT /api/kernels/{id}/files/{path}
+  Result<void> put_file(const std::string& id, const std::string& rel,
+                        const std::string& bytes) const {
+    const std::string target = "/api/kernels/" + id + "/files/" + http_client::encode_path(rel);
+    CELLGATE_ASSIGN_OR_RETURN(
+        auto res,
+        client_.request("PUT", target, bytes, kRestTimeout, "application/octet-stream"));
+    if (res.status != 201 && res.status != 200) {
+      return http_error("PUT files/" + rel, res);
+    }
+    return ok_result();
+  }
+
+  // POST /api/kernels/{id}/execute {code, timeout}: the JSON answer.
+  Result<json> execute(const std::string& id, const std::string& code,
+                       double timeout_seconds) const {
+    if (cancelled_.load()) {
+      return aborted_error();
+    }
+    const double timeout = timeout_seconds > 0 ? timeout_seconds : kNoTimeoutSeconds;
+    const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::duration<double>(timeout)) +
+                      kAnswerSlack;
+    CELLGATE_ASSIGN_OR_RETURN(
+        auto res, client_.request("POST", "/api/kernels/" + id + "/execute",
+                                  json{{"code", code}, {"timeout", timeout}}.dump(), wait));
+    if (res.status != 200) {
+      return http_error("POST /api/kernels/{id}/execute", res);
+    }
+    json answer = json::parse(res.body, nullptr, false);
+    if (!answer.is_object() || !answer.contains("status")) {
+      return make_error(ErrorCode::kUnavailable, "bad_answer",
+                        "POST /api/kernels/{id}/execute: the answer is not an execute answer");
+    }
+    return answer;
+  }
+
+  // Later calls answer "aborted"; running cells are interrupted (POST .../interrupt).
+  void cancel() {
+    cancelled_.store(true);
+    std::set<std::string> ids;
+    {
+      std::lock_guard lock(mu_);
+      ids = live_;
+    }
+    for (const auto& id : ids) {
+      (void)client_.request("POST", "/api/kernels/" + id + "/interrupt", "", kInterruptTimeout);
+    }
+  }
+  bool cancelled() const { return cancelled_.load(); }
+
+ private:
+  const http_client::Client client_;
+  std::atomic<bool> cancelled_{false};
+  std::mutex mu_;
+  std::set<std::string> live_;  // kernels started and not yet deleted
+};
+
+class RemoteSession final : public KernelSession {
+ public:
+  RemoteSession(Gateway& gateway, std::string id) : gateway_(gateway), id_(std::move(id)) {}
+  ~RemoteSession() override { gateway_.shutdown(id_); }
+
+  Result<void> put_file(const std::string& rel, const std::string& bytes) override {
+    return gateway_.put_file(id_, rel, bytes);
+  }
+  Result<json> execute(const std::string& code, double timeout_seconds) override {
+    return gateway_.execute(id_, code, timeout_seconds);
+  }
+
+ private:
+  Gateway& gateway_;
+  const std::string id_;
+};
+
+class RemoteBackend final : public Backend {
+ public:
+  RemoteBackend(http_client::Client client, std::set<std::string> names, std::string default_name)
+      : gateway_(std::move(client)), names_(std::move(names)), default_(std::move(default_name)) {}
+
+  const std::set<std::string>& kernelspecs() const override { return names_; }
+  std::string default_kernel() const override { return default_; }
+  std::size_t max_file_bytes() const override { return kRemoteMaxFileBytes; }
+  bool clamps_timeouts() const override { return true; }
+
+  Result<std::unique_ptr<KernelSession>> start(const std::string& kernel) override {
+    CELLGATE_ASSIGN_OR_RETURN(std::string id, gateway_.start(kernel));
+    return std::unique_ptr<KernelSession>(std::make_unique<RemoteSession>(gateway_, id));
+  }
+
+  void cancel() override { gateway_.cancel(); }
+  bool cancelled() const override { return gateway_.cancelled(); }
+
+ private:
+  Gateway gateway_;
+  const std::set<std::string> names_;
+  const std::string default_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> make_remote_backend(const std::string& url,
+                                                     const std::string& token) {
+  CELLGATE_ASSIGN_OR_RETURN(auto parsed, http_client::parse_url(url));
+  http_client::Client client(std::move(parsed), token, "cellgate-run");
+  CELLGATE_ASSIGN_OR_RETURN(auto specs, Gateway(client).kernelspecs());
+  return std::unique_ptr<Backend>(std::make_unique<RemoteBackend>(
+      std::move(client), std::move(specs.first), std::move(specs.second)));
+}
+
+}  // namespace cellgate::notebooks

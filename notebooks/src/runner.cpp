@@ -1,0 +1,260 @@
+#include "cellgate/notebooks/runner.hpp"
+
+#include <chrono>
+#include <sstream>
+
+#include "cellgate/cli/artifacts.hpp"
+#include "files.hpp"
+#include "work_dir.hpp"
+
+namespace cellgate::notebooks {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+std::string choose_kernel(const Backend& backend, const NotebookRun& run, const json& nb,
+                          Outcome& out) {
+  if (!run.kernel.empty()) {
+    return run.kernel;
+  }
+  const std::string wanted = notebook::kernel_name(nb);
+  if (!wanted.empty() && backend.kernelspecs().count(wanted) != 0) {
+    return wanted;
+  }
+  const std::string fallback =
+      backend.kernelspecs().count("python3") != 0 ? "python3" : backend.default_kernel();
+  if (!wanted.empty()) {
+    out.warnings.push_back("the notebook's kernelspec '" + wanted + "' is not known here; using " +
+                           fallback);
+  }
+  return fallback;
+}
+
+// The answer comes from a gateway over the network with a remote backend: read it defensively.
+std::string string_at(const json& object, const char* key) {
+  auto it = object.find(key);
+  return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+json array_at(const json& object, const char* key) {
+  auto it = object.find(key);
+  return it != object.end() && it->is_array() ? *it : json::array();
+}
+
+void fail_at(Outcome& out, Status status, std::size_t index, const json& cell) {
+  out.status = status;
+  out.cell = index;
+  out.cell_source = notebook::first_line(notebook::source_of(cell));
+}
+
+void take_error(Outcome& out, const json& answer) {
+  const json& error = answer.contains("error") ? answer["error"] : json();
+  if (!error.is_object()) {
+    return;
+  }
+  out.ename = string_at(error, "ename");
+  out.evalue = string_at(error, "evalue");
+  out.line =
+      error.contains("line") && error["line"].is_number_integer() ? error["line"].get<int>() : 0;
+  out.traceback.clear();
+  for (const auto& line : array_at(error, "traceback")) {
+    if (line.is_string()) {
+      out.traceback.push_back(line.get<std::string>());
+    }
+  }
+}
+
+// What a timed-out cell ran past, for the message.
+std::string timeout_limit(const Backend& backend, const NotebookRun& run) {
+  if (run.timeout_seconds <= 0) {
+    return "the gateway's --execute-max-timeout";
+  }
+  std::ostringstream limit;
+  limit << run.timeout_seconds;
+  return "--timeout " + limit.str() + " s" +
+         (backend.clamps_timeouts() ? " (or the gateway's --execute-max-timeout, if lower)" : "");
+}
+
+// Fills the cell from its answer and judges it: true when the run goes on to the next cell.
+bool take_answer(const Backend& backend, const NotebookRun& run, const json& answer,
+                 std::size_t i, json& cell, Outcome& out) {
+  cell["outputs"] = array_at(answer, "outputs");
+  const json count = answer.contains("execution_count") ? answer["execution_count"] : json();
+  cell["execution_count"] = count.is_number_integer() ? count : json();
+  ++out.executed;
+  for (const auto& notice : array_at(answer, "notices")) {
+    if (notice.is_string()) {
+      out.warnings.push_back("cells[" + std::to_string(i) + "]: " + notice.get<std::string>());
+    }
+  }
+  const std::string status = string_at(answer, "status");
+  if (backend.cancelled() && status != "ok") {
+    take_error(out, answer);
+    fail_at(out, Status::kAborted, i, cell);
+    out.message = "interrupted";
+    return false;
+  }
+  if (status == "ok") {
+    return true;
+  }
+  if (status == "error" && notebook::has_tag(cell, "raises-exception")) {
+    return true;  // the error is the point of the cell (nbclient's convention)
+  }
+  if (status == "error" && run.allow_errors) {
+    ++out.errors;
+    return true;
+  }
+  take_error(out, answer);
+  if (status == "error") {
+    fail_at(out, Status::kError, i, cell);
+  } else if (status == "timeout") {
+    fail_at(out, Status::kTimeout, i, cell);
+    out.message = "the cell ran past " + timeout_limit(backend, run) + " and was interrupted" +
+                  (answer.contains("state_lost") && answer["state_lost"] == true
+                       ? "; the kernel was restarted"
+                       : "");
+  } else if (status == "aborted") {
+    fail_at(out, Status::kAborted, i, cell);
+    out.message = "interrupted";
+  } else if (status == "dead") {
+    const std::string said = string_at(answer, "message");
+    fail_at(out, Status::kError, i, cell);
+    out.message = said.empty() ? "the kernel died while running the cell" : said;
+  } else {
+    fail_at(out, Status::kError, i, cell);
+    out.message = "the gateway answered an unknown status '" + status + "'";
+  }
+  return false;
+}
+
+// The indexes of the code cells to run: blank ones are skipped, as nbclient does.
+std::vector<std::size_t> code_cells(const json& cells) {
+  std::vector<std::size_t> code;
+  for (std::size_t i = 0; i < cells.size(); ++i) {
+    if (cells[i].value("cell_type", "") == "code" &&
+        !notebook::first_line(notebook::source_of(cells[i])).empty()) {
+      code.push_back(i);
+    }
+  }
+  return code;
+}
+
+// Starts a kernel, copies the files in, and runs the cells until one ends the run.
+void run_cells(Backend& backend, const NotebookRun& run, const std::vector<std::size_t>& code,
+               json& cells, Outcome& out) {
+  auto session = backend.start(out.kernel);
+  if (!session) {
+    out.status = session.error().reason == "aborted" ? Status::kAborted : Status::kError;
+    out.message = "cannot start a '" + out.kernel + "' kernel: " + session.error().message;
+    return;
+  }
+  if (!run.files_from.empty()) {
+    copy_beside(run.files_from, **session, backend.max_file_bytes(), out.warnings);
+  }
+  for (std::size_t k = 0; k < code.size(); ++k) {
+    const std::size_t i = code[k];
+    json& cell = cells[i];
+    if (run.on_cell) {
+      run.on_cell(k + 1, code.size());
+    }
+    auto answer = (*session)->execute(notebook::source_of(cell), run.timeout_seconds);
+    if (!answer) {
+      fail_at(out, answer.error().reason == "aborted" ? Status::kAborted : Status::kError, i,
+              cell);
+      out.message = answer.error().message;
+      return;
+    }
+    if (!take_answer(backend, run, *answer, i, cell, out)) {
+      return;
+    }
+  }
+  // Leaving shuts the kernel down.
+}
+
+// Counts the images and PDFs in the outputs and, with a directory, saves them as
+// cell<i>-<n>.<ext>.
+void save_artifacts(const NotebookRun& run, const json& nb, Outcome& out) {
+  const json& cells = nb["cells"];
+  for (std::size_t i = 0; i < cells.size(); ++i) {
+    const json& cell = cells[i];
+    if (cell.value("cell_type", "") != "code" || !cell.contains("outputs")) {
+      continue;
+    }
+    std::size_t n = 0;
+    for (const auto& output : cell["outputs"]) {
+      for (auto& artifact : notebook::artifacts_of(output)) {
+        ++out.artifacts;
+        ++n;
+        if (run.artifacts_dir.empty()) {
+          continue;
+        }
+        const std::string path = run.artifacts_dir + "/cell" + std::to_string(i) + "-" +
+                                 std::to_string(n) + "." + artifact.extension;
+        if (auto w = write_file(path, artifact.bytes); w) {
+          out.artifact_files.push_back(path);
+        } else {
+          out.warnings.push_back(w.error().message);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+const char* to_string(Status status) {
+  switch (status) {
+    case Status::kOk:
+      return "ok";
+    case Status::kError:
+      return "error";
+    case Status::kTimeout:
+      return "timeout";
+    case Status::kInvalid:
+      return "invalid";
+    case Status::kAborted:
+      return "aborted";
+  }
+  return "error";
+}
+
+Outcome run_notebook(Backend& backend, json nb, const NotebookRun& run) {
+  Outcome out;
+  const auto started = Clock::now();
+  notebook::clear_outputs(nb);
+  if (!run.parameters.empty()) {
+    auto injected = notebook::inject_parameters(nb, run.parameters);
+    if (!injected.after_parameters_cell) {
+      out.warnings.push_back(
+          "no cell is tagged 'parameters': the parameters went in a new first cell");
+    }
+  }
+  json& cells = nb["cells"];
+  const std::vector<std::size_t> code = code_cells(cells);
+  out.code_cells = code.size();
+  out.kernel = choose_kernel(backend, run, nb, out);
+  if (run.on_cell) {
+    run.on_cell(0, code.size());
+  }
+  if (!code.empty()) {
+    run_cells(backend, run, code, cells, out);
+  }
+  out.duration_s = std::chrono::duration<double>(Clock::now() - started).count();
+
+  save_artifacts(run, nb, out);
+  if (!run.output.empty()) {
+    if (auto written = write_file(run.output, notebook::dump(nb)); written) {
+      out.output = run.output;
+    } else if (out.status == Status::kOk) {
+      out.status = Status::kError;
+      out.message = written.error().message;
+    } else {
+      out.warnings.push_back(written.error().message);
+    }
+  }
+  out.notebook = std::move(nb);
+  return out;
+}
+
+}  // namespace cellgate::notebooks

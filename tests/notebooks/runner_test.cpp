@@ -1,0 +1,411 @@
+// run_notebook() against a fake Backend whose kernels answer from a script: which cells run,
+// how answers fill the notebook and end the run, the kernel chosen, the files copied into the
+// work dir, the progress callback, and what is written (the notebook, artifacts). No kernels.
+#include "cellgate/notebooks/runner.hpp"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "cellgate/util/text.hpp"
+
+namespace cellgate::notebooks {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+// What the fake kernels saw.
+struct Calls {
+  std::vector<std::string> started;                  // kernelspec names
+  std::vector<std::string> executed;                 // cell sources, in order
+  std::vector<double> timeouts;                      // per execute
+  std::map<std::string, std::string> files;          // put_file: rel → bytes
+  int shut_down = 0;
+};
+
+// Answers a cell from `answer(code)`; the default is {"status": "ok"} with the code echoed as
+// stdout and an execution count that counts up per kernel.
+using Answerer = std::function<Result<json>(const std::string& code, int count)>;
+
+class FakeSession final : public KernelSession {
+ public:
+  FakeSession(Calls& calls, const Answerer& answer) : calls_(calls), answer_(answer) {}
+  ~FakeSession() override { ++calls_.shut_down; }
+  Result<void> put_file(const std::string& rel, const std::string& bytes) override {
+    calls_.files[rel] = bytes;
+    return ok_result();
+  }
+  Result<json> execute(const std::string& code, double timeout_seconds) override {
+    calls_.executed.push_back(code);
+    calls_.timeouts.push_back(timeout_seconds);
+    return answer_(code, ++count_);
+  }
+
+ private:
+  Calls& calls_;
+  const Answerer& answer_;
+  int count_ = 0;
+};
+
+json ok_answer(const std::string& code, int count) {
+  return {{"status", "ok"},
+          {"execution_count", count},
+          {"outputs", json::array({{{"output_type", "stream"}, {"name", "stdout"}, {"text", code}}})}};
+}
+
+json error_answer(int count, const std::string& ename, const std::string& evalue, int line) {
+  return {{"status", "error"},
+          {"execution_count", count},
+          {"outputs", json::array({{{"output_type", "error"},
+                                    {"ename", ename},
+                                    {"evalue", evalue},
+                                    {"traceback", json::array({"tb1", "tb2"})}}})},
+          {"error",
+           {{"ename", ename}, {"evalue", evalue}, {"line", line}, {"traceback", {"tb1", "tb2"}}}}};
+}
+
+class FakeBackend final : public Backend {
+ public:
+  Calls calls;
+  Answerer answer = [](const std::string& code, int count) -> Result<json> {
+    return ok_answer(code, count);
+  };
+  std::set<std::string> names = {"python3", "ir"};
+  bool clamps = false;
+  std::optional<Error> start_error;
+
+  const std::set<std::string>& kernelspecs() const override { return names; }
+  std::string default_kernel() const override { return "python3"; }
+  Result<std::unique_ptr<KernelSession>> start(const std::string& kernel) override {
+    if (start_error) {
+      return *start_error;
+    }
+    calls.started.push_back(kernel);
+    return std::unique_ptr<KernelSession>(std::make_unique<FakeSession>(calls, answer));
+  }
+  std::size_t max_file_bytes() const override { return 100; }
+  bool clamps_timeouts() const override { return clamps; }
+  void cancel() override { cancelled_ = true; }
+  bool cancelled() const override { return cancelled_; }
+
+ private:
+  bool cancelled_ = false;
+};
+
+json code_cell(const std::string& source, json tags = json::array()) {
+  return json{{"cell_type", "code"},
+              {"execution_count", 7},
+              {"metadata", {{"tags", std::move(tags)}}},
+              {"outputs", json::array({{{"output_type", "stream"}, {"name", "stdout"},
+                                        {"text", "stale"}}})},
+              {"source", source}};
+}
+
+json markdown_cell(const std::string& source) {
+  return json{{"cell_type", "markdown"}, {"metadata", json::object()}, {"source", source}};
+}
+
+json notebook_of(json cells, const std::string& kernel = "python3") {
+  return json{{"nbformat", 4},
+              {"nbformat_minor", 5},
+              {"metadata", {{"kernelspec", {{"name", kernel}, {"display_name", kernel}}}}},
+              {"cells", std::move(cells)}};
+}
+
+// A private temp directory, removed with its contents.
+class TempDir {
+ public:
+  TempDir() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern =
+        std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/runner-test-XXXXXX";
+    if (::mkdtemp(pattern.data()) != nullptr) {
+      path_ = pattern;
+    }
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  std::string write(const std::string& rel, const std::string& text) const {
+    const fs::path p = fs::path(path_) / rel;
+    fs::create_directories(p.parent_path());
+    std::ofstream(p, std::ios::binary) << text;
+    return p.string();
+  }
+
+ private:
+  std::string path_;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+TEST(Runner, RunsTheNonBlankCodeCellsInOrderAndFillsThem) {
+  FakeBackend backend;
+  json nb = notebook_of({markdown_cell("# title"), code_cell("a = 1"), code_cell("  \n"),
+                         code_cell("print(a)")});
+  Outcome out = run_notebook(backend, nb, NotebookRun{});
+  EXPECT_EQ(out.status, Status::kOk);
+  EXPECT_EQ(backend.calls.executed, (std::vector<std::string>{"a = 1", "print(a)"}));
+  EXPECT_EQ(backend.calls.started, (std::vector<std::string>{"python3"}));
+  EXPECT_EQ(backend.calls.shut_down, 1);
+  EXPECT_EQ(out.code_cells, 2u);
+  EXPECT_EQ(out.executed, 2u);
+  EXPECT_FALSE(out.cell);
+  const json& cells = out.notebook["cells"];
+  EXPECT_EQ(cells[1]["execution_count"], 1);
+  EXPECT_EQ(cells[1]["outputs"][0]["text"], "a = 1");
+  EXPECT_EQ(cells[2]["execution_count"], nullptr);  // blank: cleared, not run
+  EXPECT_EQ(cells[2]["outputs"], json::array());
+  EXPECT_EQ(cells[3]["execution_count"], 2);
+  EXPECT_EQ(cells[0], nb["cells"][0]);  // markdown untouched
+}
+
+TEST(Runner, StopsAtTheFirstErrorAndNamesTheCell) {
+  FakeBackend backend;
+  backend.answer = [](const std::string& code, int count) -> Result<json> {
+    return code.find("raise") != std::string::npos ? error_answer(count, "KeyError", "'k'", 2)
+                                                   : ok_answer(code, count);
+  };
+  json nb = notebook_of({code_cell("x = 1"), code_cell("d = {}\nraise KeyError('k')"),
+                         code_cell("print('never')")});
+  Outcome out = run_notebook(backend, nb, NotebookRun{});
+  EXPECT_EQ(out.status, Status::kError);
+  ASSERT_TRUE(out.cell);
+  EXPECT_EQ(*out.cell, 1u);
+  EXPECT_EQ(out.cell_source, "d = {}");
+  EXPECT_EQ(out.line, 2);
+  EXPECT_EQ(out.ename, "KeyError");
+  EXPECT_EQ(out.evalue, "'k'");
+  EXPECT_EQ(out.traceback, (std::vector<std::string>{"tb1", "tb2"}));
+  EXPECT_EQ(out.executed, 2u);
+  EXPECT_EQ(backend.calls.executed.size(), 2u);
+  EXPECT_EQ(out.notebook["cells"][2]["outputs"], json::array());  // after the failure: nothing
+  EXPECT_EQ(out.notebook["cells"][1]["outputs"][0]["output_type"], "error");
+}
+
+TEST(Runner, RaisesExceptionCellsAndAllowErrorsGoOn) {
+  FakeBackend backend;
+  backend.answer = [](const std::string& code, int count) -> Result<json> {
+    return code.rfind("1/0", 0) == 0 ? error_answer(count, "ZeroDivisionError", "", 1)
+                                     : ok_answer(code, count);
+  };
+  json nb = notebook_of(
+      {code_cell("1/0 # expected", json::array({"raises-exception"})), code_cell("1/0"),
+       code_cell("print('end')")});
+  Outcome strict = run_notebook(backend, nb, NotebookRun{});
+  EXPECT_EQ(strict.status, Status::kError);
+  EXPECT_EQ(*strict.cell, 1u);  // the tagged cell did not stop the run
+
+  NotebookRun lenient;
+  lenient.allow_errors = true;
+  Outcome out = run_notebook(backend, nb, lenient);
+  EXPECT_EQ(out.status, Status::kOk);
+  EXPECT_EQ(out.errors, 1u);  // the tagged cell's error is not counted
+  EXPECT_EQ(out.executed, 3u);
+}
+
+TEST(Runner, ATimeoutEndsTheRunAndSaysWhichLimit) {
+  FakeBackend backend;
+  backend.answer = [](const std::string& code, int count) -> Result<json> {
+    if (code == "slow()") {
+      json a = error_answer(count, "KeyboardInterrupt", "", 3);
+      a["status"] = "timeout";
+      a["state_lost"] = true;
+      return a;
+    }
+    return ok_answer(code, count);
+  };
+  json nb = notebook_of({code_cell("slow()"), code_cell("after()")});
+  NotebookRun run;
+  run.timeout_seconds = 2;
+  run.allow_errors = true;  // a timeout still ends the run
+  Outcome out = run_notebook(backend, nb, run);
+  EXPECT_EQ(out.status, Status::kTimeout);
+  EXPECT_EQ(out.message,
+            "the cell ran past --timeout 2 s and was interrupted; the kernel was restarted");
+  EXPECT_EQ(backend.calls.timeouts, (std::vector<double>{2}));
+
+  backend.clamps = true;
+  out = run_notebook(backend, nb, run);
+  EXPECT_EQ(out.message,
+            "the cell ran past --timeout 2 s (or the gateway's --execute-max-timeout, if lower) "
+            "and was interrupted; the kernel was restarted");
+}
+
+TEST(Runner, ADeadKernelAndAnUnknownStatusAreErrors) {
+  FakeBackend backend;
+  backend.answer = [](const std::string& code, int) -> Result<json> {
+    if (code == "die()") {
+      return json{{"status", "dead"}, {"outputs", json::array()}};
+    }
+    return json{{"status", "weird"}, {"outputs", "not a list"}};
+  };
+  Outcome dead = run_notebook(backend, notebook_of({code_cell("die()")}), NotebookRun{});
+  EXPECT_EQ(dead.status, Status::kError);
+  EXPECT_EQ(dead.message, "the kernel died while running the cell");
+  Outcome weird = run_notebook(backend, notebook_of({code_cell("x")}), NotebookRun{});
+  EXPECT_EQ(weird.status, Status::kError);
+  EXPECT_EQ(weird.message, "the gateway answered an unknown status 'weird'");
+  EXPECT_EQ(weird.notebook["cells"][0]["outputs"], json::array());
+  EXPECT_EQ(weird.notebook["cells"][0]["execution_count"], nullptr);
+}
+
+TEST(Runner, AKernelThatCannotStart) {
+  FakeBackend backend;
+  backend.start_error = make_error(ErrorCode::kResourceExhausted, "max_kernels", "too many");
+  Outcome out = run_notebook(backend, notebook_of({code_cell("x")}), NotebookRun{});
+  EXPECT_EQ(out.status, Status::kError);
+  EXPECT_EQ(out.message, "cannot start a 'python3' kernel: too many");
+  EXPECT_EQ(out.executed, 0u);
+
+  backend.start_error = make_error(ErrorCode::kFailedPrecondition, "aborted", "interrupted");
+  EXPECT_EQ(run_notebook(backend, notebook_of({code_cell("x")}), NotebookRun{}).status,
+            Status::kAborted);
+}
+
+TEST(Runner, ACancelledRunEndsAborted) {
+  FakeBackend backend;
+  backend.answer = [&backend](const std::string&, int count) -> Result<json> {
+    backend.cancel();  // Ctrl-C while the cell runs: the kernel answers an interrupted cell
+    return error_answer(count, "KeyboardInterrupt", "", 1);
+  };
+  Outcome out = run_notebook(backend, notebook_of({code_cell("x"), code_cell("y")}), NotebookRun{});
+  EXPECT_EQ(out.status, Status::kAborted);
+  EXPECT_EQ(out.message, "interrupted");
+  EXPECT_EQ(*out.cell, 0u);
+  EXPECT_EQ(backend.calls.executed.size(), 1u);
+}
+
+TEST(Runner, ChoosesTheNotebooksKernelWhenKnownElsePython3) {
+  FakeBackend backend;
+  Outcome known = run_notebook(backend, notebook_of({code_cell("x")}, "ir"), NotebookRun{});
+  EXPECT_EQ(known.kernel, "ir");
+  EXPECT_TRUE(known.warnings.empty());
+  Outcome unknown = run_notebook(backend, notebook_of({code_cell("x")}, "julia"), NotebookRun{});
+  EXPECT_EQ(unknown.kernel, "python3");
+  EXPECT_EQ(unknown.warnings,
+            (std::vector<std::string>{
+                "the notebook's kernelspec 'julia' is not known here; using python3"}));
+  NotebookRun forced;
+  forced.kernel = "ir";
+  EXPECT_EQ(run_notebook(backend, notebook_of({code_cell("x")}, "julia"), forced).kernel, "ir");
+  EXPECT_EQ(backend.calls.started, (std::vector<std::string>{"ir", "python3", "ir"}));
+}
+
+TEST(Runner, InjectsParametersAndCountsTheNewCell) {
+  FakeBackend backend;
+  json nb = notebook_of({code_cell("a = 1", json::array({"parameters"})), code_cell("print(a)")});
+  NotebookRun run;
+  run.parameters = {{"a", "2"}};
+  Outcome out = run_notebook(backend, nb, run);
+  EXPECT_EQ(out.code_cells, 3u);
+  EXPECT_EQ(backend.calls.executed,
+            (std::vector<std::string>{"a = 1", "# Parameters\na = 2", "print(a)"}));
+  EXPECT_TRUE(notebook::has_tag(out.notebook["cells"][1], "injected-parameters"));
+  EXPECT_TRUE(out.warnings.empty());
+
+  json plain = notebook_of({code_cell("print(a)")});
+  Outcome first = run_notebook(backend, plain, run);
+  EXPECT_EQ(first.warnings, (std::vector<std::string>{
+                                "no cell is tagged 'parameters': the parameters went in a new "
+                                "first cell"}));
+}
+
+TEST(Runner, ReportsProgressBeforeEachCell) {
+  FakeBackend backend;
+  std::vector<std::pair<std::size_t, std::size_t>> seen;
+  NotebookRun run;
+  run.on_cell = [&](std::size_t cell, std::size_t cells) { seen.emplace_back(cell, cells); };
+  (void)run_notebook(backend, notebook_of({code_cell("a"), code_cell("b")}), run);
+  EXPECT_EQ(seen, (std::vector<std::pair<std::size_t, std::size_t>>{{0, 2}, {1, 2}, {2, 2}}));
+}
+
+TEST(Runner, CopiesTheFilesBesideTheNotebookIntoTheWorkDir) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  dir.write("notebook.ipynb", "{}");
+  dir.write("data/sales.csv", "a,b\n");
+  dir.write("data/deep/more.txt", "more");
+  dir.write(".hidden", "secret");
+  dir.write("data/.git/config", "secret");
+  dir.write("big.bin", std::string(200, 'x'));  // over the fake's 100-byte file limit
+  dir.write("sub/not-copied.txt", "only data/ is recursive");
+  fs::create_symlink("/etc/hostname", fs::path(dir.path()) / "link.txt");
+  FakeBackend backend;
+  NotebookRun run;
+  run.files_from = dir.path();
+  Outcome out = run_notebook(backend, notebook_of({code_cell("x")}), run);
+  std::vector<std::string> copied;
+  for (const auto& [rel, bytes] : backend.calls.files) {
+    copied.push_back(rel);
+  }
+  EXPECT_EQ(copied, (std::vector<std::string>{"data/deep/more.txt", "data/sales.csv",
+                                              "notebook.ipynb"}));
+  EXPECT_EQ(backend.calls.files["data/sales.csv"], "a,b\n");
+  ASSERT_EQ(out.warnings.size(), 1u);
+  EXPECT_EQ(out.warnings[0], "big.bin (200 bytes) is over the 100-byte file limit: not copied");
+}
+
+TEST(Runner, WritesTheNotebookAndSavesArtifacts) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string png = "\x89PNG\r\n\x1a\n";
+  FakeBackend backend;
+  backend.answer = [&png](const std::string&, int count) -> Result<json> {
+    json display = {{"output_type", "display_data"},
+                    {"data", {{"image/png", base64_encode(png)}, {"text/plain", "<Figure>"}}},
+                    {"metadata", json::object()}};
+    return json{{"status", "ok"}, {"execution_count", count}, {"outputs", {display, display}}};
+  };
+  NotebookRun run;
+  run.output = dir.path() + "/out/executed.ipynb";
+  run.artifacts_dir = dir.path() + "/img";
+  Outcome out = run_notebook(backend, notebook_of({markdown_cell("m"), code_cell("plot()")}), run);
+  EXPECT_EQ(out.status, Status::kOk);
+  EXPECT_EQ(out.output, run.output);
+  EXPECT_EQ(out.artifacts, 2u);
+  EXPECT_EQ(out.artifact_files, (std::vector<std::string>{run.artifacts_dir + "/cell1-1.png",
+                                                          run.artifacts_dir + "/cell1-2.png"}));
+  EXPECT_EQ(slurp(run.artifacts_dir + "/cell1-2.png"), png);
+  EXPECT_EQ(slurp(run.output), notebook::dump(out.notebook));
+  auto reread = notebook::parse(slurp(run.output));
+  ASSERT_TRUE(reread) << reread.error().message;
+  EXPECT_EQ((*reread)["cells"][1]["execution_count"], 1);
+}
+
+TEST(Runner, AnOutputThatCannotBeWrittenFailsAnOkRun) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string file = dir.write("file", "x");
+  FakeBackend backend;
+  NotebookRun run;
+  run.output = file + "/below-a-file.ipynb";
+  Outcome out = run_notebook(backend, notebook_of({code_cell("x")}), run);
+  EXPECT_EQ(out.status, Status::kError);
+  EXPECT_NE(out.message.find("cannot write " + run.output), std::string::npos) << out.message;
+  EXPECT_EQ(out.output, "");
+}
+
+TEST(Runner, StatusNames) {
+  std::vector<std::string> names;
+  for (Status s : kStatuses) {
+    names.emplace_back(to_string(s));
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"ok", "error", "timeout", "invalid", "aborted"}));
+}
+
+}  // namespace
+}  // namespace cellgate::notebooks
