@@ -14,15 +14,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-Error usage_error(std::string message) {
-  return make_error(ErrorCode::kInvalidArgument, "usage", std::move(message));
-}
-
-bool is_hidden(const fs::path& p) {
-  const std::string name = p.filename().string();
-  return !name.empty() && name.front() == '.';
-}
-
 // Files as given; directories as their *.ipynb files (not hidden, sorted, not recursive).
 Result<std::vector<std::string>> expand_inputs(const std::vector<std::string>& inputs) {
   std::vector<std::string> paths;
@@ -86,6 +77,10 @@ void load(Job& job) {
 }
 
 }  // namespace
+
+Error usage_error(std::string message) {
+  return make_error(ErrorCode::kInvalidArgument, "usage", std::move(message));
+}
 
 Result<std::vector<Job>> plan_jobs(const NotebookRunOptions& options) {
   CELLGATE_ASSIGN_OR_RETURN(auto paths, expand_inputs(options.inputs));

@@ -27,7 +27,10 @@ struct Job {
   std::string artifacts_dir;               // DIR/<name>; "" not saved
 };
 
-// A usage error (kInvalidArgument, reason "usage") for -o with many inputs, an output that is
+// An error in how `cellgate run` was called (kInvalidArgument, reason "usage"): exit code 2.
+Error usage_error(std::string message);
+
+// A usage error for -o with many inputs, an output that is
 // the input without --inplace, two notebooks with one output, or an input that does not exist.
 // An invalid notebook is a Job with `invalid` set, not an error: the others still run.
 Result<std::vector<Job>> plan_jobs(const NotebookRunOptions& options);

@@ -9,6 +9,11 @@
 
 namespace cellgate::notebooks {
 
+bool is_hidden(const std::filesystem::path& path) {
+  const std::string name = path.filename().string();
+  return !name.empty() && name.front() == '.';
+}
+
 Result<std::string> read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {

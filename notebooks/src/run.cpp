@@ -33,10 +33,6 @@ int usage(const std::string& what) {
   return cli::kExitUsage;
 }
 
-Error usage_error(std::string message) {
-  return make_error(ErrorCode::kInvalidArgument, "usage", std::move(message));
-}
-
 // The first SIGINT or SIGTERM calls on_signal once (the run stops its cells and cleans up); the
 // handlers are then removed, so a second Ctrl-C ends the process at once.
 class SignalWatch {
@@ -199,8 +195,11 @@ int run_notebooks(const NotebookRunOptions& options) {
     common.allow_errors = options.allow_errors;
     common.kernel = options.kernel;
     SignalWatch signals([&backend] { (*backend)->cancel(); });
+    auto report = [&](std::size_t i) {
+      report_notebook(options, jobs[i], outcomes[i], single, progress);
+    };
     run_jobs(jobs, **backend, common, static_cast<std::size_t>(options.jobs), progress, outcomes,
-             [&](std::size_t i) { report_notebook(options, jobs[i], outcomes[i], single, progress); });
+             report);
     progress.finish();
     interrupted = signals.fired();
     // Leaving this scope stops the signal watch, then the backend: the embedded gateway's

@@ -11,11 +11,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool is_hidden(const fs::path& p) {
-  const std::string name = p.filename().string();
-  return !name.empty() && name.front() == '.';
-}
-
 // Puts files into the session while they fit under the total cap.
 class Copier {
  public:

@@ -23,12 +23,14 @@ TEST(Report, SummaryLineOfARunThatWentWell) {
   o.artifacts = 1;
   o.output = "/tmp/analysis.ipynb";
   EXPECT_EQ(summary_line(job_at("nb/data_analysis.ipynb"), o),
-            "ok      nb/data_analysis.ipynb  5/5 cells  4.59 s  1 artifact  -> /tmp/analysis.ipynb");
+            "ok      nb/data_analysis.ipynb  5/5 cells  4.59 s  1 artifact  -> "
+            "/tmp/analysis.ipynb");
   o.errors = 2;
   o.duration_s = 12.63;
   o.artifacts = 0;
   o.output.clear();
-  EXPECT_EQ(summary_line(job_at("a.ipynb"), o), "ok      a.ipynb  5/5 cells  2 errors allowed  12.6 s");
+  EXPECT_EQ(summary_line(job_at("a.ipynb"), o),
+            "ok      a.ipynb  5/5 cells  2 errors allowed  12.6 s");
 }
 
 TEST(Report, SummaryLineNamesTheFailingCell) {

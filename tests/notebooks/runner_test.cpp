@@ -22,10 +22,10 @@ namespace fs = std::filesystem;
 
 // What the fake kernels saw.
 struct Calls {
-  std::vector<std::string> started;                  // kernelspec names
-  std::vector<std::string> executed;                 // cell sources, in order
-  std::vector<double> timeouts;                      // per execute
-  std::map<std::string, std::string> files;          // put_file: rel → bytes
+  std::vector<std::string> started;          // kernelspec names
+  std::vector<std::string> executed;         // cell sources, in order
+  std::vector<double> timeouts;              // per execute
+  std::map<std::string, std::string> files;  // put_file: rel → bytes
   int shut_down = 0;
 };
 
@@ -56,7 +56,8 @@ class FakeSession final : public KernelSession {
 json ok_answer(const std::string& code, int count) {
   return {{"status", "ok"},
           {"execution_count", count},
-          {"outputs", json::array({{{"output_type", "stream"}, {"name", "stdout"}, {"text", code}}})}};
+          {"outputs",
+           json::array({{{"output_type", "stream"}, {"name", "stdout"}, {"text", code}}})}};
 }
 
 json error_answer(int count, const std::string& ename, const std::string& evalue, int line) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cellgate/protocol/codec.hpp"
+#include "cellgate/util/text.hpp"
 #include "cellgate/protocol/message.hpp"
 
 namespace cellgate::protocol {
@@ -28,52 +29,9 @@ using nlohmann::json;
 
 // Decodes standard base64 (with '=' padding). Fails the calling test on malformed input.
 std::string base64_decode(std::string_view in) {
-  auto value = [](char c) -> int {
-    if (c >= 'A' && c <= 'Z') {
-      return c - 'A';
-    }
-    if (c >= 'a' && c <= 'z') {
-      return c - 'a' + 26;
-    }
-    if (c >= '0' && c <= '9') {
-      return c - '0' + 52;
-    }
-    if (c == '+') {
-      return 62;
-    }
-    if (c == '/') {
-      return 63;
-    }
-    return -1;
-  };
-  std::string out;
-  if (in.size() % 4 != 0) {
-    ADD_FAILURE() << "base64 length " << in.size() << " is not a multiple of 4";
-    return out;
-  }
-  std::size_t padding = 0;
-  while (padding < 2 && padding < in.size() && in[in.size() - 1 - padding] == '=') {
-    ++padding;
-  }
-  out.reserve(in.size() / 4 * 3);
-  std::uint32_t acc = 0;
-  for (std::size_t i = 0; i < in.size(); ++i) {
-    const bool pad = i >= in.size() - padding;
-    const int v = pad ? 0 : value(in[i]);
-    if (v < 0) {
-      ADD_FAILURE() << "bad base64 character at " << i;
-      return {};
-    }
-    acc = (acc << 6) | static_cast<std::uint32_t>(v);
-    if (i % 4 == 3) {
-      out.push_back(static_cast<char>((acc >> 16) & 0xff));
-      out.push_back(static_cast<char>((acc >> 8) & 0xff));
-      out.push_back(static_cast<char>(acc & 0xff));
-      acc = 0;
-    }
-  }
-  out.resize(out.size() - padding);
-  return out;
+  auto bytes = cellgate::base64_decode(in);
+  EXPECT_TRUE(bytes.ok()) << bytes.error().message;
+  return bytes.ok() ? std::move(bytes).value() : std::string();
 }
 
 struct Fixture {

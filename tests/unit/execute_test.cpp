@@ -20,6 +20,8 @@
 #include "cellgate/store/audit.hpp"
 #include "cellgate/testing/fake_kernel.hpp"
 #include "cellgate/util/loop.hpp"
+#include "inbox.hpp"  // gateway/execute/src
+#include "queue.hpp"
 
 namespace cellgate::execute {
 namespace {
@@ -671,6 +673,68 @@ TEST_F(ExecutorTest, TheExecutorGoingAwayEndsItsCells) {
   loop_.advance(301s);
   EXPECT_EQ(running->done_calls, 1);
   EXPECT_EQ(queued->done_calls, 1);
+}
+
+// ---- the parts: the FIFO per kernel and the hand-off to a strand ------------------------------
+
+TEST(KernelQueues, TurnsGoInArrivalOrderAndLeavingPassesThemOn) {
+  KernelQueues queues;
+  std::vector<int> turns;
+  auto a = queues.enter("k", [&] { turns.push_back(1); });
+  auto b = queues.enter("k", [&] { turns.push_back(2); });
+  auto c = queues.enter("k", [&] { turns.push_back(3); });
+  auto other = queues.enter("other", [&] { turns.push_back(9); });
+  EXPECT_EQ(turns, (std::vector<int>{1, 9})) << "one kernel's line does not hold up another's";
+  EXPECT_EQ(queues.waiting("k"), 2u);
+  queues.leave("k", b);  // gave up waiting: no turn for it
+  EXPECT_EQ(turns, (std::vector<int>{1, 9}));
+  queues.leave("k", a);  // done: the next one's turn
+  EXPECT_EQ(turns, (std::vector<int>{1, 9, 3}));
+  queues.leave("k", a);  // twice: nothing
+  queues.leave("k", c);
+  queues.leave("other", other);
+  EXPECT_EQ(queues.waiting("k"), 0u);
+  queues.enter("k", [&] { turns.push_back(4); });
+  EXPECT_EQ(turns.back(), 4) << "a free kernel's turn comes at once";
+}
+
+TEST(Inbox, TheIoThreadWaitsWhileTheStrandIsOverBudget) {
+  Inbox inbox(100, 10s);
+  EXPECT_TRUE(inbox.admit(60));
+  EXPECT_TRUE(inbox.admit(40));
+  std::atomic<bool> admitted{false};
+  std::thread io([&] {
+    admitted = inbox.admit(500);  // over the budget: waits for the strand
+  });
+  std::this_thread::sleep_for(50ms);
+  EXPECT_FALSE(admitted.load());
+  inbox.release(60);
+  std::this_thread::sleep_for(20ms);
+  EXPECT_FALSE(admitted.load()) << "40 + 500 is still over";
+  inbox.release(40);  // empty: one message of any size goes through
+  io.join();
+  EXPECT_TRUE(admitted.load());
+  EXPECT_EQ(inbox.pending(), 500u);
+}
+
+TEST(Inbox, ClosingEndsTheWaitAndDropsWhatComes) {
+  Inbox inbox(10, 10s);
+  EXPECT_TRUE(inbox.admit(10));
+  std::optional<bool> admitted;
+  std::thread io([&] { admitted = inbox.admit(10); });
+  std::this_thread::sleep_for(20ms);
+  inbox.close();
+  io.join();
+  EXPECT_EQ(admitted, false);
+  EXPECT_FALSE(inbox.admit(1));
+}
+
+TEST(Inbox, TheWaitIsBounded) {
+  Inbox inbox(10, 30ms);  // a strand that never runs slows the I/O thread, never stalls it
+  EXPECT_TRUE(inbox.admit(10));
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(inbox.admit(10));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 30ms);
 }
 
 }  // namespace

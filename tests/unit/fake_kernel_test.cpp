@@ -72,8 +72,7 @@ TEST(FakeKernel, AnswersKernelInfoWithTheCapturedReply) {
 
 TEST(FakeKernel, RunsACellAsIpykernelDoes) {
   FakeBackend fake([](const std::string& code) {
-    return code == "print(1); 2" ? FakeCell().out("1\n").result({{"text/plain", "2"}})
-                                 : FakeCell();
+    return code == "print(1); 2" ? FakeCell().out("1\n").result({{"text/plain", "2"}}) : FakeCell();
   });
   Recorded rec;
   auto k = start(fake, rec);
@@ -88,8 +87,8 @@ TEST(FakeKernel, RunsACellAsIpykernelDoes) {
     types.push_back(msg.msg_type());
     EXPECT_EQ(msg.parent_header["msg_type"], "execute_request");
   }
-  EXPECT_EQ(types, (std::vector<std::string>{"status", "execute_input", "stream",
-                                             "execute_result", "execute_reply", "status"}));
+  EXPECT_EQ(types, (std::vector<std::string>{"status", "execute_input", "stream", "execute_result",
+                                             "execute_reply", "status"}));
   EXPECT_EQ(run->messages[3].second.content["execution_count"], 1);
   EXPECT_EQ(fake.kernel(0)->executed(), std::vector<std::string>{"print(1); 2"});
 }
@@ -100,8 +99,8 @@ TEST(FakeKernel, ErrorEndsTheCellWithAnErrorReply) {
   });
   Recorded rec;
   auto k = start(fake, rec);
-  auto run = k.conn->request(Channel::kShell, "execute_request", kernel::execute_content("1/0"),
-                             2s);
+  auto run =
+      k.conn->request(Channel::kShell, "execute_request", kernel::execute_content("1/0"), 2s);
   ASSERT_TRUE(run.ok());
   EXPECT_EQ(run->reply->content["status"], "error");
   EXPECT_EQ(run->reply->content["ename"], "ZeroDivisionError");

@@ -93,7 +93,8 @@ class OneShotServer {
         break;
       }
       got.append(buf, static_cast<std::size_t>(n));
-      if (const auto end = got.find("\r\n\r\n"); want == std::string::npos && end != std::string::npos) {
+      const auto end = got.find("\r\n\r\n");
+      if (want == std::string::npos && end != std::string::npos) {
         std::size_t length = 0;
         if (const auto cl = got.find("Content-Length: "); cl != std::string::npos && cl < end) {
           length = std::stoul(got.substr(cl + 16));

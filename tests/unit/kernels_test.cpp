@@ -111,7 +111,8 @@ class KernelsTest : public ::testing::Test {
 
   KernelRegistry& registry() {
     if (!registry_) {
-      registry_ = std::make_unique<KernelRegistry>(options_, fake_, [this] { return clock_.now(); });
+      registry_ =
+          std::make_unique<KernelRegistry>(options_, fake_, [this] { return clock_.now(); });
     }
     return *registry_;
   }
@@ -204,10 +205,9 @@ TEST_F(KernelsTest, MaxKernelsIsResourceExhausted) {
 
 TEST_F(KernelsTest, ClientEnvIsFiltered) {
   options_.env_allowlist = {"ALLOWED"};
-  ASSERT_TRUE(start_kernel("python3", json{{"KERNEL_USERNAME", "ada"},
-                                           {"ALLOWED", "yes"},
-                                           {"PATH", "/evil"},
-                                           {"SECRET", "no"}}));
+  ASSERT_TRUE(start_kernel(
+      "python3",
+      json{{"KERNEL_USERNAME", "ada"}, {"ALLOWED", "yes"}, {"PATH", "/evil"}, {"SECRET", "no"}}));
   const auto env = fake_.kernel(0)->request().env;
   EXPECT_EQ(env.at("KERNEL_USERNAME"), "ada");
   EXPECT_EQ(env.at("ALLOWED"), "yes");
@@ -652,15 +652,15 @@ TEST_F(KernelsTest, IopubFansOutAndRepliesGoToTheirSender) {
   ASSERT_TRUE(k->post(Channel::kShell, request_from("sa", "kernel_info_request"), a).ok());
   ASSERT_TRUE(eventually([&] { return a->has("shell:kernel_info_reply"); }));
   ASSERT_TRUE(eventually([&] { return b->types().size() == 2; }));
-  EXPECT_EQ(a->types(), (std::vector<std::string>{"iopub:status", "shell:kernel_info_reply",
-                                                  "iopub:status"}));
+  EXPECT_EQ(a->types(),
+            (std::vector<std::string>{"iopub:status", "shell:kernel_info_reply", "iopub:status"}));
   EXPECT_EQ(b->types(), (std::vector<std::string>{"iopub:status", "iopub:status"}));
   // Every listener gets the same envelope: made once.
   EXPECT_EQ(a->got()[0].get(), b->got()[0].get());
   // A control reply goes the same way.
-  ASSERT_TRUE(k->post(Channel::kControl, request_from("sb", "kernel_info_request",
-                                                      Channel::kControl), b)
-                  .ok());
+  ASSERT_TRUE(
+      k->post(Channel::kControl, request_from("sb", "kernel_info_request", Channel::kControl), b)
+          .ok());
   ASSERT_TRUE(eventually([&] { return b->has("control:kernel_info_reply"); }));
   EXPECT_FALSE(a->has("control:kernel_info_reply"));
 }
@@ -677,8 +677,8 @@ TEST_F(KernelsTest, StdinRequestsGoToTheSenderOfTheCell) {
   k->attach(b, "sb");
   protocol::Session sa("user", "sa");
   protocol::Message req = sa.make("execute_request", kernel::execute_content("input()", true));
-  ASSERT_TRUE(k->post(Channel::kShell, protocol::Envelope::from_message(Channel::kShell, req), a)
-                  .ok());
+  ASSERT_TRUE(
+      k->post(Channel::kShell, protocol::Envelope::from_message(Channel::kShell, req), a).ok());
   ASSERT_TRUE(eventually([&] { return a->has("stdin:input_request"); }));
   EXPECT_FALSE(b->has("stdin:input_request"));
   protocol::EnvelopePtr input_request;
@@ -687,8 +687,8 @@ TEST_F(KernelsTest, StdinRequestsGoToTheSenderOfTheCell) {
       input_request = m;
     }
   }
-  protocol::Message reply = sa.make_reply(input_request->message(), "input_reply",
-                                          json{{"value", "Ada"}});
+  protocol::Message reply =
+      sa.make_reply(input_request->message(), "input_reply", json{{"value", "Ada"}});
   ASSERT_TRUE(
       k->post(Channel::kStdin, protocol::Envelope::from_message(Channel::kStdin, reply), a).ok());
   ASSERT_TRUE(eventually([&] { return a->has("shell:execute_reply"); }));
@@ -735,9 +735,9 @@ TEST_F(KernelsTest, ExecutionStateFollowsTrackedStatusesOnly) {
   ASSERT_TRUE(eventually([&] { return k->model().execution_state == "busy"; }));
   // kernel_info's busy/idle pair does not make it look idle while the cell runs… (the fake
   // answers kernel_info on shell only after the cell, so ask on control).
-  ASSERT_TRUE(k->post(Channel::kControl,
-                      request_from("sa", "kernel_info_request", Channel::kControl), a)
-                  .ok());
+  ASSERT_TRUE(
+      k->post(Channel::kControl, request_from("sa", "kernel_info_request", Channel::kControl), a)
+          .ok());
   ASSERT_TRUE(eventually([&] { return a->has("control:kernel_info_reply"); }));
   // busy (the cell), then busy and idle (kernel_info) have arrived.
   ASSERT_TRUE(eventually([&] {

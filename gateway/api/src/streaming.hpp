@@ -11,6 +11,7 @@
 
 #include "cellgate/execute/executor.hpp"
 #include "cellgate/http/message.hpp"
+#include "cellgate/protocol/message.hpp"
 
 namespace cellgate::api::detail {
 
@@ -46,9 +47,7 @@ inline StreamFormat stream_format(const http::Request& req) {
   return StreamFormat::kJson;
 }
 
-inline std::string dump_json(const nlohmann::json& j) {
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
+using protocol::dump_json;
 
 // cellgate's own events: {"type": …} per line (NDJSON) or per SSE event, and last
 // {"type":"end","answer":{…}} — or {"type":"end","answer":null,"error":{reason,message}}.

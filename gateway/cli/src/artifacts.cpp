@@ -38,8 +38,11 @@ std::vector<DisplayedFile> displayed_files(const nlohmann::json& data) {
       continue;
     }
     DisplayedFile file{std::string(mime), std::string(extension), std::nullopt};
-    file.bytes = mime == "image/svg+xml" ? std::optional<std::string>(std::move(text))
-                                         : base64_decode(text);
+    if (mime == "image/svg+xml") {
+      file.bytes = std::move(text);
+    } else if (auto bytes = base64_decode(text, Base64Spaces::kAnyWhitespace)) {
+      file.bytes = std::move(bytes).value();
+    }
     found.push_back(std::move(file));
   }
   return found;

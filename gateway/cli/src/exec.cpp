@@ -180,7 +180,8 @@ int run_exec(const ExecOptions& options) {
   }
   auto& kp = *process.value();
   if (options.verbose) {
-    std::cerr << "cellgate exec: kernel pid " << kp.pid() << (kp.jailed() ? " (jailed)" : " (unjailed)")
+    std::cerr << "cellgate exec: kernel pid " << kp.pid()
+              << (kp.jailed() ? " (jailed)" : " (unjailed)")
               << ", runtime " << kp.connection_file() << ", log " << kp.log_file() << "\n";
   }
 

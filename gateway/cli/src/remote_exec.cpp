@@ -135,8 +135,7 @@ int run_remote_exec(const ExecOptions& options, const std::string& code) {
     if (printer.ended()) {
       return printer.exit_code();  // the cell's end arrived; the connection failed after it
     }
-    std::cerr << "cellgate exec: cannot talk to " << options.url << ": " << res.error().message
-              << "\n";
+    std::cerr << "cellgate exec: " << res.error().message << "\n";
     return printer.fed() ? printer.exit_code() : kExitUsage;
   }
   if (res->status != 200) {

@@ -23,7 +23,10 @@ namespace files = store::files;
 constexpr std::size_t kSnapshotEntries = 10000;  // work-dir entries compared before and after
 constexpr auto kTeardownTime = std::chrono::seconds(2);  // past the deadline, for teardown code
 constexpr double kMaxTimeoutSeconds = 365.0 * 24 * 3600;
-
+// Kernel messages on their way to one cell's strand before the kernel's I/O thread waits (one
+// message of any size always goes through), and the longest it waits for one.
+constexpr std::size_t kInboxBytes = 8u << 20;
+constexpr auto kInboxMaxWait = std::chrono::seconds(1);
 
 long long to_ms(Clock::duration d) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
@@ -89,7 +92,12 @@ Cell::Cell(const std::shared_ptr<CellContext>& context, std::shared_ptr<util::St
       done_(std::move(done)),
       collector_(context->limits, params_.silent ? nullptr : params_.options.on_event,
                  &context->artifacts, params_.kernel_id),
+      inbox_(std::make_shared<Inbox>(kInboxBytes, kInboxMaxWait)),
       stdin_lines_(params_.request.stdin_lines.begin(), params_.request.stdin_lines.end()) {}
+
+Cell::~Cell() {
+  inbox_->close();  // a kernel's I/O thread never waits for a cell that is gone
+}
 
 std::shared_ptr<Cell> Cell::launch(const std::shared_ptr<CellContext>& context,
                                    std::shared_ptr<util::Strand> strand, CellParams params,
@@ -116,6 +124,7 @@ void Cell::cancel() {
 }
 
 void Cell::abandon() {
+  inbox_->close();
   strand_->post([cell = shared_from_this()] { cell->on_abandon(); });
 }
 
@@ -192,15 +201,21 @@ std::uint64_t Cell::send_execute(json content, bool wait_for_idle) {
     return 0;
   }
   const std::uint64_t id = ++next_request_;
-  // Called on the connection's I/O thread: only post, so parsing, artifacts and file I/O run on
-  // the strand. The cell is held weakly: a cell that is done and gone drops what comes late.
+  // Called on the connection's I/O thread: only post (waiting while the strand is far behind),
+  // so parsing, artifacts and file I/O run on the strand. The cell is held weakly: a cell that is
+  // done and gone drops what comes late.
   kernel::RequestHandlers handlers;
-  handlers.on_envelope = [weak = weak_from_this(), strand = strand_,
+  handlers.on_envelope = [weak = weak_from_this(), strand = strand_, inbox = inbox_,
                           id](const protocol::EnvelopePtr& envelope) {
-    strand->post([weak, id, envelope] {
+    const std::size_t bytes = envelope->size();
+    if (!inbox->admit(bytes)) {
+      return;  // the cell is done
+    }
+    strand->post([weak, inbox, id, envelope, bytes] {
       if (auto cell = weak.lock()) {
         cell->on_envelope(id, envelope);
       }
+      inbox->release(bytes);
     });
   };
   handlers.on_end = [weak = weak_from_this(), strand = strand_, id](RequestEnd end) {
@@ -269,7 +284,10 @@ void Cell::on_envelope(std::uint64_t request, const protocol::EnvelopePtr& envel
         conn->send_input(envelope->message(), std::move(line));
       }
     } else if (channel == Channel::kIopub && !params_.silent && Collector::captures(type)) {
-      collector_.on_message(type, envelope->message().content);
+      // Streams, the flood a cell can make, are read from the frame without a DOM.
+      if (type != "stream" || !collector_.on_stream_frame(envelope->frames().content)) {
+        collector_.on_message(type, envelope->message().content);
+      }
     }
   } catch (const std::exception& e) {
     // A kernel's message is not trusted to have the shape the spec gives it.
@@ -592,6 +610,7 @@ void Cell::complete(Answer answer) {
   auto self = shared_from_this();  // the live set may hold the last reference
   state_ = State::kDone;
   collector_.close();  // on_event is never called after done
+  inbox_->close();     // late kernel messages are dropped on the I/O thread
   for (auto* timer : {&deadline_timer_, &keepalive_timer_, &grace_timer_, &teardown_timer_}) {
     if (*timer) {
       (*timer)->cancel();

@@ -36,7 +36,9 @@
 //
 // In every state but kDone a keepalive timer emits {"type":"keepalive"} every
 // RunOptions::keepalive. Messages of a request the cell no longer waits for (a late setup
-// reply, output after the answer) are dropped.
+// reply, output after the answer) are dropped. Kernel messages reach the strand through an
+// Inbox (inbox.hpp): while more than a few MiB wait for the strand, the kernel's I/O thread
+// waits, so a flood stays in the kernel's queues instead of the gateway's memory.
 //
 // Silent cells (Executor::run_silently) take the same path with no outputs, no history, no
 // stats, no audit line; they answer {"status":"ok"} or an error.
@@ -67,6 +69,7 @@
 #include "cellgate/store/files.hpp"
 #include "cellgate/util/loop.hpp"
 #include "collector.hpp"
+#include "inbox.hpp"
 #include "queue.hpp"
 
 namespace cellgate::execute {
@@ -108,13 +111,14 @@ class Cell : public std::enable_shared_from_this<Cell> {
   // The client left: a queued cell answers "aborted" without running, a running one is stopped.
   void cancel();
   // The executor is going away: the cell answers "aborted" at once (a running one is sent an
-  // interrupt first), without waiting for the kernel.
+  // interrupt first), without waiting for the kernel; its kernel messages are dropped from now.
   void abandon();
 
   const std::shared_ptr<util::Strand>& strand() const { return strand_; }
 
   Cell(const std::shared_ptr<CellContext>& context, std::shared_ptr<util::Strand> strand,
        CellParams params, Done done);  // use launch()
+  ~Cell();
 
  private:
   enum class State { kQueued, kSetup, kRunning, kStopping, kRestarting, kTeardown, kDone };
@@ -160,6 +164,8 @@ class Cell : public std::enable_shared_from_this<Cell> {
   const CellParams params_;
   Done done_;
   Collector collector_;
+  // Kernel messages on their way to the strand, at most a few MiB (inbox.hpp).
+  const std::shared_ptr<Inbox> inbox_;
 
   State state_ = State::kQueued;
   util::Clock::time_point started_;

@@ -1,5 +1,7 @@
 #include "collector.hpp"
 
+#include <simdjson.h>
+
 #include <regex>
 #include <sstream>
 #include <utility>
@@ -92,7 +94,7 @@ void Collector::on_message(std::string_view type, const json& content) {
   if (type == "execute_input") {
     execution_count_ = count_field(content);
   } else if (type == "stream") {
-    on_stream(content);
+    on_stream(string_field(content, "name") == "stderr" ? 1 : 0, string_field(content, "text"));
   } else if (type == "execute_result" || type == "display_data" || type == "update_display_data") {
     on_bundle(type, content);
   } else if (type == "error") {
@@ -123,13 +125,33 @@ bool Collector::add_output(json output) {
   return true;
 }
 
-void Collector::on_stream(const json& c) {
-  const int which = string_field(c, "name", "stdout") == "stderr" ? 1 : 0;
-  const std::string text = string_field(c, "text");
+bool Collector::on_stream_frame(std::string_view content) {
+  // One parser per cell thread: it keeps its buffers between messages. The frame was checked
+  // (valid JSON, an object) when the envelope was made; this only finds two strings.
+  thread_local simdjson::dom::parser parser;
+  simdjson::dom::object object;
+  if (parser.parse(content.data(), content.size(), /*realloc_if_needed=*/true)
+          .get_object()
+          .get(object) != simdjson::SUCCESS) {
+    return false;
+  }
+  std::string_view name;
+  std::string_view text;
+  if (object["name"].get_string().get(name) != simdjson::SUCCESS) {
+    name = "stdout";
+  }
+  if (object["text"].get_string().get(text) != simdjson::SUCCESS) {
+    text = {};
+  }
+  on_stream(name == "stderr" ? 1 : 0, text);
+  return true;
+}
+
+void Collector::on_stream(int which, std::string_view text) {
   std::string& buf = out_[which];
   const std::size_t room =
       limits_.stream_bytes > buf.size() ? limits_.stream_bytes - buf.size() : 0;
-  const std::string kept = text.substr(0, room);
+  const std::string_view kept = text.substr(0, room);
   const char* name = which == 1 ? "stderr" : "stdout";
   if (kept.size() < text.size()) {
     out_truncated_[which] = true;

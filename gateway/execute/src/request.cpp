@@ -83,7 +83,8 @@ Result<OneShotRequest> OneShotRequest::from_json(const json& body, double max_ti
       bytes = value.get<std::string>();
     } else if (value.is_object() && value.value("encoding", json()) == "base64" &&
                value.contains("content") && value["content"].is_string()) {
-      auto decoded = base64_decode(value["content"].get_ref<const std::string&>());
+      auto decoded = base64_decode(value["content"].get_ref<const std::string&>(),
+                                   Base64Spaces::kAnyWhitespace);
       if (!decoded) {
         return bad("files['" + path + "']: the content is not valid base64");
       }

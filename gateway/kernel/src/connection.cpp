@@ -1,4 +1,5 @@
 #include "cellgate/kernel/connection.hpp"
+#include "cellgate/util/fs.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -132,31 +133,7 @@ json ConnectionInfo::to_json() const {
 }
 
 Result<void> ConnectionInfo::save(const std::string& path) const {
-  const std::string tmp = path + ".tmp";
-  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
-  if (!fd) {
-    return errno_error(ErrorCode::kInternal, "io_error", "open('" + tmp + "')", errno);
-  }
-  const std::string text = to_json().dump(1);
-  std::size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = ::write(fd.get(), text.data() + done, text.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) {
-        continue;
-      }
-      return errno_error(ErrorCode::kInternal, "io_error", "write('" + tmp + "')", errno);
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  if (::fsync(fd.get()) != 0) {
-    return errno_error(ErrorCode::kInternal, "io_error", "fsync('" + tmp + "')", errno);
-  }
-  fd.reset();
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    return errno_error(ErrorCode::kInternal, "io_error", "rename('" + tmp + "')", errno);
-  }
-  return {};
+  return atomic_write(path, to_json().dump(1), 0600);
 }
 
 ConnectionInfo ConnectionInfo::make_ipc(const std::string& prefix) {

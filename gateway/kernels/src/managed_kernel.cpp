@@ -10,11 +10,13 @@ using kernel::Channel;
 using nlohmann::json;
 
 // jupyter_server does not let these requests' status messages change execution_state.
-const std::set<std::string, std::less<>> kUntracked = {
-    "comm_info_request", "kernel_info_request", "debug_request", "shutdown_request",
-    "interrupt_request"};
+const std::set<std::string, std::less<>> kUntracked = {"comm_info_request", "kernel_info_request",
+                                                       "debug_request", "shutdown_request",
+                                                       "interrupt_request"};
 
-bool running_state(KernelState s) { return s == KernelState::kIdle || s == KernelState::kBusy; }
+bool running_state(KernelState s) {
+  return s == KernelState::kIdle || s == KernelState::kBusy;
+}
 
 Error unavailable(const std::string& what) {
   return make_error(ErrorCode::kUnavailable, "kernel_unavailable", what);

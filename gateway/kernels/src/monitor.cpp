@@ -64,8 +64,8 @@ void KernelRegistry::handle_death(const std::shared_ptr<ManagedKernel>& k,
   k->stop_process();
   auto launched = [&]() -> Result<void> {
     CELLGATE_ASSIGN_OR_RETURN(auto running, launch(k));
-    CELLGATE_TRY(write_record(options_.state_dir, *k, ProcessFacts::of(*running.process),
-                              options_.jail));
+    CELLGATE_TRY(
+        write_record(options_.state_dir, *k, ProcessFacts::of(*running.process), options_.jail));
     return k->started(std::move(running));
   }();
   if (!launched) {

@@ -87,7 +87,9 @@ KernelRegistry::~KernelRegistry() {
 
 // ---- kernelspecs ------------------------------------------------------------------------------
 
-std::vector<kernel::KernelSpec> KernelRegistry::kernelspecs() const { return list_kernelspecs(); }
+std::vector<kernel::KernelSpec> KernelRegistry::kernelspecs() const {
+  return list_kernelspecs();
+}
 
 Result<kernel::KernelSpec> KernelRegistry::kernelspec(const std::string& name) const {
   return find_kernelspec(name);
@@ -107,8 +109,7 @@ uid_t KernelRegistry::allocate_uid_locked() {
 std::shared_ptr<ManagedKernel> KernelRegistry::new_kernel_locked(
     kernel::KernelSpec spec, std::map<std::string, std::string> env) {
   const std::string id = protocol::new_uuid();
-  return std::make_shared<ManagedKernel>(id, std::move(spec),
-                                         options_.state_dir + "/kernels/" + id,
+  return std::make_shared<ManagedKernel>(id, std::move(spec), options_.state_dir + "/kernels/" + id,
                                          allocate_uid_locked(), std::move(env), now_);
 }
 
@@ -156,19 +157,17 @@ Result<ManagedKernel::Running> KernelRegistry::launch(const std::shared_ptr<Mana
     pool_cv_.notify_all();
   };
   co.on_wire_error = [id = k->id()](Channel ch, const Error& e) {
-    spdlog::warn("kernel {}: dropped a message on {}: {}", id, kernel::to_string(ch),
-                 e.describe());
+    spdlog::warn("kernel {}: dropped a message on {}: {}", id, kernel::to_string(ch), e.describe());
   };
   CELLGATE_ASSIGN_OR_RETURN(std::unique_ptr<kernel::KernelConnection> connected,
                             backend_.connect(*process, std::move(co)));
   std::shared_ptr<kernel::KernelConnection> connection = std::move(connected);
-  auto ready = connection->wait_ready(std::chrono::milliseconds(
-      static_cast<long long>(options_.kernel_start_timeout * 1000)));
+  auto ready = connection->wait_ready(
+      std::chrono::milliseconds(static_cast<long long>(options_.kernel_start_timeout * 1000)));
   if (!ready) {
     std::string why = ready.error().message;
     if (auto ended = process->poll_exit()) {
-      why = std::string("the kernel exited while starting (") +
-            launcher::to_string(ended->reason) +
+      why = std::string("the kernel exited while starting (") + launcher::to_string(ended->reason) +
             (ended->message.empty() ? "" : ": " + ended->message) +
             "); its log ends with: " + process->log_tail(800);
     }
@@ -221,8 +220,8 @@ Result<KernelModel> KernelRegistry::start(const std::string& name, const json& e
   auto launched = [&]() -> Result<void> {
     CELLGATE_TRY(make_private_dirs(k->work_dir(), "state_dir"));
     CELLGATE_ASSIGN_OR_RETURN(auto running, launch(k));
-    CELLGATE_TRY(write_record(options_.state_dir, *k, ProcessFacts::of(*running.process),
-                              options_.jail));
+    CELLGATE_TRY(
+        write_record(options_.state_dir, *k, ProcessFacts::of(*running.process), options_.jail));
     return k->started(std::move(running));
   }();
   {
@@ -280,8 +279,8 @@ Result<KernelModel> KernelRegistry::restart(const std::string& id) {
   k->stop_process();
   auto launched = [&]() -> Result<void> {
     CELLGATE_ASSIGN_OR_RETURN(auto running, launch(k));
-    CELLGATE_TRY(write_record(options_.state_dir, *k, ProcessFacts::of(*running.process),
-                              options_.jail));
+    CELLGATE_TRY(
+        write_record(options_.state_dir, *k, ProcessFacts::of(*running.process), options_.jail));
     return k->started(std::move(running), /*client_restart=*/true);
   }();
   if (!launched) {

@@ -20,10 +20,6 @@ xeus::xraw_buffer raw(std::string_view s) {
 
 constexpr const char* kFrameNames[] = {"header", "parent_header", "metadata", "content"};
 
-std::string dump(const json& value) {
-  return value.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
 }  // namespace
 
 // ---- Signer ----------------------------------------------------------------------------------
@@ -207,10 +203,10 @@ std::vector<std::string> encode(const Message& msg, const Signer& signer) {
   frames.reserve(msg.identities.size() + 6 + msg.buffers.size());
   frames.insert(frames.end(), msg.identities.begin(), msg.identities.end());
   frames.emplace_back(kDelimiter);
-  std::string header = dump(msg.header);
-  std::string parent = dump(msg.parent_header);
-  std::string metadata = dump(msg.metadata);
-  std::string content = dump(msg.content);
+  std::string header = dump_json(msg.header);
+  std::string parent = dump_json(msg.parent_header);
+  std::string metadata = dump_json(msg.metadata);
+  std::string content = dump_json(msg.content);
   frames.push_back(signer.sign(header, parent, metadata, content));
   frames.push_back(std::move(header));
   frames.push_back(std::move(parent));

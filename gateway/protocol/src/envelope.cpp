@@ -11,10 +11,10 @@ namespace {
 
 using nlohmann::json;
 
-constexpr std::array<const char*, 4> kFrameNames = {"header", "parent_header", "metadata",
+constexpr std::array<const char*, 4> kEnvelopeFrameNames = {"header", "parent_header", "metadata",
                                                     "content"};
 
-Error wire_error(const char* reason, std::string message) {
+Error envelope_error(const char* reason, std::string message) {
   return make_error(ErrorCode::kInvalidArgument, reason, std::move(message));
 }
 
@@ -35,13 +35,13 @@ JsonKind json_kind(std::string_view text) {
   return doc.value_unsafe().is_object() ? JsonKind::kObject : JsonKind::kOther;
 }
 
-std::string string_field(const json& object, const char* key) {
+std::string envelope_string_field(const json& object, const char* key) {
   auto it = object.find(key);
   return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
-std::string dump_object(const json& value) {
-  return value.is_null() ? "{}" : value.dump(-1, ' ', false, json::error_handler_t::replace);
+std::string envelope_dump_object(const json& value) {
+  return value.is_null() ? "{}" : dump_json(value);
 }
 
 }  // namespace
@@ -60,10 +60,10 @@ Result<EnvelopePtr> Envelope::checked(Channel channel, Frames frames) {
   for (std::size_t i = 0; i < 4; ++i) {
     switch (json_kind(*texts[i])) {
       case JsonKind::kInvalid:
-        return wire_error("invalid_json",
-                          std::string(kFrameNames[i]) + " frame is not valid JSON (or UTF-8)");
+        return envelope_error("invalid_json",
+                          std::string(kEnvelopeFrameNames[i]) + " frame is not valid JSON (or UTF-8)");
       case JsonKind::kOther:
-        return wire_error("bad_shape", std::string(kFrameNames[i]) + " frame is not a JSON object");
+        return envelope_error("bad_shape", std::string(kEnvelopeFrameNames[i]) + " frame is not a JSON object");
       case JsonKind::kObject:
         break;
     }
@@ -73,9 +73,9 @@ Result<EnvelopePtr> Envelope::checked(Channel channel, Frames frames) {
   ParentInfo parent;
   const json p = json::parse(frames.parent_header, nullptr, /*allow_exceptions=*/false);
   if (p.is_object()) {
-    parent.msg_id = string_field(p, "msg_id");
-    parent.msg_type = string_field(p, "msg_type");
-    parent.session = string_field(p, "session");
+    parent.msg_id = envelope_string_field(p, "msg_id");
+    parent.msg_type = envelope_string_field(p, "msg_type");
+    parent.session = envelope_string_field(p, "session");
   }
   return EnvelopePtr(
       new Envelope(channel, std::move(frames), std::move(header), std::move(parent)));
@@ -103,17 +103,17 @@ Result<EnvelopePtr> Envelope::from_frames(Channel channel, Frames frames) {
 
 EnvelopePtr Envelope::from_message(Channel channel, Message msg) {
   Frames frames;
-  frames.header = dump_object(msg.header);
-  frames.parent_header = dump_object(msg.parent_header);
-  frames.metadata = dump_object(msg.metadata);
-  frames.content = dump_object(msg.content);
+  frames.header = envelope_dump_object(msg.header);
+  frames.parent_header = envelope_dump_object(msg.parent_header);
+  frames.metadata = envelope_dump_object(msg.metadata);
+  frames.content = envelope_dump_object(msg.content);
   frames.buffers = std::move(msg.buffers);
-  HeaderInfo header{msg.msg_id(), msg.msg_type(), string_field(msg.header, "session")};
+  HeaderInfo header{msg.msg_id(), msg.msg_type(), envelope_string_field(msg.header, "session")};
   ParentInfo parent;
   if (msg.parent_header.is_object()) {
-    parent.msg_id = string_field(msg.parent_header, "msg_id");
-    parent.msg_type = string_field(msg.parent_header, "msg_type");
-    parent.session = string_field(msg.parent_header, "session");
+    parent.msg_id = envelope_string_field(msg.parent_header, "msg_id");
+    parent.msg_type = envelope_string_field(msg.parent_header, "msg_type");
+    parent.session = envelope_string_field(msg.parent_header, "session");
   }
   auto env = std::shared_ptr<Envelope>(
       new Envelope(channel, std::move(frames), std::move(header), std::move(parent)));

@@ -8,6 +8,10 @@
 
 namespace cellgate::protocol {
 
+std::string dump_json(const nlohmann::json& value) {
+  return value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 const char* to_string(Channel channel) {
   switch (channel) {
     case Channel::kShell:

@@ -49,17 +49,12 @@ bool known_channel(std::string_view channel) {
   return false;
 }
 
-// JSON text that never throws: invalid UTF-8 in strings becomes U+FFFD.
-std::string dump(const json& value) {
-  return value.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
 // A JSON part of a message; null is written as {} (JupyterLab does the same for parent_header).
 std::string dump_part(const json& value) {
   if (value.is_null()) {
     return "{}";
   }
-  return dump(value);
+  return dump_json(value);
 }
 
 // Shows a channel name in an error message: printable ASCII as is, other bytes as \xNN.
@@ -225,9 +220,9 @@ using Parts = std::array<std::string_view, 4>;
 // parts are spliced in as they are.
 std::string legacy_json_text(std::string_view channel, const Parts& parts, std::string_view msg_id,
                              std::string_view msg_type, bool with_buffers_key) {
-  const std::string id = dump(json(std::string(msg_id)));
-  const std::string type = dump(json(std::string(msg_type)));
-  const std::string chan = dump(json(std::string(channel)));
+  const std::string id = dump_json(json(std::string(msg_id)));
+  const std::string type = dump_json(json(std::string(msg_type)));
+  const std::string chan = dump_json(json(std::string(channel)));
   std::string out;
   out.reserve(parts[0].size() + parts[1].size() + parts[2].size() + parts[3].size() + id.size() +
               type.size() + chan.size() + 128);

@@ -11,6 +11,7 @@
 #include <cstdio>
 
 #include "cellgate/protocol/message.hpp"
+#include "cellgate/util/text.hpp"
 #include "cellgate/unique_fd.hpp"
 #include "cellgate/util/fs.hpp"
 
@@ -55,90 +56,17 @@ Result<std::string> join_value(const std::string& mime, const nlohmann::json& va
       mime + " value must be a string or an array of strings, not " + value.type_name());
 }
 
-int base64_value(char c) {
-  if (c >= 'A' && c <= 'Z') {
-    return c - 'A';
-  }
-  if (c >= 'a' && c <= 'z') {
-    return c - 'a' + 26;
-  }
-  if (c >= '0' && c <= '9') {
-    return c - '0' + 52;
-  }
-  if (c == '+') {
-    return 62;
-  }
-  if (c == '/') {
-    return 63;
-  }
-  return -1;
-}
-
-// Strict standard base64 (RFC 4648 section 4) with padding; line breaks are skipped because
-// Python's base64.encodebytes, which some display hooks use, wraps at 76 columns.
-Result<std::string> decode_base64(std::string_view text, const std::string& mime) {
-  auto bad = [&](const std::string& what) {
-    return make_error(ErrorCode::kInvalidArgument, "bad_base64",
-                      mime + " value is not valid base64: " + what);
-  };
-  std::string out;
-  out.reserve(text.size() / 4 * 3);
-  std::array<int, 4> quad{};
-  int n = 0;
-  int pad = 0;
-  bool finished = false;  // a padded quad ends the data
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (c == '\n' || c == '\r') {
-      continue;
-    }
-    if (finished) {
-      return bad("data after the padding at offset " + std::to_string(i));
-    }
-    if (c == '=') {
-      if (n < 2) {
-        return bad("misplaced '=' at offset " + std::to_string(i));
-      }
-      quad[static_cast<std::size_t>(n++)] = 0;
-      ++pad;
-    } else {
-      const int v = base64_value(c);
-      if (v < 0 || pad > 0) {
-        char what[64];
-        std::snprintf(what, sizeof what, "unexpected byte 0x%02x at offset %zu",
-                      static_cast<unsigned>(static_cast<unsigned char>(c)), i);
-        return bad(what);
-      }
-      quad[static_cast<std::size_t>(n++)] = v;
-    }
-    if (n == 4) {
-      const auto bits = (static_cast<std::uint32_t>(quad[0]) << 18) |
-                        (static_cast<std::uint32_t>(quad[1]) << 12) |
-                        (static_cast<std::uint32_t>(quad[2]) << 6) |
-                        static_cast<std::uint32_t>(quad[3]);
-      out.push_back(static_cast<char>((bits >> 16) & 0xff));
-      if (pad < 2) {
-        out.push_back(static_cast<char>((bits >> 8) & 0xff));
-      }
-      if (pad < 1) {
-        out.push_back(static_cast<char>(bits & 0xff));
-      }
-      n = 0;
-      finished = pad > 0;
-    }
-  }
-  if (n != 0) {
-    return bad("its length is not a multiple of 4");
-  }
-  return out;
-}
-
 Result<std::string> decode_content(const std::string& mime, const nlohmann::json& value) {
   CELLGATE_ASSIGN_OR_RETURN(std::string text, join_value(mime, value));
   if (mime == kSvg) {
     return text;  // SVG travels as text: its UTF-8 bytes are the file
   }
-  return decode_base64(text, mime);
+  auto bytes = base64_decode(text);
+  if (!bytes) {
+    return make_error(ErrorCode::kInvalidArgument, "bad_base64",
+                      mime + " value is " + bytes.error().message);
+  }
+  return bytes;
 }
 
 bool valid_sha(std::string_view sha) {
@@ -407,25 +335,8 @@ Result<void> ArtifactStore::write_content(const std::string& sha, std::string_vi
     return {};
   }
   CELLGATE_TRY(make_private_dirs(shard, "artifact_io"));
-  // One writer at a time (mu_), so one temp name per content is enough; O_TRUNC reuses a temp
-  // file a crash left behind.
-  const std::string tmp = path + ".tmp";
-  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
-  if (!fd) {
-    return errno_error(ErrorCode::kInternal, "artifact_io", "open('" + tmp + "', O_CREAT)", errno);
-  }
-  auto written = write_all(fd.get(), bytes, tmp);
-  if (written.ok() && ::close(fd.release()) != 0) {
-    written = errno_error(ErrorCode::kInternal, "artifact_io", "close('" + tmp + "')", errno);
-  }
-  if (written.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    written = errno_error(ErrorCode::kInternal, "artifact_io",
-                          "rename('" + tmp + "', '" + path + "')", errno);
-  }
-  if (!written.ok()) {
-    ::unlink(tmp.c_str());
-  }
-  return written;
+  // Content-addressed and checked by size above: no fsync needed for a torn write to heal.
+  return atomic_write(path, bytes, 0600, Durability::kNone, "artifact_io");
 }
 
 // Called with mu_ held. The journal is for people; a failure to append is logged, not returned,
@@ -441,7 +352,7 @@ void ArtifactStore::append_index(const ArtifactRecord& record) {
     } else {
       done = write_all(
           fd.get(),
-          record.to_json().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
+          protocol::dump_json(record.to_json()) + "\n",
           path);
     }
   }

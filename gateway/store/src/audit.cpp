@@ -1,4 +1,5 @@
 #include "cellgate/store/audit.hpp"
+#include "cellgate/protocol/message.hpp"
 #include "cellgate/util/fs.hpp"
 
 #include <fcntl.h>
@@ -245,7 +246,7 @@ void AuditLog::write(nlohmann::json record) {
   std::string line;
   try {
     redact_values(record);
-    line = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    line = protocol::dump_json(record);
     line += '\n';
   } catch (const std::exception& e) {
     std::lock_guard lock(mu_);

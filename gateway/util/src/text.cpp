@@ -1,5 +1,9 @@
 #include "cellgate/util/text.hpp"
 
+#include <array>
+#include <cstdint>
+#include <cstdio>
+
 namespace cellgate {
 
 std::string strip_ansi(std::string_view text) {
@@ -82,36 +86,59 @@ std::string base64_encode(std::string_view bytes) {
   return out;
 }
 
-std::optional<std::string> base64_decode(std::string_view text) {
+Result<std::string> base64_decode(std::string_view text, Base64Spaces spaces) {
+  auto bad = [](const std::string& what) {
+    return make_error(ErrorCode::kInvalidArgument, "bad_base64", "not valid base64: " + what);
+  };
   std::string out;
   out.reserve(text.size() / 4 * 3);
-  unsigned int acc = 0;
-  int bits = 0;
-  int padding = 0;
-  std::size_t symbols = 0;
-  for (char c : text) {
-    if (c == ' ' || c == '\n' || c == '\r' || c == '\t') {
+  std::array<int, 4> quad{};
+  int n = 0;
+  int pad = 0;
+  bool finished = false;  // a padded quad ends the data
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\n' || c == '\r' ||
+        (spaces == Base64Spaces::kAnyWhitespace && (c == ' ' || c == '\t'))) {
       continue;
+    }
+    if (finished) {
+      return bad("data after the padding at offset " + std::to_string(i));
     }
     if (c == '=') {
-      ++padding;
-      ++symbols;
-      continue;
+      if (n < 2) {
+        return bad("misplaced '=' at offset " + std::to_string(i));
+      }
+      quad[static_cast<std::size_t>(n++)] = 0;
+      ++pad;
+    } else {
+      const int v = sextet(c);
+      if (v < 0 || pad > 0) {
+        char what[64];
+        std::snprintf(what, sizeof what, "unexpected byte 0x%02x at offset %zu",
+                      static_cast<unsigned>(static_cast<unsigned char>(c)), i);
+        return bad(what);
+      }
+      quad[static_cast<std::size_t>(n++)] = v;
     }
-    const int v = sextet(c);
-    if (v < 0 || padding > 0) {
-      return std::nullopt;  // a stray character, or data after the padding
-    }
-    ++symbols;
-    acc = (acc << 6) | static_cast<unsigned int>(v);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out.push_back(static_cast<char>((acc >> bits) & 0xff));
+    if (n == 4) {
+      const auto bits = (static_cast<std::uint32_t>(quad[0]) << 18) |
+                        (static_cast<std::uint32_t>(quad[1]) << 12) |
+                        (static_cast<std::uint32_t>(quad[2]) << 6) |
+                        static_cast<std::uint32_t>(quad[3]);
+      out.push_back(static_cast<char>((bits >> 16) & 0xff));
+      if (pad < 2) {
+        out.push_back(static_cast<char>((bits >> 8) & 0xff));
+      }
+      if (pad < 1) {
+        out.push_back(static_cast<char>(bits & 0xff));
+      }
+      n = 0;
+      finished = pad > 0;
     }
   }
-  if (symbols % 4 != 0 || padding > 2 || (acc & ((1u << bits) - 1)) != 0) {
-    return std::nullopt;
+  if (n != 0) {
+    return bad("its length is not a multiple of 4");
   }
   return out;
 }

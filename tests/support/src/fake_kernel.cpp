@@ -92,9 +92,10 @@ const Fixtures& fixtures() {
 
 // What IPython prints for an exception, coloured as in the captured traceback.
 std::vector<std::string> default_traceback(const std::string& ename, const std::string& evalue) {
-  return {"\x1b[0;31m" + std::string(75, '-') + "\x1b[0m",
-          "\x1b[0;31m" + ename + "\x1b[0m                         Traceback (most recent call last)",
-          "\x1b[0;31m" + ename + "\x1b[0m: " + evalue};
+  return {
+      "\x1b[0;31m" + std::string(75, '-') + "\x1b[0m",
+      "\x1b[0;31m" + ename + "\x1b[0m                         Traceback (most recent call last)",
+      "\x1b[0;31m" + ename + "\x1b[0m: " + evalue};
 }
 
 }  // namespace
@@ -330,7 +331,9 @@ class FakeConnectionCore : public std::enable_shared_from_this<FakeConnectionCor
     kernel_receive(s.channel, protocol::decode(protocol::encode(s.msg, signer_), signer_));
   }
 
-  void handle(Post& p) { kernel_receive(p.channel, protocol::decode(p.env->to_wire(signer_), signer_)); }
+  void handle(Post& p) {
+    kernel_receive(p.channel, protocol::decode(p.env->to_wire(signer_), signer_));
+  }
 
   void handle(Interrupt&) { interrupt_cell(); }
 
@@ -400,8 +403,8 @@ class FakeConnectionCore : public std::enable_shared_from_this<FakeConnectionCor
             const protocol::Message& parent, json metadata = json::object()) {
     protocol::Message msg;
     msg.header = fixtures().status.header;
-    msg.header["msg_id"] = kernel_session_.id() + "_" + std::to_string(kernel_->pid()) + "_" +
-                           std::to_string(++sent_);
+    msg.header["msg_id"] =
+        kernel_session_.id() + "_" + std::to_string(kernel_->pid()) + "_" + std::to_string(++sent_);
     msg.header["msg_type"] = msg_type;
     msg.header["session"] = kernel_session_.id();
     msg.header["date"] = protocol::iso8601_now();
@@ -554,7 +557,7 @@ class FakeConnectionCore : public std::enable_shared_from_this<FakeConnectionCor
             const std::string evalue =
                 "raw_input was called, but this frontend does not support input requests.";
             raise_error("StdinNotImplementedError", evalue,
-                  default_traceback("StdinNotImplementedError", evalue));
+                        default_traceback("StdinNotImplementedError", evalue));
             return;
           }
           cell_->wait = Wait::kInput;
@@ -603,7 +606,7 @@ class FakeConnectionCore : public std::enable_shared_from_this<FakeConnectionCor
 
   // error on iopub, execute_reply with status error; the cell ends.
   void raise_error(const std::string& ename, const std::string& evalue,
-             const std::vector<std::string>& traceback) {
+                   const std::vector<std::string>& traceback) {
     json content = fixtures().error.content;
     content["ename"] = ename;
     content["evalue"] = evalue;
@@ -676,8 +679,8 @@ class FakeConnection : public kernel::KernelConnection {
     core_->post(channel, std::move(msg));
   }
   void send_input(const protocol::Message& input_request, std::string value) override {
-    protocol::Message reply =
-        core_->session().make_reply(input_request, "input_reply", json{{"value", std::move(value)}});
+    protocol::Message reply = core_->session().make_reply(input_request, "input_reply",
+                                                          json{{"value", std::move(value)}});
     core_->send(Channel::kStdin, std::move(reply), std::nullopt);
   }
   Result<json> wait_ready(std::chrono::milliseconds timeout) override {
@@ -926,7 +929,9 @@ Result<void> FakeProcess::signal(int sig) {
   return {};
 }
 
-std::optional<launcher::StatusEvent> FakeProcess::poll_exit() { return kernel_->exit_event(); }
+std::optional<launcher::StatusEvent> FakeProcess::poll_exit() {
+  return kernel_->exit_event();
+}
 
 std::optional<launcher::StatusEvent> FakeProcess::wait_exit(std::chrono::milliseconds timeout) {
   return kernel_->wait_exit(timeout);
@@ -994,8 +999,8 @@ Result<std::unique_ptr<kernel::KernelConnection>> FakeBackend::connect(
   CELLGATE_ASSIGN_OR_RETURN(
       protocol::Signer signer,
       protocol::Signer::create(process.connection().signature_scheme, process.connection().key));
-  auto core = std::make_shared<FakeConnectionCore>(fake->kernel(), std::move(options),
-                                                   std::move(signer), fake->kernel()->heartbeating());
+  auto core = std::make_shared<FakeConnectionCore>(
+      fake->kernel(), std::move(options), std::move(signer), fake->kernel()->heartbeating());
   fake->kernel()->attach(core);
   core->run();
   return std::unique_ptr<kernel::KernelConnection>(std::make_unique<FakeConnection>(core));

@@ -21,8 +21,8 @@
 namespace cellgate::cli {
 
 struct DisplayedFile {
-  std::string mime;                  // image/png, image/jpeg, image/gif, image/svg+xml, application/pdf
-  std::string extension;             // png, jpg, gif, svg, pdf
+  std::string mime;       // image/png, image/jpeg, image/gif, image/svg+xml, application/pdf
+  std::string extension;  // png, jpg, gif, svg, pdf
   std::optional<std::string> bytes;  // decoded; nullopt when the base64 is not valid
 };
 

@@ -2,6 +2,8 @@
 // `cellgate run`. Scripts and CI depend on them; docs/run.md and `cellgate exec --help` list them.
 //
 //   return status == "ok" ? cli::kExitOk : cli::kExitCellError;
+//
+// Thread-safety: constants.
 #pragma once
 
 namespace cellgate::cli {

@@ -212,8 +212,8 @@ class ManagedKernel {
   Running running_;
   std::vector<Attached> attached_;
   std::map<std::string, std::weak_ptr<ChannelListener>> by_session_;  // header.session → sender
-  std::chrono::system_clock::time_point last_activity_wall_;  // for the model
-  util::Clock::time_point last_activity_;                     // for idle times
+  std::chrono::system_clock::time_point last_activity_wall_;          // for the model
+  util::Clock::time_point last_activity_;                             // for idle times
   std::timed_mutex execution_mu_;
 };
 

@@ -1,4 +1,4 @@
-// KernelRegistry: the gateway's live kernels — start, find, list, interrupt, restart, shut down —
+// KernelRegistry: the gateway's live kernels (start, find, list, interrupt, restart, shut down)
 // with the warm pool, the death monitor and the culler beside it. Kernels are started through an
 // injected kernel::KernelBackend (the launcher and ZeroMQ for real, a fake in unit tests), and
 // idle times are measured on an injected clock.
@@ -6,7 +6,7 @@
 //   kernel::ProcessBackend backend({.zygote = …});           // the composition root builds it
 //   KernelRegistry registry(options, backend);
 //   registry.start();                                  // backend, monitor and pool threads
-//   auto model = registry.start("python3", env);       // blocking: returns once kernel_info answers
+//   auto model = registry.start("python3", env);       // blocking: until kernel_info answers
 //   auto kernel = registry.find(model->id);            // shared_ptr<ManagedKernel>
 //   kernel.value()->attach(listener, session_id);
 //
@@ -53,19 +53,19 @@ namespace cellgate::kernels {
 // What the registry is configured with (the composition root fills it from `cellgate serve`'s
 // options).
 struct RegistryOptions {
-  std::string state_dir;                // kernels/<id>.json records, work dirs, run/ (required)
-  std::size_t max_kernels = 64;         // live kernels, pooled ones included
-  double cull_idle_timeout = 0;         // seconds; 0: never cull
+  std::string state_dir;         // kernels/<id>.json records, work dirs, run/ (required)
+  std::size_t max_kernels = 64;  // live kernels, pooled ones included
+  double cull_idle_timeout = 0;  // seconds; 0: never cull
   double cull_interval = 300;
   bool cull_connected = false;
   bool cull_busy = false;
-  std::set<std::string> env_allowlist;  // client env names passed besides KERNEL_*
-  int restart_limit = 5;                // auto-restarts of a dying kernel before it is dead
-  double kernel_start_timeout = 60;     // seconds until the kernel must answer kernel_info
-  bool no_jail = false;                 // run kernels unjailed (explicit only)
-  int pool_size = 0;                    // ready kernels per pooled kernelspec (0: off)
+  std::set<std::string> env_allowlist;    // client env names passed besides KERNEL_*
+  int restart_limit = 5;                  // auto-restarts of a dying kernel before it is dead
+  double kernel_start_timeout = 60;       // seconds until the kernel must answer kernel_info
+  bool no_jail = false;                   // run kernels unjailed (explicit only)
+  int pool_size = 0;                      // ready kernels per pooled kernelspec (0: off)
   std::vector<std::string> pool_kernels;  // kernelspecs pooled; empty: the default one
-  jail::JailSpec jail;                  // limits for every kernel
+  jail::JailSpec jail;                    // limits for every kernel
 };
 
 class KernelRegistry {
@@ -160,8 +160,8 @@ class KernelRegistry {
 
   std::mutex monitor_mu_;  // with monitor_cv_: wakes monitor_loop
   std::condition_variable monitor_cv_;
-  bool stopping_ = false;  // under monitor_mu_: the monitor ends
-  std::mutex pass_mu_;     // one monitor pass at a time
+  bool stopping_ = false;                // under monitor_mu_: the monitor ends
+  std::mutex pass_mu_;                   // one monitor pass at a time
   util::Clock::time_point next_cull_{};  // under pass_mu_
   std::thread monitor_;
   std::thread pool_thread_;

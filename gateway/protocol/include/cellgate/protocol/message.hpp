@@ -50,6 +50,9 @@ struct Frames {
   std::vector<std::string> buffers;
 };
 
+// JSON text that never throws: invalid UTF-8 in strings becomes U+FFFD.
+std::string dump_json(const nlohmann::json& value);
+
 // A new random UUID4 in canonical form (8-4-4-4-12 lowercase hex).
 std::string new_uuid();
 

@@ -35,7 +35,12 @@ inline Result<void> make_private_dirs(const std::string& path, const char* reaso
 
 // Replaces `path` with `data`, all or nothing: a temp file beside it (created exclusively with
 // `mode`, never following a symlink), written, fsync'd, renamed over `path`, and the directory
-// fsync'd, so a crash leaves either the old file or the new one. Errors name the failed call.
-Result<void> atomic_write(const std::string& path, std::string_view data, mode_t mode = 0600);
+// fsync'd, so a crash leaves either the old file or the new one. Errors (kInternal, `reason`)
+// name the failed call. Without `durable` nothing is fsync'd: a reader still never sees half a
+// file, but a crash may lose the write (content-addressed artifacts, checked by size).
+enum class Durability { kFsync, kNone };
+Result<void> atomic_write(const std::string& path, std::string_view data, mode_t mode = 0600,
+                          Durability durability = Durability::kFsync,
+                          const char* reason = "io_error");
 
 }  // namespace cellgate

@@ -5,9 +5,10 @@
 // Thread-safety: pure functions.
 #pragma once
 
-#include <optional>
 #include <string>
 #include <string_view>
+
+#include "cellgate/result.hpp"
 
 namespace cellgate {
 
@@ -15,9 +16,13 @@ namespace cellgate {
 // ESC sequences), as IPython tracebacks carry colour codes.
 std::string strip_ansi(std::string_view text);
 
-// Standard base64 (RFC 4648, with padding). decode skips ASCII whitespace (Jupyter wraps base64
-// image data in newlines) and returns nullopt on any other character or bad padding.
+// Standard base64 (RFC 4648 section 4, with padding). The decoder is strict — an error
+// (kInvalidArgument, "bad_base64") says what is wrong and where — except that it skips line
+// breaks (Python's base64.encodebytes and Jupyter wrap base64 data at 76 columns), and with
+// kAnyWhitespace also spaces and tabs.
+enum class Base64Spaces { kLineBreaks, kAnyWhitespace };
 std::string base64_encode(std::string_view bytes);
-std::optional<std::string> base64_decode(std::string_view text);
+Result<std::string> base64_decode(std::string_view text,
+                                  Base64Spaces spaces = Base64Spaces::kLineBreaks);
 
 }  // namespace cellgate

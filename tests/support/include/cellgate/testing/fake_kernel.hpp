@@ -80,16 +80,16 @@ class FakeCell {
   struct Step {
     enum class Kind { kIopub, kError, kInput, kSleep, kHang, kHangHard, kDie };
     Kind kind = Kind::kIopub;
-    std::string msg_type;      // kIopub
-    nlohmann::json content;    // kIopub
-    std::string ename;         // kError
-    std::string evalue;        // kError
-    std::vector<std::string> traceback;  // kError
-    std::string prompt;        // kInput
-    bool password = false;     // kInput
-    AfterInput then;           // kInput
+    std::string msg_type;                   // kIopub
+    nlohmann::json content;                 // kIopub
+    std::string ename;                      // kError
+    std::string evalue;                     // kError
+    std::vector<std::string> traceback;     // kError
+    std::string prompt;                     // kInput
+    bool password = false;                  // kInput
+    AfterInput then;                        // kInput
     std::chrono::milliseconds duration{0};  // kSleep
-    std::string reason;        // kDie
+    std::string reason;                     // kDie
   };
 
   FakeCell& out(std::string text);  // stream stdout
@@ -245,14 +245,14 @@ class FakeBackend : public kernel::KernelBackend {
   void set_responder(Responder responder);
 
   // ---- what happened ----
-  int launches() const;   // launch() calls, failed ones included
+  int launches() const;  // launch() calls, failed ones included
   int connects() const;
   int ticks() const;
   bool started() const;
   // Launched kernels, in launch order (failed launches have none).
   std::vector<std::shared_ptr<FakeKernel>> kernels() const;
   std::shared_ptr<FakeKernel> kernel(std::size_t index) const;  // null when out of range
-  std::shared_ptr<FakeKernel> find(pid_t pid) const;             // null when unknown
+  std::shared_ptr<FakeKernel> find(pid_t pid) const;            // null when unknown
   // Kills the kernel with this pid (FakeKernel::kill); false when unknown.
   bool kill(pid_t pid, const std::string& reason = "killed by the test");
 

@@ -1,0 +1,39 @@
+#include "inbox.hpp"
+
+#include <algorithm>
+
+namespace cellgate::execute {
+
+bool Inbox::admit(std::size_t bytes) {
+  std::unique_lock lock(mu_);
+  cv_.wait_for(lock, max_wait_,
+               [&] { return closed_ || pending_ == 0 || pending_ + bytes <= budget_; });
+  if (closed_) {
+    return false;
+  }
+  pending_ += bytes;
+  return true;
+}
+
+void Inbox::release(std::size_t bytes) {
+  {
+    std::lock_guard lock(mu_);
+    pending_ -= std::min(bytes, pending_);
+  }
+  cv_.notify_all();
+}
+
+void Inbox::close() {
+  {
+    std::lock_guard lock(mu_);
+    closed_ = true;
+  }
+  cv_.notify_all();
+}
+
+std::size_t Inbox::pending() const {
+  std::lock_guard lock(mu_);
+  return pending_;
+}
+
+}  // namespace cellgate::execute
