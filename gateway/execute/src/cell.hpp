@@ -32,7 +32,12 @@
 //       ──ended, or max(deadline, now) + 2 s passed──▶ finish
 //
 //   finish: status and message decided, cgroup stats and work-dir diff taken, the answer made,
-//   the audit line written, the FIFO turn passed on, then done → kDone.
+//   the audit line written, the FIFO turn passed on, then done → kDone. The status, first that
+//   applies: "timeout" (the deadline stopped it), "aborted" (cancel stopped it), "dead" (its
+//   request ended without a reply: the kernel died or was deleted; state_lost), else the reply's.
+//
+//   abandon() (the executor is going away), from any state: → done "aborted" at once (a running
+//   cell is sent an interrupt, nothing is waited for).
 //
 // In every state but kDone a keepalive timer emits {"type":"keepalive"} every
 // RunOptions::keepalive. Messages of a request the cell no longer waits for (a late setup

@@ -141,6 +141,9 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
           }
         }));
     ws_.read_message_max(options_.max_ws_message_bytes);
+    // One frame per message: Beast's default splits outgoing messages into 4 KiB frames, one
+    // write each, which costs more CPU than the whole route of a large output.
+    ws_.auto_fragment(false);
     clear_deadline(ws_);
     ws_.async_accept(req,
                      beast::bind_front_handler(&WsSession::on_accept, this->shared_from_this()));
@@ -191,10 +194,10 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
       spdlog::warn("a WebSocket client fell {} bytes behind (limit {}); disconnecting it",
                    queued_bytes_, options_.max_ws_queue_bytes);
       queued_bytes_ -= size;
-      while (queue_.size() > (writing_ ? 1u : 0u)) {
-        queued_bytes_ -= queue_.back()->bytes().size();
-        queue_.pop_back();
+      for (const auto& queued : queue_) {
+        queued_bytes_ -= queued->bytes().size();
       }
+      queue_.clear();
       begin_close(websocket::close_code::policy_error, "client too slow: output queue full");
       return;
     }
@@ -206,17 +209,21 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
 
   void do_write() {
     writing_ = true;
-    const auto& front = queue_.front();
-    ws_.binary(front->binary());
-    ws_.async_write(net::buffer(front->bytes()),
+    // The frame being written is held apart from the queue, which may be cleared meanwhile.
+    in_flight_ = std::move(queue_.front());
+    queue_.pop_front();
+    ws_.binary(in_flight_->binary());
+    ws_.async_write(net::buffer(in_flight_->bytes()),
                     beast::bind_front_handler(&WsSession::on_write, this->shared_from_this()));
   }
 
   void on_write(beast::error_code ec, std::size_t) {
     writing_ = false;
-    queued_bytes_ -= queue_.front()->bytes().size();
-    queue_.pop_front();
-    if (ec) {
+    if (in_flight_) {
+      queued_bytes_ -= std::min(queued_bytes_, in_flight_->bytes().size());
+      in_flight_.reset();
+    }
+    if (ec || finished_) {
       return finish();
     }
     if (close_reason_) {
@@ -245,6 +252,7 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
   void do_close() {
     queue_.clear();
     queued_bytes_ = 0;
+    in_flight_.reset();  // no write is in flight: do_close runs only when none is
     ws_.async_close(*close_reason_, [self = this->shared_from_this()](beast::error_code) {
       self->finish();
     });
@@ -257,7 +265,7 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
     }
     finished_ = true;
     queue_.clear();
-    queued_bytes_ = 0;
+    queued_bytes_ = in_flight_ ? in_flight_->bytes().size() : 0;
     if (auto handler = std::move(handler_)) {
       handler->on_close();
     }
@@ -269,6 +277,7 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
   std::string subprotocol_;
   const HttpOptions& options_;
   std::deque<std::shared_ptr<const OutFrame>> queue_;
+  std::shared_ptr<const OutFrame> in_flight_;  // being written; counted in queued_bytes_
   std::size_t queued_bytes_ = 0;
   bool open_ = false;
   bool writing_ = false;
@@ -563,22 +572,25 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
 
   void stream_write_next() {
     stream_writing_ = true;
-    net::async_write(stream_, net::buffer(stream_queue_.front()),
+    // The piece being written is held apart from the queue, which client_gone() may clear.
+    stream_in_flight_ = std::move(stream_queue_.front());
+    stream_queue_.pop_front();
+    net::async_write(stream_, net::buffer(stream_in_flight_),
                      beast::bind_front_handler(&HttpSession::on_stream_write,
                                                this->shared_from_this()));
   }
 
   void on_stream_write(beast::error_code ec, std::size_t) {
     stream_writing_ = false;
+    stream_queued_ -= std::min(stream_queued_, stream_in_flight_.size());
+    stream_in_flight_.clear();
     if (ec) {
       client_gone();
       return;
     }
-    if (stream_queue_.empty()) {
+    if (gone_flag_->load()) {
       return;  // dropped meanwhile
     }
-    stream_queued_ -= stream_queue_.front().size();
-    stream_queue_.pop_front();
     if (!stream_queue_.empty()) {
       return stream_write_next();
     }
@@ -612,6 +624,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
   std::shared_ptr<std::atomic<bool>> gone_flag_ = std::make_shared<std::atomic<bool>>(false);
   std::function<void()> on_gone_;
   std::deque<std::string> stream_queue_;
+  std::string stream_in_flight_;
   std::size_t stream_queued_ = 0;
   bool stream_writing_ = false;
   bool stream_ending_ = false;

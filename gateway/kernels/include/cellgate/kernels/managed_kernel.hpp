@@ -157,8 +157,6 @@ class ManagedKernel {
   // Why the running kernel has died ("" while it runs, or when it is not idle or busy): the
   // launcher's exit report, or lost heartbeats.
   std::string death_reason() const;
-  // Deprecated (the executor's per-kernel FIFO replaces it): held by an agent execution.
-  std::timed_mutex& execution_mutex() { return execution_mu_; }
 
   // ---- what the connection reports (kernel::ClientOptions) ----
   void on_iopub(const protocol::EnvelopePtr& msg);
@@ -214,7 +212,6 @@ class ManagedKernel {
   std::map<std::string, std::weak_ptr<ChannelListener>> by_session_;  // header.session → sender
   std::chrono::system_clock::time_point last_activity_wall_;          // for the model
   util::Clock::time_point last_activity_;                             // for idle times
-  std::timed_mutex execution_mu_;
 };
 
 }  // namespace cellgate::kernels
