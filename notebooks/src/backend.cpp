@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "backend_internal.hpp"
@@ -115,8 +116,7 @@ class EmbeddedBackend final : public Backend {
       : state_(std::move(state)),
         registry_(std::move(options), process_backend_),
         artifacts_(state_.path() + "/artifacts", store::ArtifactCaps{}),
-        loop_(cells_),
-        cell_thread_([this] { cells_.run(); }) {
+        loop_(cells_) {
     for (const auto& spec : registry_.kernelspecs()) {
       names_.insert(spec.name);
     }
@@ -124,10 +124,14 @@ class EmbeddedBackend final : public Backend {
   ~EmbeddedBackend() override {
     registry_.shutdown_all();
     executor_.reset();
-    offload_pool_.join();
+    if (offload_pool_) {
+      offload_pool_->join();
+    }
     work_.reset();
     cells_.stop();
-    cell_thread_.join();
+    if (cell_thread_.joinable()) {
+      cell_thread_.join();
+    }
   }
 
   Result<void> init() {
@@ -137,8 +141,11 @@ class EmbeddedBackend final : public Backend {
     limits.output_bytes = kNotebookOutputBytes;
     executor_ = std::make_unique<execute::Executor>(
         registry_, artifacts_, *audit_, limits, loop_, [this](std::function<void()> fn) {
-          boost::asio::post(offload_pool_, std::move(fn));
+          boost::asio::post(*offload_pool_, std::move(fn));
         });
+    // Threads start here, not in the constructor.
+    offload_pool_.emplace(8);
+    cell_thread_ = std::thread([this] { cells_.run(); });
     registry_.start();
     return ok_result();
   }
@@ -172,7 +179,7 @@ class EmbeddedBackend final : public Backend {
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_{
       cells_.get_executor()};
   util::AsioLoop loop_;
-  boost::asio::thread_pool offload_pool_{8};
+  std::optional<boost::asio::thread_pool> offload_pool_;
   std::unique_ptr<execute::Executor> executor_;
   std::thread cell_thread_;
   std::set<std::string> names_;

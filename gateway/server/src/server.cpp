@@ -87,7 +87,7 @@ struct Server::Impl {
   net::io_context cells;
   net::executor_work_guard<net::io_context::executor_type> cells_work{cells.get_executor()};
   std::vector<std::thread> cell_threads;
-  net::thread_pool offload_pool{kOffloadThreads};
+  std::optional<net::thread_pool> offload_pool;  // made in start(): no thread before
 
   std::unique_ptr<util::AsioLoop> loop;
   std::unique_ptr<kernel::ProcessBackend> backend;  // outlives the registry
@@ -103,7 +103,7 @@ struct Server::Impl {
   std::unique_ptr<http::Listener> e2b_listener;
 
   util::Offload offload() {
-    return [this](std::function<void()> fn) { net::post(offload_pool, std::move(fn)); };
+    return [this](std::function<void()> fn) { net::post(*offload_pool, std::move(fn)); };
   }
 };
 
@@ -178,7 +178,9 @@ Server::~Server() {
   impl_->e2b_listener.reset();
   // Cells end (their kernels go), then the threads they ran on.
   impl_->registry->shutdown_all();
-  impl_->offload_pool.join();
+  if (impl_->offload_pool) {
+    impl_->offload_pool->join();
+  }
   impl_->cells_work.reset();
   impl_->cells.stop();
   for (auto& t : impl_->cell_threads) {
@@ -213,6 +215,7 @@ Result<int> Server::start() {
                               http::Listener::open(impl_->network, o.ip, o.e2b_port, *impl_->e2b,
                                                    impl_->http_options, impl_->tls));
   }
+  impl_->offload_pool.emplace(kOffloadThreads);
   impl_->registry->start();
   for (int i = 0; i < kCellThreads; ++i) {
     impl_->cell_threads.emplace_back([this] { impl_->cells.run(); });
