@@ -453,57 +453,22 @@ Result<WsFrames> split_v1(std::string_view frame) {
 
 Result<WsMessage> decode_v1(std::string_view frame) {
   constexpr const char* kWhat = "v1 frame";
-  const std::uint64_t size = frame.size();
-  if (size < 8) {
-    return bad_frame(std::string(kWhat) + ": " + std::to_string(size) +
-                     " bytes is too short for the offset count (8 bytes)");
-  }
-  const std::uint64_t offset_number = get_u64_le(frame, 0);
-  if (offset_number < 6) {
-    return bad_frame(std::string(kWhat) + ": offset count " + std::to_string(offset_number) +
-                     " is below 6 (channel, four message parts and the end)");
-  }
-  // 8 * (1 + offset_number) <= size, written so that nothing can overflow.
-  if (offset_number > size / 8 - 1) {
-    return bad_frame(std::string(kWhat) + ": an offset table of " + std::to_string(offset_number) +
-                     " entries does not fit in the " + std::to_string(size) + "-byte frame");
-  }
-  const std::uint64_t table_end = 8 * (1 + offset_number);
-  std::vector<std::uint64_t> offsets;
-  offsets.reserve(offset_number);
-  for (std::uint64_t i = 0; i < offset_number; ++i) {
-    offsets.push_back(get_u64_le(frame, 8 * (i + 1)));
-  }
-  CELLGATE_TRY(check_offsets(kWhat, offsets, size, table_end));
-  if (offsets.back() != size) {
-    return bad_frame(std::string(kWhat) + ": the last offset (" + std::to_string(offsets.back()) +
-                     ") is not the frame length (" + std::to_string(size) + ")");
-  }
-  auto part = [&](std::size_t i) { return frame.substr(offsets[i], offsets[i + 1] - offsets[i]); };
-
+  // The offsets and the channel are checked once, in split_v1; an empty or null part is {}.
+  CELLGATE_ASSIGN_OR_RETURN(WsFrames parts, split_v1(frame));
   WsMessage out;
-  out.channel = std::string(part(0));
-  CELLGATE_TRY(check_channel(kWhat, out.channel));
-
+  out.channel = std::move(parts.channel);
   json* targets[] = {&out.message.header, &out.message.parent_header, &out.message.metadata,
                      &out.message.content};
+  const std::string* texts[] = {&parts.frames.header, &parts.frames.parent_header,
+                                &parts.frames.metadata, &parts.frames.content};
   for (std::size_t i = 0; i < kV1PartNames.size(); ++i) {
-    const std::string_view text = part(i + 1);
-    if (text.empty() && i > 0) {
-      *targets[i] = json::object();  // an empty parent_header, metadata or content is {}
-      continue;
-    }
-    CELLGATE_ASSIGN_OR_RETURN(*targets[i], parse_json(kWhat, kV1PartNames[i], text));
+    CELLGATE_ASSIGN_OR_RETURN(*targets[i], parse_json(kWhat, kV1PartNames[i], *texts[i]));
     if (i > 0) {
       CELLGATE_TRY(normalise_part(kWhat, kV1PartNames[i], *targets[i]));
     }
   }
   CELLGATE_TRY(check_header(kWhat, out.message.header));
-
-  out.message.buffers.reserve(offset_number - 6);
-  for (std::size_t i = 5; i + 1 < offset_number; ++i) {
-    out.message.buffers.emplace_back(part(i));
-  }
+  out.message.buffers = std::move(parts.frames.buffers);
   return out;
 }
 
