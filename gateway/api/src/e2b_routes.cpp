@@ -1,5 +1,4 @@
 // The E2B-compatible listener's routes (e2b_api.hpp); the protocol's translations are in e2b.cpp.
-#include <openssl/crypto.h>
 #include <spdlog/spdlog.h>
 
 #include "cellgate/api/e2b.hpp"
@@ -87,8 +86,7 @@ bool E2bApi::authorized(const http::Request& req) const {
   if (given.empty()) {
     return options_.allow_missing_token;
   }
-  return given.size() == options_.token.size() &&
-         CRYPTO_memcmp(given.data(), options_.token.data(), options_.token.size()) == 0;
+  return http::token_equals(given, options_.token);
 }
 
 void E2bApi::handle(http::Request req, std::shared_ptr<http::Exchange> exchange) {

@@ -1,7 +1,5 @@
 // The Jupyter routes of the Api: /api, kernelspecs, kernels (start, list, get, delete,
 // interrupt, restart), sessions; and the Api's front door (base_url, CORS, token auth, routing).
-#include <openssl/crypto.h>
-
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -29,13 +27,6 @@ using http::Verb;
 
 constexpr const char* kApiVersion = "2.14.0";  // the jupyter_server REST level we follow
 constexpr const char* kGatewayVersion = "0.1.0";
-
-bool equal_constant_time(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) {
-    return false;
-  }
-  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
-}
 
 std::string content_type_for(const std::string& file) {
   auto ext = fs::path(file).extension().string();
@@ -152,7 +143,7 @@ std::optional<Response> Api::authenticate(const Request& req, const http::Target
                                           "a token is required: 'Authorization: token <token>' "
                                           "or '?token=<token>'"));
   }
-  if (!equal_constant_time(given, options_.token)) {
+  if (!http::token_equals(given, options_.token)) {
     return error_response(req, make_error(ErrorCode::kPermissionDenied, "bad_token",
                                           "the token is not valid"));
   }

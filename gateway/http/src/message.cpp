@@ -1,5 +1,7 @@
 #include "cellgate/http/message.hpp"
 
+#include <openssl/crypto.h>
+
 #include <boost/beast/http/status.hpp>
 
 namespace cellgate::http {
@@ -87,6 +89,11 @@ Response method_not_allowed(const Request& req) {
                        json{{"reason", "Method Not Allowed"},
                             {"message", std::string(req.method_string()) +
                                             " is not allowed on this route"}});
+}
+
+bool token_equals(std::string_view given, std::string_view token) {
+  return given.size() == token.size() &&
+         CRYPTO_memcmp(given.data(), token.data(), token.size()) == 0;
 }
 
 Error bad_request(std::string message) {

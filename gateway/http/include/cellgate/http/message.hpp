@@ -14,6 +14,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 
 #include "cellgate/result.hpp"
 
@@ -42,6 +43,9 @@ Response error_response(const Request& req, const Error& error);
 Response bytes_response(const Request& req, std::string body, const std::string& content_type);
 Response text_response(const Request& req, Status status, const std::string& text);
 Response method_not_allowed(const Request& req);
+
+// Whether a token a client offered is the gateway's, compared in constant time (CRYPTO_memcmp).
+bool token_equals(std::string_view given, std::string_view token);
 
 // Errors for request bodies (kInvalidArgument, reason "bad_request").
 Error bad_request(std::string message);
