@@ -91,6 +91,12 @@ Result<void> settle_kernel_fds(int keep) {
 constexpr const char* kPreloadSource = R"PY(
 import gc, importlib, os, sys, threading
 
+# Modules compute paths from $HOME when they are imported (parso's and jedi's caches, which tab
+# completion writes; matplotlib's user font dirs): import them with the home every jailed kernel
+# has, or a forked kernel inherits root's (/root/.cache/parso: read-only in the jail, and every
+# completion that parses a module answers nothing). start_kernel refreshes the two caches for a
+# kernel whose HOME is another one.
+os.environ["HOME"] = _cellgate_home
 # matplotlib caches its config dir at import; /tmp is the zygote's private tmpfs here and the
 # kernel's own tmpfs later. The font list is built now, once, in memory.
 os.environ["MPLCONFIGDIR"] = "/tmp/matplotlib"
@@ -124,10 +130,23 @@ gc.collect()
 gc.freeze()
 
 
+def _refresh_home_caches():
+    """What the preload computed from HOME, again for this kernel's HOME (see the top)."""
+    parso_cache = sys.modules.get("parso.cache")
+    if parso_cache is not None and hasattr(parso_cache, "_get_default_cache_path"):
+        parso_cache._default_cache_path = parso_cache._get_default_cache_path()
+    jedi_settings = sys.modules.get("jedi.settings")
+    if jedi_settings is not None:
+        jedi_settings.cache_directory = os.path.expanduser(
+            os.path.join(os.getenv("XDG_CACHE_HOME") or "~/.cache", "jedi"))
+
+
 def start_kernel(args, env):
     import os, random, sys
     os.environ.clear()
     os.environ.update(env)
+    if os.environ.get("HOME") != _cellgate_home or "XDG_CACHE_HOME" in os.environ:
+        _refresh_home_caches()
     # A forked interpreter carries the zygote's generator states: reseed every one we know of.
     random.seed()
     if "numpy" in sys.modules:
@@ -267,6 +286,12 @@ Result<void> start_python(const std::vector<std::string>& preload) {
   }
   PyDict_SetItemString(dict, "_cellgate_preload", list);
   Py_DECREF(list);
+  PyObject* home = PyUnicode_FromString(jail::kJailWorkDir);
+  if (home == nullptr) {
+    return make_error(ErrorCode::kInternal, "python", "could not create the zygote's module");
+  }
+  PyDict_SetItemString(dict, "_cellgate_home", home);
+  Py_DECREF(home);
   PyDict_SetItemString(dict, "__builtins__", PyEval_GetBuiltins());
   PyObject* result = PyRun_String(kPreloadSource, Py_file_input, dict, dict);
   if (result == nullptr) {

@@ -435,3 +435,55 @@ def test_session_kernel_gets_no_server_environment(stack):
         assert status == 204, (status, body)
     status, listed = stack.gw("GET", "/api/kernels")
     assert status == 200 and kid not in [k["id"] for k in listed], (status, listed)
+
+
+def wait_for_zygote(stack, timeout=60.0) -> None:
+    """Until cellgate's log says its zygote is ready: kernels started after that are forked."""
+    deadline = time.monotonic() + timeout
+    out = stack.tmp / "cellgate.out"
+    while time.monotonic() < deadline:
+        if "zygote: ready" in out.read_text(errors="replace"):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the zygote was not ready within {timeout} s:\n{stack.diagnostics()}")
+
+
+def test_completion_after_a_notebooks_cells(stack):
+    """Tab completion through jupyter_server in a kernel forked from the zygote, after the cells
+    a notebook runs (state, an error, an inline plot, input()). jedi parses os.py for
+    `os.pa` and keeps its parso cache under HOME: a zygote that imported parso with root's HOME
+    gave its kernels /root/.cache (read-only in the jail), and every such completion answered
+    status ok with no matches."""
+    wait_for_zygote(stack)
+    status, session = stack.js("POST", "/api/sessions",
+                               {"path": "complete.ipynb", "name": "complete.ipynb",
+                                "type": "notebook", "kernel": {"name": "python3"}})
+    assert status == 201, (status, session, stack.diagnostics())
+    kid = session["kernel"]["id"]
+    try:
+        ch = stack.connect(kid)
+        try:
+            r = ch.run_cell("import sys; print('pandas' in sys.modules)")
+            assert r["stdout"] == "True\n", ("not a kernel from the zygote", r)
+            assert ch.run_cell("x = 41")["reply"]["status"] == "ok"
+            assert ch.run_cell("1 / 0", stop_on_error=False)["reply"]["status"] == "error"
+            r = ch.run_cell("%matplotlib inline\nimport matplotlib.pyplot as plt\n"
+                            "plt.plot([1, 2, 3]); plt.show()")
+            assert r["reply"]["status"] == "ok", r
+            r = ch.run_cell('name = input("? ")', allow_stdin=True, answer=lambda p: "ok")
+            assert r["reply"]["status"] == "ok", r
+
+            code = "import os\nos.pa"
+            msg_id = ch.send("shell", "complete_request", {"code": code, "cursor_pos": len(code)})
+            reply = stack.run(ch.wait_for(lambda m: m["channel"] == "shell"
+                                          and m["parent_header"].get("msg_id") == msg_id,
+                                          EXEC_TIMEOUT))
+            content = reply["content"]
+            assert reply["msg_type"] == "complete_reply" and content["status"] == "ok", reply
+            assert {"pardir", "path", "pathsep"} <= set(content["matches"]), content
+            assert content["cursor_start"] == len(code) - len("pa"), content
+        finally:
+            ch.close()
+    finally:
+        status, body = stack.js("DELETE", f"/api/sessions/{session['id']}")
+        assert status == 204, (status, body)
