@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cellgate/cli/exec.hpp"
+#include "cellgate/cli/mcp.hpp"
 #include "cellgate/notebooks/run.hpp"
 #include "cellgate/server/server.hpp"
 
@@ -15,6 +16,8 @@ int main(int argc, char** argv) {
   auto* exec_cmd = cellgate::cli::add_exec_command(app, exec);
   cellgate::notebooks::NotebookRunOptions run;
   auto* run_cmd = cellgate::notebooks::add_run_command(app, run);
+  cellgate::cli::McpOptions mcp;
+  auto* mcp_cmd = cellgate::cli::add_mcp_command(app, mcp);
 
   cellgate::server::ServeOptions serve;
   auto* serve_cmd = app.add_subcommand(
@@ -142,6 +145,9 @@ int main(int argc, char** argv) {
   }
   if (run_cmd->parsed()) {
     return cellgate::notebooks::run_notebooks(run);
+  }
+  if (mcp_cmd->parsed()) {
+    return cellgate::cli::run_mcp(mcp);
   }
   if (serve_cmd->parsed()) {
     serve.zygote = !no_zygote;

@@ -1,5 +1,5 @@
-// The jail's root filesystem: a fresh tmpfs with read-only binds of what Python needs, a new
-// /proc, a minimal /dev, size-capped /tmp and work dir, the connection dir; then pivot_root and
+// The jail's root filesystem: a fresh tmpfs with read-only binds of what kernels need (/usr,
+// listed /etc entries, shared caches), a new /proc, a minimal /dev, size-capped /tmp and work dir, the connection dir; then pivot_root and
 // the old root detached.
 #include <fcntl.h>
 #include <sys/mount.h>
@@ -83,6 +83,14 @@ Result<void> bind_mount(const std::string& source, const std::string& target, un
   }
   CELLGATE_TRY(do_mount(source, target, nullptr, MS_BIND | MS_REC));
   return do_mount("", target, nullptr, MS_REMOUNT | MS_BIND | flags);
+}
+
+// The parent directories of `target` (an absolute path inside the jail), made on the root tmpfs.
+Result<void> make_parents(const std::string& root, const std::string& target) {
+  for (std::size_t pos = 1; (pos = target.find('/', pos)) != std::string::npos; ++pos) {
+    CELLGATE_TRY(make_dir(root + target.substr(0, pos)));
+  }
+  return {};
 }
 
 bool exists(const std::string& path) {
@@ -235,13 +243,16 @@ Result<void> build_root(const JailSpec& spec, const RootPaths& paths, uid_t uid,
     CELLGATE_TRY(
         bind_mount(paths.conn_dir, root + kJailConnDir, MS_NOSUID | MS_NODEV | MS_NOEXEC));
   }
-  for (const auto& b : spec.binds) {
-    // Parents of a bind target are made on the root tmpfs.
-    std::string partial = root;
-    for (std::size_t pos = 1; (pos = b.target.find('/', pos)) != std::string::npos; ++pos) {
-      partial = root + b.target.substr(0, pos);
-      CELLGATE_TRY(make_dir(partial));
+  for (const auto& path : spec.system_binds) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) {
+      continue;  // not on this host (no fontconfig, say): nothing to share
     }
+    CELLGATE_TRY(make_parents(root, path));
+    CELLGATE_TRY(bind_mount(path, root + path, MS_RDONLY | MS_NOSUID | MS_NODEV));
+  }
+  for (const auto& b : spec.binds) {
+    CELLGATE_TRY(make_parents(root, b.target));
     CELLGATE_TRY(bind_mount(b.source, root + b.target,
                       MS_NOSUID | MS_NODEV | (b.writable ? 0 : MS_RDONLY)));
   }

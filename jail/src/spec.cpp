@@ -25,6 +25,35 @@ bool plain_name(const std::string& s) {
   return true;
 }
 
+// A system bind is a plain absolute path ("/a/b": no "", "." or ".." components) outside what
+// the jail builds itself (/proc, /dev, /tmp, /run, /home) or names one by one (/etc), and
+// outside users' data (/root, /home) and the host's kernel interfaces (/sys).
+Result<void> check_system_bind(const std::string& path) {
+  if (path.size() < 2 || path.front() != '/' || path.back() == '/') {
+    return bad("system_binds are absolute paths below / ('" + path + "')");
+  }
+  for (std::size_t start = 1; start <= path.size();) {
+    std::size_t end = path.find('/', start);
+    if (end == std::string::npos) {
+      end = path.size();
+    }
+    const std::string part = path.substr(start, end - start);
+    if (part.empty() || part == "." || part == "..") {
+      return bad("system_binds must be plain paths without '', '.' or '..' parts ('" + path +
+                 "')");
+    }
+    start = end + 1;
+  }
+  for (const char* top : {"/etc", "/proc", "/sys", "/dev", "/run", "/tmp", "/home", "/root"}) {
+    const std::string t = top;
+    if (path == t || path.starts_with(t + "/")) {
+      return bad("system_binds may not reach into " + t + " ('" + path + "')" +
+                 (t == "/etc" ? "; name /etc entries in etc_binds" : ""));
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
 Result<void> JailSpec::validate() const {
@@ -62,6 +91,9 @@ Result<void> JailSpec::validate() const {
     if (e == "shadow" || e == "gshadow" || e == "ssh" || e == "sudoers") {
       return bad("/etc/" + e + " is never bound into a jail");
     }
+  }
+  for (const auto& path : system_binds) {
+    CELLGATE_TRY(check_system_bind(path));
   }
   return {};
 }

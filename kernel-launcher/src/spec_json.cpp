@@ -38,6 +38,7 @@ json spec_to_json(const jail::JailSpec& spec) {
             {"work_dir", spec.work_dir},
             {"binds", binds_json},
             {"etc_binds", spec.etc_binds},
+            {"system_binds", spec.system_binds},
             {"env", spec.env},
             {"optional", spec.optional}};
   if (spec.uid) {
@@ -57,8 +58,8 @@ Result<jail::JailSpec> spec_from_json(const json& j) {
       "memory_bytes", "pids",       "cpus",      "tmp_bytes",      "work_bytes",
       "shm_bytes",    "tmp_inodes", "nofile",    "fsize_bytes",    "memlock_bytes",
       "time_limit_seconds", "uid", "gid",       "hostname",       "name",
-      "cgroup_group", "work_dir",   "binds",     "etc_binds",      "env",
-      "optional"};
+      "cgroup_group", "work_dir",   "binds",     "etc_binds",      "system_binds",
+      "env",          "optional"};
   for (const auto& [key, value] : j.items()) {
     if (kKnownKeys.count(key) == 0) {
       // A misspelt limit must not silently fall back to a default.
@@ -88,6 +89,7 @@ Result<jail::JailSpec> spec_from_json(const json& j) {
     get("cgroup_group", spec.cgroup_group);
     get("work_dir", spec.work_dir);
     get("etc_binds", spec.etc_binds);
+    get("system_binds", spec.system_binds);
     get("env", spec.env);
     get("optional", spec.optional);
     if (auto it = j.find("uid"); it != j.end() && !it->is_null()) {

@@ -19,6 +19,7 @@
 #include "backend_internal.hpp"
 #include "cellgate/execute/executor.hpp"
 #include "cellgate/kernel/backend.hpp"
+#include "cellgate/kernel/process.hpp"
 #include "cellgate/kernels/registry.hpp"
 #include "cellgate/store/artifacts.hpp"
 #include "cellgate/store/audit.hpp"
@@ -32,6 +33,37 @@ using nlohmann::json;
 using namespace std::chrono_literals;
 
 constexpr std::size_t kNotebookOutputBytes = std::size_t{64} << 20;  // per stream and per output
+constexpr auto kKernelInfoTimeout = 10s;
+
+// ---- kernels started for a run ---------------------------------------------------------------
+
+// Starts kernels as `inner` does, with IPython's history in memory, as nbclient does
+// (NotebookClient.ipython_hist_file ':memory:', passed as an extra argument to kernels whose
+// manager calls them ipykernel: the kernelspecs named python, python2 and python3): a run
+// writes no history.sqlite and parallel runs do not contend for one.
+class RunKernels final : public kernel::KernelBackend {
+ public:
+  explicit RunKernels(kernel::KernelBackend& inner) : inner_(inner) {}
+
+  void start() override { inner_.start(); }
+  void tick() override { inner_.tick(); }
+  bool wait_fast(std::chrono::milliseconds timeout) override { return inner_.wait_fast(timeout); }
+  Result<std::unique_ptr<kernel::KernelProcessHandle>> launch(
+      kernel::LaunchRequest request) override {
+    const std::string& name = request.spec.name;
+    if (name == "python" || name == "python2" || name == "python3") {
+      request.spec.argv.emplace_back("--HistoryManager.hist_file=:memory:");
+    }
+    return inner_.launch(std::move(request));
+  }
+  Result<std::unique_ptr<kernel::KernelConnection>> connect(
+      const kernel::KernelProcessHandle& process, kernel::ClientOptions options) override {
+    return inner_.connect(process, std::move(options));
+  }
+
+ private:
+  kernel::KernelBackend& inner_;
+};
 
 // ---- embedded --------------------------------------------------------------------------------
 
@@ -96,7 +128,36 @@ class EmbeddedSession final : public KernelSession {
     request.timeout_seconds = timeout_seconds > 0 ? timeout_seconds : kNoTimeoutSeconds;
     execute::RunOptions run;
     run.client = "cellgate run";
-    return executor_.run_and_wait(id_, std::move(request), std::move(run), cancelled_);
+    // The events, for outputs made as nbclient makes them (runner.cpp). They are appended on the
+    // cell's strand; run_and_wait returns after the cell's last event (its promise orders them).
+    auto events = std::make_shared<json>(json::array());
+    run.on_event = [events](const json& event) {
+      const auto type = event.find("type");
+      if (type != event.end() && *type != "keepalive" && *type != "notice") {
+        events->push_back(event);
+      }
+    };
+    auto answer = executor_.run_and_wait(id_, std::move(request), std::move(run), cancelled_);
+    if (answer) {
+      (*answer)["events"] = std::move(*events);
+    }
+    return answer;
+  }
+
+  Result<json> kernel_info() override {
+    CELLGATE_ASSIGN_OR_RETURN(auto kernel, manager_.find(id_));
+    auto connection = kernel->connection();
+    if (!connection) {
+      return make_error(ErrorCode::kUnavailable, "no_connection", "the kernel is not connected");
+    }
+    CELLGATE_ASSIGN_OR_RETURN(auto collected,
+                              connection->request(protocol::Channel::kShell, "kernel_info_request",
+                                                  json::object(), kKernelInfoTimeout,
+                                                  /*wait_for_idle=*/false));
+    if (!collected.reply || !collected.reply->content.is_object()) {
+      return make_error(ErrorCode::kUnavailable, "no_reply", "the kernel sent no kernel_info_reply");
+    }
+    return collected.reply->content;
   }
 
  private:
@@ -114,7 +175,7 @@ class EmbeddedBackend final : public Backend {
  public:
   EmbeddedBackend(TempDir state, kernels::RegistryOptions options)
       : state_(std::move(state)),
-        registry_(std::move(options), process_backend_),
+        registry_(std::move(options), run_kernels_),
         artifacts_(state_.path() + "/artifacts", store::ArtifactCaps{}),
         loop_(cells_) {
     for (const auto& spec : registry_.kernelspecs()) {
@@ -172,6 +233,7 @@ class EmbeddedBackend final : public Backend {
 
   TempDir state_;  // declared first, so removed after the registry has shut every kernel down
   kernel::ProcessBackend process_backend_{{}};  // launcher only, no zygote; outlives the registry
+  RunKernels run_kernels_{process_backend_};
   kernels::KernelRegistry registry_;
   store::ArtifactStore artifacts_;
   std::unique_ptr<store::AuditLog> audit_;

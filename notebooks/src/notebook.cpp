@@ -1,9 +1,7 @@
 #include "cellgate/notebooks/notebook.hpp"
 
 #include <algorithm>
-#include <array>
-#include <cstdio>
-#include <regex>
+#include <optional>
 
 #include "cellgate/cli/artifacts.hpp"
 #include "cellgate/protocol/message.hpp"
@@ -93,55 +91,6 @@ Result<void> validate_cell(const json& cell, std::size_t index) {
     }
   }
   return validate_metadata(cell, where);
-}
-
-// Python's keywords: not usable as parameter names.
-constexpr std::array<std::string_view, 35> kPythonKeywords = {
-    "False", "None",     "True",  "and",    "as",   "assert", "async",  "await",    "break",
-    "class", "continue", "def",   "del",    "elif", "else",   "except", "finally",  "for",
-    "from",  "global",   "if",    "import", "in",   "is",     "lambda", "nonlocal", "not",
-    "or",    "pass",     "raise", "return", "try",  "while",  "with",   "yield"};
-
-std::string repr_string(std::string_view s) {
-  const bool has_single = s.find('\'') != std::string_view::npos;
-  const bool has_double = s.find('"') != std::string_view::npos;
-  const char quote = has_single && !has_double ? '"' : '\'';
-  std::string out(1, quote);
-  for (unsigned char c : s) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == static_cast<unsigned char>(quote)) {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\r') {
-      out += "\\r";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (c < 0x20 || c == 0x7f) {
-      char buf[5];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);  // UTF-8 passes through: Python source is UTF-8
-    }
-  }
-  out += quote;
-  return out;
-}
-
-// A single-quoted Python string given on the command line ('text'): the text between the
-// quotes, with \' and \\ unescaped.
-std::string unquote_single(std::string_view s) {
-  std::string out;
-  for (std::size_t i = 1; i + 1 < s.size(); ++i) {
-    if (s[i] == '\\' && i + 2 < s.size() && (s[i + 1] == '\'' || s[i + 1] == '\\')) {
-      ++i;
-    }
-    out += s[i];
-  }
-  return out;
 }
 
 }  // namespace
@@ -272,96 +221,46 @@ std::string kernel_name(const json& nb) {
   return name != spec->end() && name->is_string() ? name->get<std::string>() : std::string();
 }
 
-std::string python_repr(const json& value) {
-  switch (value.type()) {
-    case json::value_t::null:
-      return "None";
-    case json::value_t::boolean:
-      return value.get<bool>() ? "True" : "False";
-    case json::value_t::string:
-      return repr_string(value.get_ref<const std::string&>());
-    case json::value_t::array: {
-      std::string out = "[";
-      for (std::size_t i = 0; i < value.size(); ++i) {
-        out += (i == 0 ? "" : ", ") + python_repr(value[i]);
-      }
-      return out + "]";
-    }
-    case json::value_t::object: {
-      std::string out = "{";
-      bool first = true;
-      for (const auto& [key, item] : value.items()) {
-        out += (first ? "" : ", ") + repr_string(key) + ": " + python_repr(item);
-        first = false;
-      }
-      return out + "}";
-    }
-    default:
-      return value.dump();  // numbers: nlohmann writes the shortest round-trip form, as Python
-  }
-}
-
-Result<Parameter> parse_parameter(std::string_view arg) {
-  const auto eq = arg.find('=');
-  if (eq == std::string_view::npos) {
-    return make_error(ErrorCode::kInvalidArgument, "bad_parameter",
-                      "-p wants NAME=VALUE, got '" + std::string(arg) + "'");
-  }
-  Parameter p;
-  p.name = std::string(arg.substr(0, eq));
-  static const std::regex identifier("^[A-Za-z_][A-Za-z0-9_]*$");
-  if (!std::regex_match(p.name, identifier) ||
-      std::find(kPythonKeywords.begin(), kPythonKeywords.end(), p.name) != kPythonKeywords.end()) {
-    return make_error(
-        ErrorCode::kInvalidArgument, "bad_parameter",
-        "-p " + std::string(arg) + ": '" + p.name + "' is not a Python variable name");
-  }
-  const std::string value(arg.substr(eq + 1));
-  static const std::regex integer("^-?(0|[1-9][0-9]*)$");
-  if (std::regex_match(value, integer)) {
-    p.python = value;  // Python's ints have no size limit; JSON's doubles would round
-  } else if (value == "True" || value == "False" || value == "None") {
-    p.python = value;
-  } else if (value.size() >= 2 && value.front() == '\'' && value.back() == '\'') {
-    p.python = repr_string(unquote_single(value));
-  } else if (json parsed = json::parse(value, nullptr, false); !parsed.is_discarded()) {
-    p.python = python_repr(parsed);
-  } else {
-    p.python = repr_string(value);
-  }
-  return p;
-}
-
 Injection inject_parameters(json& nb, const std::vector<Parameter>& parameters) {
   json& cells = nb["cells"];
-  json kept = json::array();
-  for (auto& cell : cells) {
-    if (!has_tag(cell, "injected-parameters")) {
-      kept.push_back(std::move(cell));
+  auto find_tagged = [&cells](std::string_view tag) -> std::optional<std::size_t> {
+    for (std::size_t i = 0; i < cells.size(); ++i) {
+      if (has_tag(cells[i], tag)) {
+        return i;
+      }
     }
+    return std::nullopt;
+  };
+  std::string source = "# Parameters\n";
+  for (const auto& p : parameters) {
+    source += p.name + " = " + p.python + "\n";
   }
-  cells = std::move(kept);
-  Injection where;
-  for (std::size_t i = 0; i < cells.size(); ++i) {
-    if (has_tag(cells[i], "parameters")) {
-      where.index = i + 1;
-      where.after_parameters_cell = true;
-      break;
-    }
-  }
-  json source = json::array({"# Parameters\n"});
-  for (std::size_t i = 0; i < parameters.size(); ++i) {
-    source.push_back(parameters[i].name + " = " + parameters[i].python +
-                     (i + 1 < parameters.size() ? "\n" : ""));
+  // As nbformat writes a multi-line source: a list of lines, each with its newline.
+  json lines = json::array();
+  for (std::size_t start = 0; start < source.size();) {
+    const auto nl = source.find('\n', start);
+    lines.push_back(source.substr(start, nl + 1 - start));
+    start = nl + 1;
   }
   json cell = {{"cell_type", "code"},
                {"execution_count", nullptr},
                {"metadata", {{"tags", json::array({"injected-parameters"})}}},
                {"outputs", json::array()},
-               {"source", source}};
+               {"source", std::move(lines)}};
   // Cell ids are required from nbformat 4.5 on, and absent before.
   if (nb.value("nbformat_minor", 0) >= 5) {
     cell["id"] = protocol::new_uuid();
+  }
+  Injection where;
+  if (auto injected = find_tagged("injected-parameters")) {
+    where.index = *injected;
+    where.after_parameters_cell = true;
+    cells[*injected] = std::move(cell);
+    return where;
+  }
+  if (auto tagged = find_tagged("parameters")) {
+    where.index = *tagged + 1;
+    where.after_parameters_cell = true;
   }
   cells.insert(cells.begin() + static_cast<std::ptrdiff_t>(where.index), std::move(cell));
   return where;

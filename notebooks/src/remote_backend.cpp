@@ -2,6 +2,7 @@
 // client. The embedded one is backend.cpp.
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <mutex>
 
 #include "backend_internal.hpp"
@@ -37,12 +38,77 @@ Error http_error(const std::string& what, const http_client::Response& res) {
 
 // The gateway's REST calls a run makes, and the kernels it started and has not deleted yet (so
 // that cancel() can interrupt them). Answers from the network are read defensively.
+// The lines of a streamed execute answer: events ({"type": ...}) until
+// {"type": "end", "answer": {...}} (or "answer": null and an "error").
+class NdjsonAnswer {
+ public:
+  void feed(std::string_view piece) {
+    pending_.append(piece);
+    std::size_t start = 0;
+    for (auto nl = pending_.find('\n'); nl != std::string::npos;
+         nl = pending_.find('\n', start)) {
+      line(std::string_view(pending_).substr(start, nl - start));
+      start = nl + 1;
+    }
+    pending_.erase(0, start);
+  }
+
+  Result<json> answer() {
+    if (!pending_.empty()) {
+      line(pending_);
+      pending_.clear();
+    }
+    if (!end_.is_object()) {
+      return make_error(ErrorCode::kUnavailable, "bad_answer",
+                        "POST /api/kernels/{id}/execute: the stream ended without the answer");
+    }
+    const json& answer = end_.contains("answer") ? end_["answer"] : json();
+    if (!answer.is_object() || !answer.contains("status")) {
+      const json error = end_.value("error", json::object());
+      const std::string message =
+          error.is_object() ? error.value("message", std::string()) : std::string();
+      return make_error(ErrorCode::kUnavailable, "execute_failed",
+                        "POST /api/kernels/{id}/execute: " +
+                            (message.empty() ? std::string("no answer") : message));
+    }
+    json out = answer;
+    out["events"] = std::move(events_);
+    return out;
+  }
+
+ private:
+  void line(std::string_view text) {
+    if (text.find_first_not_of(" \r\t") == std::string_view::npos) {
+      return;
+    }
+    json event = json::parse(text, nullptr, false);
+    if (!event.is_object()) {
+      return;
+    }
+    const std::string type = event.value("type", "");
+    if (type == "end") {
+      end_ = std::move(event);
+    } else if (type != "keepalive" && type != "notice") {
+      events_.push_back(std::move(event));
+    }
+  }
+
+  std::string pending_;
+  json events_ = json::array();
+  json end_;
+};
+
 class Gateway {
  public:
   explicit Gateway(http_client::Client client) : client_(std::move(client)) {}
 
-  // GET /api/kernelspecs: the names and the default.
-  Result<std::pair<std::set<std::string>, std::string>> kernelspecs() const {
+  struct Specs {
+    std::set<std::string> names;
+    std::map<std::string, std::string> languages;  // name → spec.language
+    std::string default_name;
+  };
+  // GET /api/kernelspecs: the names, their languages and the default.
+  Result<Specs> kernelspecs() const {
     CELLGATE_ASSIGN_OR_RETURN(auto res,
                               client_.request("GET", "/api/kernelspecs", "", kRestTimeout));
     if (res.status != 200) {
@@ -53,11 +119,20 @@ class Gateway {
       return make_error(ErrorCode::kUnavailable, "bad_answer",
                         "GET /api/kernelspecs: not a Jupyter gateway's answer");
     }
-    std::set<std::string> names;
-    for (const auto& [name, spec] : specs["kernelspecs"].items()) {
-      names.insert(name);
+    Specs out;
+    for (const auto& [name, model] : specs["kernelspecs"].items()) {
+      out.names.insert(name);
+      const json spec = model.is_object() ? model.value("spec", json::object()) : json::object();
+      const auto language = spec.is_object() ? spec.find("language") : spec.end();
+      if (spec.is_object() && language != spec.end() && language->is_string()) {
+        out.languages[name] = language->get<std::string>();
+      }
     }
-    return std::make_pair(std::move(names), specs.value("default", "python3"));
+    const auto default_name = specs.find("default");
+    out.default_name = default_name != specs.end() && default_name->is_string()
+                           ? default_name->get<std::string>()
+                           : "python3";
+    return out;
   }
 
   // POST /api/kernels {name}: the new kernel's id.
@@ -102,28 +177,29 @@ class Gateway {
     return ok_result();
   }
 
-  // POST /api/kernels/{id}/execute {code, timeout}: the JSON answer.
+  // POST /api/kernels/{id}/execute {code, timeout}, streamed as NDJSON: the answer, with the
+  // events that came before it as "events".
   Result<json> execute(const std::string& id, const std::string& code,
                        double timeout_seconds) const {
     if (cancelled_.load()) {
       return aborted_error();
     }
     const double timeout = timeout_seconds > 0 ? timeout_seconds : kNoTimeoutSeconds;
-    const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          std::chrono::duration<double>(timeout)) +
-                      kAnswerSlack;
+    http_client::StreamLimits limits;
+    limits.head = kRestTimeout;
+    limits.total = std::chrono::duration_cast<std::chrono::milliseconds>(
+                       std::chrono::duration<double>(timeout)) +
+                   kAnswerSlack;
+    NdjsonAnswer lines;
     CELLGATE_ASSIGN_OR_RETURN(
-        auto res, client_.request("POST", "/api/kernels/" + id + "/execute",
-                                  json{{"code", code}, {"timeout", timeout}}.dump(), wait));
+        auto res, client_.stream("POST", "/api/kernels/" + id + "/execute",
+                                 json{{"code", code}, {"timeout", timeout}}.dump(),
+                                 "application/x-ndjson",
+                                 [&lines](std::string_view piece) { lines.feed(piece); }, limits));
     if (res.status != 200) {
       return http_error("POST /api/kernels/{id}/execute", res);
     }
-    json answer = json::parse(res.body, nullptr, false);
-    if (!answer.is_object() || !answer.contains("status")) {
-      return make_error(ErrorCode::kUnavailable, "bad_answer",
-                        "POST /api/kernels/{id}/execute: the answer is not an execute answer");
-    }
-    return answer;
+    return lines.answer();
   }
 
   // Later calls answer "aborted"; running cells are interrupted (POST .../interrupt).
@@ -149,7 +225,8 @@ class Gateway {
 
 class RemoteSession final : public KernelSession {
  public:
-  RemoteSession(Gateway& gateway, std::string id) : gateway_(gateway), id_(std::move(id)) {}
+  RemoteSession(Gateway& gateway, std::string id, std::string language)
+      : gateway_(gateway), id_(std::move(id)), language_(std::move(language)) {}
   ~RemoteSession() override { gateway_.shutdown(id_); }
 
   Result<void> put_file(const std::string& rel, const std::string& bytes) override {
@@ -158,16 +235,28 @@ class RemoteSession final : public KernelSession {
   Result<json> execute(const std::string& code, double timeout_seconds) override {
     return gateway_.execute(id_, code, timeout_seconds);
   }
+  // The REST API has no kernel_info: the kernelspec's language is what is known.
+  Result<json> kernel_info() override {
+    json info = json::object();
+    if (!language_.empty()) {
+      info["language_info"] = {{"name", language_}};
+    }
+    return info;
+  }
 
  private:
   Gateway& gateway_;
   const std::string id_;
+  const std::string language_;
 };
 
 class RemoteBackend final : public Backend {
  public:
-  RemoteBackend(http_client::Client client, std::set<std::string> names, std::string default_name)
-      : gateway_(std::move(client)), names_(std::move(names)), default_(std::move(default_name)) {}
+  RemoteBackend(http_client::Client client, Gateway::Specs specs)
+      : gateway_(std::move(client)),
+        names_(std::move(specs.names)),
+        languages_(std::move(specs.languages)),
+        default_(std::move(specs.default_name)) {}
 
   const std::set<std::string>& kernelspecs() const override { return names_; }
   std::string default_kernel() const override { return default_; }
@@ -176,7 +265,9 @@ class RemoteBackend final : public Backend {
 
   Result<std::unique_ptr<KernelSession>> start(const std::string& kernel) override {
     CELLGATE_ASSIGN_OR_RETURN(std::string id, gateway_.start(kernel));
-    return std::unique_ptr<KernelSession>(std::make_unique<RemoteSession>(gateway_, id));
+    auto language = languages_.find(kernel);
+    return std::unique_ptr<KernelSession>(std::make_unique<RemoteSession>(
+        gateway_, id, language != languages_.end() ? language->second : std::string()));
   }
 
   void cancel() override { gateway_.cancel(); }
@@ -185,6 +276,7 @@ class RemoteBackend final : public Backend {
  private:
   Gateway gateway_;
   const std::set<std::string> names_;
+  const std::map<std::string, std::string> languages_;
   const std::string default_;
 };
 
@@ -195,8 +287,7 @@ Result<std::unique_ptr<Backend>> make_remote_backend(const std::string& url,
   CELLGATE_ASSIGN_OR_RETURN(auto parsed, http_client::parse_url(url));
   http_client::Client client(std::move(parsed), token, "cellgate-run");
   CELLGATE_ASSIGN_OR_RETURN(auto specs, Gateway(client).kernelspecs());
-  return std::unique_ptr<Backend>(std::make_unique<RemoteBackend>(
-      std::move(client), std::move(specs.first), std::move(specs.second)));
+  return std::unique_ptr<Backend>(std::make_unique<RemoteBackend>(std::move(client), std::move(specs)));
 }
 
 }  // namespace cellgate::notebooks

@@ -19,6 +19,7 @@
 #include "batch.hpp"
 #include "cellgate/cli/exit_codes.hpp"
 #include "cellgate/notebooks/backend.hpp"
+#include "cellgate/notebooks/parameters.hpp"
 #include "cellgate/notebooks/runner.hpp"
 #include "progress.hpp"
 #include "report.hpp"
@@ -72,7 +73,8 @@ void quiet_logging() {
   spdlog::set_default_logger(std::move(logger));
 }
 
-// Checks the options that do not depend on the inputs; returns the parsed -p parameters.
+// Checks the options that do not depend on the inputs; returns the -y, -p and -r parameters
+// merged as papermill merges them.
 Result<std::vector<notebook::Parameter>> check_options(const NotebookRunOptions& options) {
   if (options.inputs.empty()) {
     return usage_error("name a notebook (or a directory of them)");
@@ -92,12 +94,22 @@ Result<std::vector<notebook::Parameter>> check_options(const NotebookRunOptions&
   if (options.jobs < 1) {
     return usage_error("--jobs must be at least 1");
   }
-  std::vector<notebook::Parameter> parameters;
-  for (const auto& p : options.parameters) {
-    CELLGATE_ASSIGN_OR_RETURN(auto parsed, notebook::parse_parameter(p));
-    parameters.push_back(std::move(parsed));
+  std::vector<notebook::Parameter> typed;
+  for (const auto& [name, value] : options.parameters) {
+    CELLGATE_ASSIGN_OR_RETURN(auto p, parameters::typed(name, value));
+    typed.push_back(std::move(p));
   }
-  return parameters;
+  std::vector<notebook::Parameter> raw;
+  for (const auto& [name, value] : options.raw_parameters) {
+    CELLGATE_ASSIGN_OR_RETURN(auto p, parameters::raw(name, value));
+    raw.push_back(std::move(p));
+  }
+  std::vector<std::vector<notebook::Parameter>> yaml;
+  for (const auto& text : options.yaml_parameters) {
+    CELLGATE_ASSIGN_OR_RETURN(auto ps, parameters::yaml(text));
+    yaml.push_back(std::move(ps));
+  }
+  return parameters::merge(yaml, typed, raw);
 }
 
 // The embedded gateway, or the one at --url; and the --kernel checked against it.
@@ -132,13 +144,24 @@ CLI::App* add_run_command(CLI::App& app, NotebookRunOptions& run) {
   cmd->add_option("--output-dir", run.output_dir,
                   "write each executed notebook to DIR/<name>.ipynb");
   cmd->add_flag("--inplace", run.inplace, "write each executed notebook over its input");
-  cmd->add_option("-p,--parameter", run.parameters,
-                  "NAME=VALUE: set a parameter after the cell tagged 'parameters' (repeat)")
-      ->allow_extra_args(false);  // one value per -p: the notebooks may follow
+  // Two values per -p / -r (a pair), as papermill's; the notebooks may follow.
+  cmd->add_option("-p,--parameters", run.parameters,
+                  "NAME VALUE: a parameter, typed as papermill's -p (int, float, True, False, "
+                  "None, else a string); injected after the cell tagged 'parameters' (repeat)")
+      ->allow_extra_args(false)
+      ->type_name("NAME VALUE");
+  cmd->add_option("-r,--parameters_raw", run.raw_parameters,
+                  "NAME VALUE: a parameter whose value is the string as it is (repeat)")
+      ->allow_extra_args(false)
+      ->type_name("NAME VALUE");
+  cmd->add_option("-y,--parameters_yaml", run.yaml_parameters,
+                  "YAML: a mapping of parameters, YAML or JSON ('n: 3' or '{\"n\": 3}'; repeat)")
+      ->allow_extra_args(false);
   cmd->add_option("-t,--timeout", run.timeout_seconds,
-                  "interrupt a cell after this many seconds; the notebook fails (0: never)");
+                  "interrupt a cell after this many seconds; the notebook fails, or with "
+                  "--allow-errors the cell is an error and the run goes on (0: never)");
   cmd->add_flag("--allow-errors", run.allow_errors,
-                "run every cell even after errors (still fails on timeouts)");
+                "run every cell even after errors and timeouts (a timed-out cell is interrupted)");
   cmd->add_option("--artifacts", run.artifacts_dir,
                   "save displayed images and PDFs to DIR/<notebook>/cell<i>-<n>.<ext>");
   cmd->add_option("-k,--kernel", run.kernel,

@@ -5,6 +5,7 @@
 
 #include "cellgate/cli/artifacts.hpp"
 #include "files.hpp"
+#include "outputs.hpp"
 #include "work_dir.hpp"
 
 namespace cellgate::notebooks {
@@ -78,8 +79,12 @@ std::string timeout_limit(const Backend& backend, const NotebookRun& run) {
 
 // Fills the cell from its answer and judges it: true when the run goes on to the next cell.
 bool take_answer(const Backend& backend, const NotebookRun& run, const json& answer,
-                 std::size_t i, json& cell, Outcome& out) {
-  cell["outputs"] = array_at(answer, "outputs");
+                 std::size_t i, json& cell, NotebookOutputs& outputs, Outcome& out) {
+  if (answer.contains("events") && answer["events"].is_array()) {
+    outputs.apply(i, answer["events"]);  // may update displays of earlier cells too
+  } else {
+    cell["outputs"] = array_at(answer, "outputs");
+  }
   const json count = answer.contains("execution_count") ? answer["execution_count"] : json();
   cell["execution_count"] = count.is_number_integer() ? count : json();
   ++out.executed;
@@ -105,15 +110,24 @@ bool take_answer(const Backend& backend, const NotebookRun& run, const json& ans
     ++out.errors;
     return true;
   }
+  // nbclient with interrupt_on_timeout and allow_errors: the interrupted cell's error (its
+  // KeyboardInterrupt) is recorded and the run goes on with the kernel's state. A cell that did
+  // not stop when interrupted cost the kernel (restarted, its state lost): the run ends there.
+  const bool state_lost = answer.contains("state_lost") && answer["state_lost"] == true;
+  if (status == "timeout" && run.allow_errors && !state_lost) {
+    ++out.errors;
+    out.warnings.push_back("cells[" + std::to_string(i) + "] ran past " +
+                           timeout_limit(backend, run) +
+                           " and was interrupted; the run went on (--allow-errors)");
+    return true;
+  }
   take_error(out, answer);
   if (status == "error") {
     fail_at(out, Status::kError, i, cell);
   } else if (status == "timeout") {
     fail_at(out, Status::kTimeout, i, cell);
     out.message = "the cell ran past " + timeout_limit(backend, run) + " and was interrupted" +
-                  (answer.contains("state_lost") && answer["state_lost"] == true
-                       ? "; the kernel was restarted"
-                       : "");
+                  (state_lost ? "; the kernel was restarted" : "");
   } else if (status == "aborted") {
     fail_at(out, Status::kAborted, i, cell);
     out.message = "interrupted";
@@ -128,27 +142,49 @@ bool take_answer(const Backend& backend, const NotebookRun& run, const json& ans
   return false;
 }
 
-// The indexes of the code cells to run: blank ones are skipped, as nbclient does.
+// The indexes of the code cells to run: blank ones and those tagged "skip-execution" are
+// skipped, as nbclient does (its skip_cells_with_tag).
 std::vector<std::size_t> code_cells(const json& cells) {
   std::vector<std::size_t> code;
   for (std::size_t i = 0; i < cells.size(); ++i) {
     if (cells[i].value("cell_type", "") == "code" &&
-        !notebook::first_line(notebook::source_of(cells[i])).empty()) {
+        !notebook::first_line(notebook::source_of(cells[i])).empty() &&
+        !notebook::has_tag(cells[i], "skip-execution")) {
       code.push_back(i);
     }
   }
   return code;
 }
 
+// nbclient writes the kernel's language_info into the notebook's metadata before the first
+// cell (nbconvert's exporters read it); the rest of the metadata stays as it was.
+void take_language_info(KernelSession& session, json& nb, Outcome& out) {
+  auto info = session.kernel_info();
+  if (!info) {
+    out.warnings.push_back("no language_info for the notebook's metadata: " +
+                           info.error().message);
+    return;
+  }
+  if (info->contains("language_info") && (*info)["language_info"].is_object()) {
+    if (!nb["metadata"].is_object()) {
+      nb["metadata"] = json::object();
+    }
+    nb["metadata"]["language_info"] = (*info)["language_info"];
+  }
+}
+
 // Starts a kernel, copies the files in, and runs the cells until one ends the run.
 void run_cells(Backend& backend, const NotebookRun& run, const std::vector<std::size_t>& code,
-               json& cells, Outcome& out) {
+               json& nb, Outcome& out) {
   auto session = backend.start(out.kernel);
   if (!session) {
     out.status = session.error().reason == "aborted" ? Status::kAborted : Status::kError;
     out.message = "cannot start a '" + out.kernel + "' kernel: " + session.error().message;
     return;
   }
+  take_language_info(**session, nb, out);
+  json& cells = nb["cells"];
+  NotebookOutputs outputs(cells);
   if (!run.files_from.empty()) {
     copy_beside(run.files_from, **session, backend.max_file_bytes(), out.warnings);
   }
@@ -165,7 +201,7 @@ void run_cells(Backend& backend, const NotebookRun& run, const std::vector<std::
       out.message = answer.error().message;
       return;
     }
-    if (!take_answer(backend, run, *answer, i, cell, out)) {
+    if (!take_answer(backend, run, *answer, i, cell, outputs, out)) {
       return;
     }
   }
@@ -238,7 +274,7 @@ Outcome run_notebook(Backend& backend, json nb, const NotebookRun& run) {
     run.on_cell(0, code.size());
   }
   if (!code.empty()) {
-    run_cells(backend, run, code, cells, out);
+    run_cells(backend, run, code, nb, out);
   }
   out.duration_s = std::chrono::duration<double>(Clock::now() - started).count();
 

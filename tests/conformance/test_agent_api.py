@@ -388,6 +388,44 @@ def test_matplotlib_png_artifact_and_written_file(server, kernel):
     assert server.request("GET", "/api/artifacts/" + "0" * 64)[0] == 404
 
 
+def test_chart_and_data_beside_the_png(server, kernel):
+    # The kernel's display formatters (gateway/kernels/python/cellgate_display.py): a figure's
+    # numbers next to its PNG, a DataFrame's columns next to its HTML.
+    answer = server.execute(kernel, (
+        "import matplotlib.pyplot as plt\n"
+        "fig, ax = plt.subplots()\n"
+        "ax.bar(['north', 'south', 'east'], [12, 7.5, 3], label='sales')\n"
+        "ax.set_title('Sales by region')\n"
+        "ax.set_xlabel('Region')\n"
+        "ax.set_ylabel('Revenue (kEUR)')\n"
+        "plt.show()"), timeout=120)
+    assert answer["status"] == "ok", answer
+    assert len(answer["charts"]) == 1, answer["charts"]
+    chart = answer["charts"][0]
+    assert chart["type"] == "bar" and chart["title"] == "Sales by region", chart
+    assert (chart["x_label"], chart["y_label"], chart["y_unit"]) == \
+        ("Region", "Revenue (kEUR)", "kEUR"), chart
+    assert [(e["label"], e["value"], e["group"]) for e in chart["elements"]] == \
+        [("north", 12, "sales"), ("south", 7.5, "sales"), ("east", 3, "sales")], chart
+    png = [a for a in answer["artifacts"] if a.get("mime_type") == "image/png"]
+    assert len(png) == 1 and png[0]["chart"] == chart, answer["artifacts"]
+    bundle = [o for o in answer["outputs"] if o["output_type"] == "display_data"][0]["data"]
+    assert bundle["application/vnd.cellgate.chart+json"] == chart, sorted(bundle)
+
+    answer = server.execute(kernel, "import pandas as pd\n"
+                                    "pd.DataFrame({'city': ['Oslo', 'Rome'], 'temp': [3.5, None]})")
+    assert answer["status"] == "ok", answer
+    assert answer["data"] == [{"city": ["Oslo", "Rome"], "temp": [3.5, None]}], answer["data"]
+    assert answer["result"]["application/vnd.cellgate.data+json"] == answer["data"][0]
+    assert "text/html" in answer["result"], sorted(answer["result"])
+
+    # Nothing of it in the user's namespace, and matplotlib's own behaviour is unchanged.
+    answer = server.execute(kernel, "sorted(k for k in dir() if 'cellgate' in k.lower())")
+    assert text_plain(answer) == "[]", answer
+    answer = server.execute(kernel, "print(1)")
+    assert answer["charts"] == [] and answer["data"] == [], answer
+
+
 # ---- 3. timeouts ---------------------------------------------------------------------------
 
 def test_timeout_interrupts_and_keeps_state(server, kernel):

@@ -249,9 +249,16 @@ test('runCode: envs are set for that call only', { timeout: 60_000 }, async () =
   assert.equal(back.logs.stdout.join(''), 'mine');
 });
 
-test('runCode: only python; another language is a 400', { timeout: 30_000 }, async () => {
-  await assert.rejects(sbx.runCode('1', { language: 'r' }),
-    e => e instanceof SandboxError && /^400\b/.test(e.message), 'language r was accepted');
+test('runCode: a language without a kernelspec is a 400; python by name is the default', { timeout: 30_000 }, async () => {
+  await assert.rejects(sbx.runCode('1', { language: 'cobol' }),
+    e => e instanceof SandboxError && /^400\b/.test(e.message), 'language cobol was accepted');
+  const res = await fetch(`${E2B_URL}/execute`, {
+    method: 'POST', headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ code: '1', language: 'cobol' }),
+  });
+  assert.equal(res.status, 400);
+  assert.match(res.headers.get('content-type'), /^text\/plain/);
+  assert.match(await res.text(), /cobol.*languages: .*python/);
   // python by name is the default context.
   assert.equal((await run('x', { language: 'python' })).text, '41');
 });
@@ -264,7 +271,7 @@ test('contexts: create, separate namespace, list, restart, remove', { timeout: 2
     assert.equal(typeof ctx.id, 'string');
     assert.ok(ctx.id.length > 0);
     assert.equal(ctx.language, 'python');
-    assert.equal(ctx.cwd, '/home/kernel');
+    assert.equal(ctx.cwd, '/home/user', 'E2B\'s default cwd');
     assert.equal((await run('import os\nos.getcwd()', { context: ctx })).text, ctx.cwd);
 
     await run('only_in_ctx = 7', { context: ctx });
@@ -339,4 +346,210 @@ test('wire: /health, NDJSON lines, and the token forms', { timeout: 60_000 }, as
   assert.equal(bad.status, 400, bad.text);
   const missing = await rawExecute({ code: '1', context_id: 'no-such-context' });
   assert.equal(missing.status, 404, missing.text);
+});
+
+// ---- charts, data and images (the kernel's display formatters) ------------------------------
+
+/** The one result of a cell that displays one figure, with its png and chart. */
+async function chartOf(code) {
+  const execution = await run(`import matplotlib.pyplot as plt\n${code}\nplt.show()`, { timeoutMs: 120_000 });
+  assert.equal(execution.results.length, 1, describe(execution));
+  const [result] = execution.results;
+  assert.ok(result.png, `no png: ${describe(execution)}`);
+  assert.ok(result.chart, `no chart: ${describe(execution)}`);
+  return result;
+}
+
+test('charts: a line chart with dates, units, scales, ticks and points', { timeout: 150_000 }, async () => {
+  const result = await chartOf([
+    'import datetime',
+    'days = [datetime.datetime(2024, 3, d) for d in range(1, 6)]',
+    'plt.figure()',
+    "plt.plot(days, [3, 1, 4, 1, 5], label='rain')",
+    "plt.plot(days, [2, 7, 1, 8, 2], label='sun')",
+    "plt.title('Weather'); plt.xlabel('Day'); plt.ylabel('Amount (mm)')",
+  ].join('\n'));
+  const { chart } = result;
+  assert.equal(result.isMainResult, false);
+  assert.deepEqual(result.extra, {}, 'the chart is not an unknown MIME type to the SDK');
+  assert.ok(result.text.startsWith('<Figure'), result.text);
+  assert.equal(chart.type, 'line');
+  assert.equal(chart.title, 'Weather');
+  assert.equal(chart.x_label, 'Day');
+  assert.equal(chart.y_label, 'Amount (mm)');
+  assert.equal(chart.x_unit, null);
+  assert.equal(chart.y_unit, 'mm');
+  assert.equal(chart.x_scale, 'datetime');
+  assert.equal(chart.y_scale, 'linear');
+  assert.ok(chart.x_ticks.length > 0 && chart.x_ticks.every(t => typeof t === 'string' && !isNaN(new Date(t))), JSON.stringify(chart.x_ticks));
+  assert.ok(chart.y_ticks.length > 0 && chart.y_ticks.every(t => typeof t === 'number'), JSON.stringify(chart.y_ticks));
+  assert.equal(chart.x_tick_labels.length, chart.x_ticks.length);
+  assert.ok(chart.y_tick_labels.every(t => typeof t === 'string'));
+  assert.deepEqual(chart.elements.map(e => e.label), ['rain', 'sun']);
+  const rain = chart.elements[0].points;
+  assert.equal(rain.length, 5);
+  assert.equal(new Date(rain[0][0]).toISOString(), '2024-03-01T00:00:00.000Z');
+  assert.equal(new Date(rain[4][0]).toISOString(), '2024-03-05T00:00:00.000Z');
+  assert.deepEqual(rain.map(p => p[1]), [3, 1, 4, 1, 5]);
+  assert.deepEqual(chart.elements[1].points.map(p => p[1]), [2, 7, 1, 8, 2]);
+});
+
+test('charts: bar, pie, box-and-whisker, scatter, log, categorical, superchart, unknown', { timeout: 240_000 }, async () => {
+  const bar = (await chartOf([
+    'fig, ax = plt.subplots()',
+    "ax.bar(['mon', 'tue', 'wed'], [5, 8, 2.5], label='visits')",
+    "ax.set_title('Visits'); ax.set_xlabel('Day'); ax.set_ylabel('Count')",
+  ].join('\n'))).chart;
+  assert.equal(bar.type, 'bar');
+  assert.equal(bar.title, 'Visits');
+  assert.equal(bar.x_label, 'Day');
+  assert.equal(bar.y_unit, null);
+  assert.deepEqual(bar.elements, [
+    { label: 'mon', value: 5, group: 'visits' },
+    { label: 'tue', value: 8, group: 'visits' },
+    { label: 'wed', value: 2.5, group: 'visits' },
+  ]);
+
+  const pie = (await chartOf([
+    'fig, ax = plt.subplots()',
+    "ax.pie([1, 3], labels=['cats', 'dogs'], startangle=90, autopct='%1.0f%%')",
+    "ax.set_title('Pets')",
+  ].join('\n'))).chart;
+  assert.equal(pie.type, 'pie');
+  assert.equal(pie.title, 'Pets');
+  assert.deepEqual(pie.elements, [
+    { label: 'cats', angle: 90, radius: 1 },
+    { label: 'dogs', angle: 270, radius: 1 },
+  ]);
+
+  const box = (await chartOf([
+    'fig, ax = plt.subplots()',
+    "ax.boxplot([[1, 2, 3, 4, 5, 6, 7, 8, 9, 100], [10, 20, 30]], labels=['g1', 'g2'])",
+    "ax.set_ylabel('Latency (ms)')",
+  ].join('\n'))).chart;
+  assert.equal(box.type, 'box_and_whisker');
+  assert.equal(box.y_unit, 'ms');
+  assert.deepEqual(box.elements, [
+    { label: 'g1', min: 1, first_quartile: 3.25, median: 5.5, third_quartile: 7.75, max: 9, outliers: [100] },
+    { label: 'g2', min: 10, first_quartile: 15, median: 20, third_quartile: 25, max: 30, outliers: [] },
+  ]);
+
+  const scatter = (await chartOf([
+    'plt.figure()',
+    "plt.scatter([1, 2, 3], [4, 5, 6], label='a')",
+    "plt.scatter([7], [8], label='b')",
+  ].join('\n'))).chart;
+  assert.equal(scatter.type, 'scatter');
+  assert.equal(scatter.title, null);
+  assert.deepEqual(scatter.elements, [
+    { label: 'a', points: [[1, 4], [2, 5], [3, 6]] },
+    { label: 'b', points: [[7, 8]] },
+  ]);
+
+  const log = (await chartOf("plt.figure()\nplt.semilogy([1, 2, 3], [10, 1000, 100000])")).chart;
+  assert.equal(log.type, 'line');
+  assert.equal(log.x_scale, 'linear');
+  assert.equal(log.y_scale, 'log');
+  assert.deepEqual(log.elements[0].points, [[1, 10], [2, 1000], [3, 100000]]);
+  assert.equal(log.elements[0].label, null, 'matplotlib\'s hidden label');
+
+  const categorical = (await chartOf("plt.figure()\nplt.plot(['a', 'b', 'c'], [1, 4, 9])")).chart;
+  assert.equal(categorical.x_scale, 'categorical');
+  assert.deepEqual(categorical.x_ticks, ['a', 'b', 'c']);
+  assert.deepEqual(categorical.elements[0].points, [['a', 1], ['b', 4], ['c', 9]]);
+
+  const superchart = (await chartOf([
+    'fig, (left, right) = plt.subplots(1, 2)',
+    "fig.suptitle('Two views')",
+    "left.plot([0, 1], [1, 0]); left.set_title('line')",
+    "right.bar(['x', 'y'], [1, 2]); right.set_title('bars')",
+  ].join('\n'))).chart;
+  assert.equal(superchart.type, 'superchart');
+  assert.equal(superchart.title, 'Two views');
+  assert.deepEqual(superchart.elements.map(c => [c.type, c.title]), [['line', 'line'], ['bar', 'bars']]);
+
+  const unknown = (await chartOf([
+    'fig, ax = plt.subplots()',
+    'ax.add_patch(plt.Circle((0, 0), 1))',
+    "ax.set_title('A circle')",
+  ].join('\n'))).chart;
+  assert.deepEqual(unknown, { type: 'unknown', title: 'A circle', elements: [] });
+});
+
+test('data: a DataFrame result carries its columns', { timeout: 120_000 }, async () => {
+  const execution = await run(
+    "import pandas as pd\npd.DataFrame({'n': [1, 2, 3], 's': ['x', 'y', None], 'f': [0.5, float('nan'), 2]})",
+    { timeoutMs: 120_000 });
+  const [result] = execution.results;
+  assert.equal(result.isMainResult, true);
+  assert.deepEqual(result.data, { n: [1, 2, 3], s: ['x', 'y', null], f: [0.5, null, 2] });
+  assert.ok(result.html.includes('<table'), 'the HTML is still there');
+  assert.ok(result.formats().includes('data'), String(result.formats()));
+  // A plain value has none.
+  assert.equal((await run('[1, 2]')).results[0].data, undefined);
+});
+
+test('images: PIL show() and save() display a png; an Image value is one', { timeout: 120_000 }, async () => {
+  const setup = 'from PIL import Image\nimg = Image.new("RGBA", (8, 8), (255, 0, 0, 255))';
+  const shown = await run(`${setup}\nimg.show()\nprint("done")`);
+  assert.equal(shown.results.length, 1, describe(shown));
+  assert.equal(shown.results[0].isMainResult, false);
+  assert.deepEqual([...Buffer.from(shown.results[0].png, 'base64').subarray(0, 8)], PNG_SIGNATURE);
+  assert.equal(shown.logs.stdout.join(''), 'done\n');
+
+  const value = await run('img');
+  assert.ok(value.results[0].png && value.results[0].isMainResult, describe(value));
+
+  // As on E2B: saving to a file shows the image too (E2B contexts only; docs/e2b.md).
+  const saved = await run('img.save("red.png")\nimport os\nprint(os.path.getsize("red.png") > 0)');
+  assert.equal(saved.results.length, 1, describe(saved));
+  assert.ok(saved.results[0].png, describe(saved));
+  assert.equal(saved.logs.stdout.join(''), 'True\n');
+});
+
+// ---- contexts: order, cwd, languages -------------------------------------------------------
+
+test('contexts: listed in creation order', { timeout: 240_000 }, async () => {
+  const made = [];
+  try {
+    for (let i = 0; i < 4; i++) {
+      made.push(await withTimeout(sbx.createCodeContext(), 90_000, 'createCodeContext'));
+      const listed = await sbx.listCodeContexts();
+      assert.equal(listed.at(-1).id, made.at(-1).id, 'the newest context is listed last');
+    }
+    const ids = (await sbx.listCodeContexts()).map(c => c.id).filter(id => made.some(m => m.id === id));
+    assert.deepEqual(ids, made.map(m => m.id));
+  } finally {
+    for (const ctx of made) {
+      await sbx.removeCodeContext(ctx).catch(() => {});
+    }
+  }
+});
+
+test('contexts: a missing cwd is made; /home/user and /root are the work dir', { timeout: 240_000 }, async () => {
+  const made = [];
+  try {
+    const root = await withTimeout(sbx.createCodeContext({ cwd: '/root' }), 90_000, 'createCodeContext');
+    made.push(root);
+    assert.equal((await run('import os\nos.getcwd()', { context: root })).text, '/root');
+
+    const deep = await withTimeout(sbx.createCodeContext({ cwd: '/home/user/project/data' }), 90_000, 'createCodeContext');
+    made.push(deep);
+    const where = await run(
+      'import os\nopen("notes.txt", "w").write("hi")\n' +
+      'print(os.getcwd(), os.path.exists("/home/kernel/project/data/notes.txt"))',
+      { context: deep });
+    assert.equal(where.logs.stdout.join(''), '/home/user/project/data True\n');
+
+    // The default context starts in E2B's /home/user.
+    assert.equal((await run('from pathlib import Path\nprint(Path.cwd())')).logs.stdout.join(''), '/home/user\n');
+
+    // Outside what a kernel may write (the jail's root is read-only): a 400 naming the cwd.
+    await assert.rejects(sbx.createCodeContext({ cwd: '/srv/not-in-the-jail' }),
+      e => e instanceof SandboxError && /^400\b/.test(e.message));
+  } finally {
+    for (const ctx of made) {
+      await sbx.removeCodeContext(ctx).catch(() => {});
+    }
+  }
 });

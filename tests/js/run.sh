@@ -16,4 +16,8 @@ if [[ ! -d node_modules || package-lock.json -nt node_modules ]]; then
   touch node_modules
 fi
 
-exec node --test --test-concurrency=1 --test-reporter=spec ./*.test.mjs
+# Test files named on the command line, else every one.
+if [[ $# -eq 0 ]]; then
+  set -- ./*.test.mjs
+fi
+exec node --test --test-concurrency=1 --test-reporter=spec "$@"

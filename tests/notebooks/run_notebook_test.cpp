@@ -1,6 +1,10 @@
-// nbformat handling of `cellgate run` (notebooks/src/notebook.cpp): validation messages,
-// -p values as Python literals, the injected-parameters cell, artifacts of an output.
+// nbformat handling of `cellgate run` (notebooks/src/notebook.cpp): validation messages, the
+// injected-parameters cell, artifacts of an output; and papermill's -p / -r / -y
+// (notebooks/src/parameters.cpp), checked against what papermill's _resolve_type and
+// PythonTranslator give for the same input.
 #include "cellgate/notebooks/notebook.hpp"
+
+#include "cellgate/notebooks/parameters.hpp"
 
 #include <gtest/gtest.h>
 
@@ -70,57 +74,153 @@ TEST(RunNotebook, ErrorsNameTheProblemAndTheCell) {
             "cells[0]: 'cell_type' is \"heading\", not one of code, markdown, raw");
 }
 
-std::string python(const std::string& arg) {
-  auto p = parse_parameter(arg);
-  return p ? p->name + " = " + p->python : "error: " + p.error().message;
+// -p NAME VALUE as `NAME = <what papermill injects>`, or the error.
+std::string p(const std::string& name, const std::string& value) {
+  auto made = parameters::typed(name, value);
+  return made ? made->name + " = " + made->python : "error: " + made.error().message;
 }
 
-TEST(RunNotebook, ParameterValuesArePythonLiteralsWhenTheyAreOne) {
-  EXPECT_EQ(python("n=3"), "n = 3");
-  EXPECT_EQ(python("n=-12345678901234567890123"), "n = -12345678901234567890123");
-  EXPECT_EQ(python("x=0.5"), "x = 0.5");
-  EXPECT_EQ(python("x=1e3"), "x = 1000.0");
-  EXPECT_EQ(python("b=True"), "b = True");
-  EXPECT_EQ(python("b=false"), "b = False");
-  EXPECT_EQ(python("v=None"), "v = None");
-  EXPECT_EQ(python("v=null"), "v = None");
-  EXPECT_EQ(python("s=South"), "s = 'South'");
-  EXPECT_EQ(python("s=\"quoted\""), "s = 'quoted'");
-  EXPECT_EQ(python("s='single'"), "s = 'single'");
-  EXPECT_EQ(python("s=it's"), "s = \"it's\"");
-  EXPECT_EQ(python("s=a'b\"c\\"), "s = 'a\\'b\"c\\\\'");
-  EXPECT_EQ(python("s=line\nbreak"), "s = 'line\\nbreak'");
-  EXPECT_EQ(python("s=007"), "s = '007'");
-  EXPECT_EQ(python("s="), "s = ''");
-  EXPECT_EQ(python("l=[1, \"a\", true, null]"), "l = [1, 'a', True, None]");
-  EXPECT_EQ(python("d={\"k\": [1.5]}"), "d = {'k': [1.5]}");
-  EXPECT_EQ(python("u=héllo"), "u = 'héllo'");
-  EXPECT_EQ(python("eq=a=b"), "eq = 'a=b'");
+TEST(RunNotebook, DashPTypesValuesAsPapermill) {
+  // papermill's _resolve_type: True/False/None exactly, then int(), then float(), else str.
+  EXPECT_EQ(p("n", "3"), "n = 3");
+  EXPECT_EQ(p("n", "-12345678901234567890123"), "n = -12345678901234567890123");
+  EXPECT_EQ(p("n", "007"), "n = 7");          // int("007") is 7
+  EXPECT_EQ(p("n", " +1_000 "), "n = 1000");  // int() strips and takes underscores
+  EXPECT_EQ(p("n", "-0"), "n = 0");
+  EXPECT_EQ(p("x", "0.5"), "x = 0.5");
+  EXPECT_EQ(p("x", "1e3"), "x = 1000.0");
+  EXPECT_EQ(p("x", "1e16"), "x = 1e+16");
+  EXPECT_EQ(p("x", "1E-5"), "x = 1e-05");
+  EXPECT_EQ(p("x", "0.0001"), "x = 0.0001");
+  EXPECT_EQ(p("x", "1."), "x = 1.0");
+  EXPECT_EQ(p("x", ".5"), "x = 0.5");
+  EXPECT_EQ(p("x", "-0.0"), "x = -0.0");
+  EXPECT_EQ(p("x", "0.1"), "x = 0.1");
+  EXPECT_EQ(p("x", "123456789012345678"), "x = 123456789012345678");
+  EXPECT_EQ(p("x", "123456789012345678.0"), "x = 1.2345678901234568e+17");
+  EXPECT_EQ(p("x", "inf"), "x = float('inf')");
+  EXPECT_EQ(p("x", "-Infinity"), "x = float('-inf')");
+  EXPECT_EQ(p("x", "nan"), "x = float('nan')");
+  EXPECT_EQ(p("x", "1e999"), "x = float('inf')");
+  EXPECT_EQ(p("n", std::string(4301, '1')), "n = float('inf')");  // past int()'s 4300 digits
+  EXPECT_EQ(p("b", "True"), "b = True");
+  EXPECT_EQ(p("b", "False"), "b = False");
+  EXPECT_EQ(p("v", "None"), "v = None");
+  // Anything else is a string, in papermill's double quotes through unicode_escape.
+  EXPECT_EQ(p("b", "true"), "b = \"true\"");
+  EXPECT_EQ(p("v", "null"), "v = \"null\"");
+  EXPECT_EQ(p("s", "South"), "s = \"South\"");
+  EXPECT_EQ(p("s", "'single'"), "s = \"'single'\"");
+  EXPECT_EQ(p("s", "say \"hi\""), "s = \"say \\\"hi\\\"\"");
+  EXPECT_EQ(p("s", "a\\b"), "s = \"a\\\\b\"");
+  EXPECT_EQ(p("s", "line\nbreak\ttab"), "s = \"line\\nbreak\\ttab\"");
+  EXPECT_EQ(p("u", "h\u00e9llo \u2603 \U0001F600"), "u = \"h\\xe9llo \\u2603 \\U0001f600\"");
+  EXPECT_EQ(p("s", "1_"), "s = \"1_\"");
+  EXPECT_EQ(p("s", ""), "s = \"\"");
+  EXPECT_EQ(p("l", "[1, 2]"), "l = \"[1, 2]\"");  // -p does not read JSON: use -y
+  EXPECT_EQ(p("e", "a=b"), "e = \"a=b\"");
+}
+
+TEST(RunNotebook, DashRIsTheStringAsItIs) {
+  auto r = parameters::raw("n", "007");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->python, "\"007\"");
+  EXPECT_EQ(parameters::raw("t", "True")->python, "\"True\"");
+}
+
+// -y YAML as `a = 1; b = 2`, or the error.
+std::string y(const std::string& text) {
+  auto made = parameters::yaml(text);
+  if (!made) {
+    return "error: " + made.error().message;
+  }
+  std::string out;
+  for (const auto& param : *made) {
+    out += (out.empty() ? "" : "; ") + param.name + " = " + param.python;
+  }
+  return out;
+}
+
+TEST(RunNotebook, DashYReadsYamlAndJsonAsPyYamlDoes) {
+  // JSON (a subset of YAML).
+  EXPECT_EQ(y(R"({"items": [1, "a", null, true], "d": {"k": 1.5}, "s": "x\"y"})"),
+            R"(items = [1, "a", None, True]; d = {"k": 1.5}; s = "x\"y")");
+  EXPECT_EQ(y(R"({"x": 1e3})"), R"(x = "1e3")");  // YAML 1.1: a float needs a dot
+  // Block mappings, YAML 1.1 scalars.
+  EXPECT_EQ(y("a: 1\nb: 2.50\nc: yes\nd: off\ne: ~\nf:\ng: South # a comment\n"),
+            "a = 1; b = 2.5; c = True; d = False; e = None; f = None; g = \"South\"");
+  EXPECT_EQ(y("---\noct: 0755\nhex: 0x1F\nbin: 0b101\nsix: 1:30\nbig: 123456789012345678901\n"),
+            "oct = 493; hex = 31; bin = 5; six = 90; big = 123456789012345678901");
+  EXPECT_EQ(y("f: .inf\ng: -.Inf\nh: .NaN\ni: 1.0e+3\nj: 1_000.5\n"),
+            "f = float('inf'); g = float('-inf'); h = float('nan'); i = 1000.0; j = 1000.5");
+  EXPECT_EQ(y("date: 2024-01-02\nq: '007'\nr: \"tab\\there\"\ns: 'it''s'\n"),
+            "date = \"2024-01-02\"; q = \"007\"; r = \"tab\\there\"; s = \"it's\"");
+  // Keys are Python dict keys: true == 1, so the second entry overwrites the first.
+  EXPECT_EQ(y("l: [1, two, {k: v}]\nm: {1: a, true: b}\nn: {null: x, 2.5: y}\n"),
+            R"(l = [1, "two", {"k": "v"}]; m = {"1": "b"}; n = {"None": "x", "2.5": "y"})");
+  // Nested blocks.
+  EXPECT_EQ(y("cfg:\n  depth: 2\n  names:\n    - a\n    - b\nlist:\n- x: 1\n  y: 2\n- 3\n"),
+            R"(cfg = {"depth": 2, "names": ["a", "b"]}; list = [{"x": 1, "y": 2}, 3])");
+  // A repeated key keeps its first place and takes the last value; nothing is no parameters.
+  EXPECT_EQ(y("a: 1\nb: 2\na: 3\n"), "a = 3; b = 2");
+  EXPECT_EQ(y(""), "");
+  EXPECT_EQ(y("# only a comment\n"), "");
+  // What the subset leaves out says so.
+  EXPECT_EQ(y("a: &x 1\n"), "error: -y: line 1: '&' (anchors, aliases, tags, block scalars) "
+                              "is not supported");
+  EXPECT_EQ(y("a: |\n  text\n"), "error: -y: line 1: '|' (anchors, aliases, tags, block "
+                                  "scalars) is not supported");
+  EXPECT_EQ(y("[1, 2]"), "error: -y wants a mapping of names to values ('name: value' or "
+                         "{\"name\": value})");
+  EXPECT_EQ(y("1: x"), "error: -y: the key 1 is not a Python variable name");
+  EXPECT_EQ(y("{a: [1, 2}"), "error: -y: line 1: expected ',' or ']' in a flow collection");
+}
+
+TEST(RunNotebook, ParametersMergeAsPapermillsDictUpdates) {
+  auto merged = parameters::merge({{{"a", "1"}, {"b", "2"}}}, {{"c", "3"}, {"a", "4"}},
+                                  {{"b", "\"raw\""}});
+  ASSERT_EQ(merged.size(), 3u);
+  EXPECT_EQ(merged[0].name + "=" + merged[0].python, "a=4");
+  EXPECT_EQ(merged[1].name + "=" + merged[1].python, "b=\"raw\"");
+  EXPECT_EQ(merged[2].name + "=" + merged[2].python, "c=3");
 }
 
 TEST(RunNotebook, ParameterNamesMustBePythonNames) {
-  EXPECT_FALSE(parse_parameter("novalue"));
-  EXPECT_FALSE(parse_parameter("=1"));
-  EXPECT_FALSE(parse_parameter("1x=1"));
-  EXPECT_FALSE(parse_parameter("a-b=1"));
-  EXPECT_FALSE(parse_parameter("lambda=1"));
-  EXPECT_TRUE(parse_parameter("_private=1"));
+  EXPECT_FALSE(parameters::typed("", "1"));
+  EXPECT_FALSE(parameters::typed("1x", "1"));
+  EXPECT_FALSE(parameters::typed("a-b", "1"));
+  EXPECT_FALSE(parameters::typed("lambda", "1"));
+  EXPECT_FALSE(parameters::raw("a b", "1"));
+  EXPECT_TRUE(parameters::typed("_private", "1"));
 }
 
-TEST(RunNotebook, InjectsAfterTheParametersCellAndReplacesAnOldInjection) {
+TEST(RunNotebook, InjectsAfterTheParametersCellAsPapermill) {
   json nb = notebook_of({code_cell("import x"), code_cell("a = 1", json::array({"parameters"})),
-                         code_cell("a = 5", json::array({"injected-parameters"})),
                          code_cell("print(a)")});
-  auto where = inject_parameters(nb, {{"a", "2"}, {"b", "'x'"}});
+  auto where = inject_parameters(nb, {{"a", "2"}, {"b", "\"x\""}});
   EXPECT_TRUE(where.after_parameters_cell);
   EXPECT_EQ(where.index, 2u);
   ASSERT_EQ(nb["cells"].size(), 4u);
   const json& cell = nb["cells"][2];
   EXPECT_TRUE(has_tag(cell, "injected-parameters"));
-  EXPECT_EQ(source_of(cell), "# Parameters\na = 2\nb = 'x'");
+  // papermill's cell as nbformat writes it: "# Parameters", one line per parameter.
+  EXPECT_EQ(cell["source"], json::array({"# Parameters\n", "a = 2\n", "b = \"x\"\n"}));
+  EXPECT_EQ(cell["metadata"], (json{{"tags", {"injected-parameters"}}}));
+  EXPECT_EQ(cell["outputs"], json::array());
   EXPECT_TRUE(cell.contains("id"));
   EXPECT_EQ(source_of(nb["cells"][3]), "print(a)");
   EXPECT_TRUE(validate(nb));
+}
+
+TEST(RunNotebook, ReplacesAnEarlierInjectionWhereItIs) {
+  // papermill replaces the first injected-parameters cell in place, wherever it is.
+  json nb = notebook_of({code_cell("a = 5", json::array({"injected-parameters"})),
+                         code_cell("a = 1", json::array({"parameters"})), code_cell("print(a)")});
+  auto where = inject_parameters(nb, {{"a", "2"}});
+  EXPECT_EQ(where.index, 0u);
+  ASSERT_EQ(nb["cells"].size(), 3u);
+  EXPECT_EQ(source_of(nb["cells"][0]), "# Parameters\na = 2\n");
+  EXPECT_TRUE(has_tag(nb["cells"][1], "parameters"));
 }
 
 TEST(RunNotebook, InjectsFirstWithoutAParametersCell) {

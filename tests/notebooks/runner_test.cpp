@@ -46,6 +46,10 @@ class FakeSession final : public KernelSession {
     calls_.timeouts.push_back(timeout_seconds);
     return answer_(code, ++count_);
   }
+  Result<json> kernel_info() override {
+    return json{{"status", "ok"},
+                {"language_info", {{"name", "python"}, {"version", "3.11.2"}}}};
+  }
 
  private:
   Calls& calls_;
@@ -232,7 +236,7 @@ TEST(Runner, ATimeoutEndsTheRunAndSaysWhichLimit) {
   json nb = notebook_of({code_cell("slow()"), code_cell("after()")});
   NotebookRun run;
   run.timeout_seconds = 2;
-  run.allow_errors = true;  // a timeout still ends the run
+  run.allow_errors = true;  // a timeout that cost the kernel's state still ends the run
   Outcome out = run_notebook(backend, nb, run);
   EXPECT_EQ(out.status, Status::kTimeout);
   EXPECT_EQ(out.message,
@@ -244,6 +248,119 @@ TEST(Runner, ATimeoutEndsTheRunAndSaysWhichLimit) {
   EXPECT_EQ(out.message,
             "the cell ran past --timeout 2 s (or the gateway's --execute-max-timeout, if lower) "
             "and was interrupted; the kernel was restarted");
+}
+
+TEST(Runner, WithAllowErrorsAnInterruptedTimeoutIsAnErrorAndTheRunGoesOn) {
+  FakeBackend backend;
+  backend.answer = [](const std::string& code, int count) -> Result<json> {
+    if (code == "slow()") {
+      json a = error_answer(count, "KeyboardInterrupt", "", 1);
+      a["status"] = "timeout";
+      a["state_lost"] = false;
+      return a;
+    }
+    return ok_answer(code, count);
+  };
+  json nb = notebook_of({code_cell("slow()"), code_cell("after()")});
+  NotebookRun run;
+  run.timeout_seconds = 2;
+  Outcome strict = run_notebook(backend, nb, run);
+  EXPECT_EQ(strict.status, Status::kTimeout);  // without --allow-errors: as before
+  EXPECT_EQ(strict.executed, 1u);
+
+  run.allow_errors = true;
+  Outcome out = run_notebook(backend, nb, run);
+  EXPECT_EQ(out.status, Status::kOk);
+  EXPECT_EQ(out.errors, 1u);
+  EXPECT_EQ(out.executed, 2u);
+  EXPECT_EQ(out.notebook["cells"][0]["outputs"][0]["ename"], "KeyboardInterrupt");
+  EXPECT_EQ(out.warnings, (std::vector<std::string>{
+                              "cells[0] ran past --timeout 2 s and was interrupted; the run "
+                              "went on (--allow-errors)"}));
+}
+
+TEST(Runner, SkipsCellsTaggedSkipExecution) {
+  FakeBackend backend;
+  json nb = notebook_of({code_cell("long()", json::array({"skip-execution"})),
+                         code_cell("print('ok')")});
+  Outcome out = run_notebook(backend, nb, NotebookRun{});
+  EXPECT_EQ(out.status, Status::kOk);
+  EXPECT_EQ(backend.calls.executed, (std::vector<std::string>{"print('ok')"}));
+  EXPECT_EQ(out.code_cells, 1u);
+  EXPECT_EQ(out.notebook["cells"][0]["outputs"], json::array());  // cleared, not run
+  EXPECT_EQ(out.notebook["cells"][0]["execution_count"], nullptr);
+}
+
+TEST(Runner, WritesTheKernelsLanguageInfoAndKeepsTheKernelspec) {
+  FakeBackend backend;
+  Outcome out = run_notebook(backend, notebook_of({code_cell("x")}), NotebookRun{});
+  EXPECT_EQ(out.notebook["metadata"]["language_info"],
+            (json{{"name", "python"}, {"version", "3.11.2"}}));
+  EXPECT_EQ(out.notebook["metadata"]["kernelspec"],
+            (json{{"name", "python3"}, {"display_name", "python3"}}));
+}
+
+// A cell's answer with its events, as the backends give them.
+json answer_with_events(int count, json events) {
+  return {{"status", "ok"},
+          {"execution_count", count},
+          {"outputs", json::array()},  // one cell's view: the runner uses the events
+          {"events", std::move(events)}};
+}
+
+json display(const std::string& type, const std::string& text, const std::string& id = "") {
+  json e = {{"type", type}, {"data", {{"text/plain", text}}}, {"metadata", json::object()}};
+  if (!id.empty()) {
+    e["display_id"] = id;
+  }
+  return e;
+}
+
+json stream(const std::string& text) {
+  return {{"type", "stream"}, {"name", "stdout"}, {"text", text}};
+}
+
+json clear(bool wait) { return {{"type", "clear_output"}, {"wait", wait}}; }
+
+TEST(Runner, OutputsFollowNbclientsDisplayAndClearRules) {
+  FakeBackend backend;
+  std::map<std::string, json> events = {
+      {"show", json::array({display("display_data", "'Hello'", "id1")})},
+      {"update", json::array({display("update_display_data", "'world'", "id1")})},
+      {"again", json::array({display("display_data", "'again'", "id1"), stream("a"),
+                             stream("b")})},
+      {"wait_only", json::array({stream("kept"), clear(true)})},
+      {"wait_then", json::array({display("display_data", "'x'", "id2"), clear(true),
+                                 stream("new")})},
+      {"update_cleared", json::array({display("update_display_data", "'late'", "id2")})},
+      {"now", json::array({stream("gone"), clear(false), {{"type", "keepalive"}}})},
+  };
+  backend.answer = [&events](const std::string& code, int count) -> Result<json> {
+    return answer_with_events(count, events.at(code));
+  };
+  json nb = notebook_of({code_cell("show"), code_cell("update"), code_cell("again"),
+                         code_cell("wait_only"), code_cell("wait_then"),
+                         code_cell("update_cleared"), code_cell("now")});
+  Outcome out = run_notebook(backend, nb, NotebookRun{});
+  ASSERT_EQ(out.status, Status::kOk);
+  const json& cells = out.notebook["cells"];
+  auto plain = [&cells](std::size_t cell, std::size_t output) {
+    return cells[cell]["outputs"][output]["data"]["text/plain"];
+  };
+  // An update, and a new display with the same id, change the display of an earlier cell.
+  EXPECT_EQ(plain(0, 0), "'again'");
+  EXPECT_EQ(cells[1]["outputs"], json::array());  // an update adds no output
+  EXPECT_EQ(plain(2, 0), "'again'");
+  EXPECT_EQ(cells[2]["outputs"][1], (json{{"output_type", "stream"}, {"name", "stdout"},
+                                          {"text", "ab"}}));
+  // clear_output(wait=True) with nothing after it leaves the output.
+  EXPECT_EQ(cells[3]["outputs"].size(), 1u);
+  EXPECT_EQ(cells[3]["outputs"][0]["text"], "kept");
+  // ... and with output after it clears first; the cleared display is no longer updated.
+  EXPECT_EQ(cells[4]["outputs"].size(), 1u);
+  EXPECT_EQ(cells[4]["outputs"][0]["text"], "new");
+  EXPECT_EQ(cells[5]["outputs"], json::array());
+  EXPECT_EQ(cells[6]["outputs"], json::array());
 }
 
 TEST(Runner, ADeadKernelAndAnUnknownStatusAreErrors) {
@@ -314,7 +431,7 @@ TEST(Runner, InjectsParametersAndCountsTheNewCell) {
   Outcome out = run_notebook(backend, nb, run);
   EXPECT_EQ(out.code_cells, 3u);
   EXPECT_EQ(backend.calls.executed,
-            (std::vector<std::string>{"a = 1", "# Parameters\na = 2", "print(a)"}));
+            (std::vector<std::string>{"a = 1", "# Parameters\na = 2\n", "print(a)"}));
   EXPECT_TRUE(notebook::has_tag(out.notebook["cells"][1], "injected-parameters"));
   EXPECT_TRUE(out.warnings.empty());
 

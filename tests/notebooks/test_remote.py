@@ -57,7 +57,7 @@ def test_remote_errors_timeouts_and_parameters(server, tmp_path):
     assert code == 1 and summary["notebooks"][0]["status"] == "timeout", err
 
     out = tmp_path / "p.ipynb"
-    proc = cellgate_run("--url", server.url, "--token", server.token, "-p", "region=East",
+    proc = cellgate_run("--url", server.url, "--token", server.token, "-p", "region", "East",
                         NOTEBOOKS / "parameters.ipynb", "-o", out)
     assert proc.returncode == 0, proc.stderr
     assert "region='East'" in read_notebook(out).cells[3].outputs[0]["text"]
@@ -72,3 +72,21 @@ def test_a_wrong_token_or_no_gateway_is_a_usage_error(server, tmp_path):
     proc = cellgate_run("--url", "http://127.0.0.1:9", nb)
     assert proc.returncode == 2, proc.stderr
     assert "cannot use the gateway at http://127.0.0.1:9" in proc.stderr, proc.stderr
+
+
+def test_remote_outputs_follow_nbclient_across_cells(server, tmp_path):
+    # The events arrive as NDJSON: display ids updated across cells and clear_output(wait=True)
+    # come out as nbclient makes them.
+    from test_differential import NBCLIENT_FILES, assert_same_notebook, run_nbclient
+    paths = [p for p in NBCLIENT_FILES if p.stem in ("update-display-id", "Clear Output")]
+    code, summary, err = run_json("--url", server.url, "--token", server.token, *paths,
+                                  "--output-dir", tmp_path)
+    assert code == 0, f"{summary}\n{err}"
+    for path in paths:
+        mine = read_notebook(tmp_path / path.name)
+        theirs = run_nbclient(path)
+        # Over REST only the kernelspec's language is known of language_info.
+        assert mine.metadata.language_info == {"name": theirs.metadata.language_info.name}
+        mine.metadata.language_info = theirs.metadata.language_info
+        assert_same_notebook(mine, theirs)
+    assert kernels(server) == []

@@ -12,12 +12,15 @@ notebooks, a batch of ten with --jobs and --results, that the input is never ove
 import csv
 import hashlib
 import json
+import math
 import os
 import pty
 import select
 import subprocess
 import time
 from pathlib import Path
+
+import yaml
 
 from conftest import (CELLGATE, EXAMPLES, NOTEBOOKS, cellgate_run, clean_env, is_valid_png,
                       read_notebook, run_json, tagged, write_notebook)
@@ -110,37 +113,104 @@ def test_single_notebook_prints_a_summary_and_writes_nothing(tmp_path):
 def test_parameters_are_injected_after_the_tagged_cell(tmp_path):
     out = tmp_path / "out.ipynb"
     code, summary, err = run_json(NOTEBOOKS / "parameters.ipynb", "-o", out,
-                                  "-p", "region=South", "-p", "min_units=20", "-p", "scale=0.5")
+                                  "-p", "region", "South", "-p", "min_units", "20",
+                                  "-p", "scale", "0.5")
     assert code == 0, err
     nb = read_notebook(out)
     assert "parameters" in nb.cells[1].metadata["tags"]
     injected = nb.cells[2]
     assert injected.metadata["tags"] == ["injected-parameters"]
-    assert injected.source.splitlines() == ["# Parameters", "region = 'South'",
-                                            "min_units = 20", "scale = 0.5"]
+    # papermill's cell: "# Parameters" and one line per parameter, strings in double quotes.
+    assert injected.source == '# Parameters\nregion = "South"\nmin_units = 20\nscale = 0.5\n'
     assert "id" in injected  # nbformat 4.5 needs cell ids
     assert "region='South' min_units=20 scale=0.5" in stdout_of(nb.cells[3])
 
 
-def test_parameter_values_are_python_literals_when_they_are_one(tmp_path):
+# papermill's rules, restated from papermill/cli.py (_resolve_type; -y read by PyYAML's
+# SafeLoader without timestamps; the order -y, -p, -r) and papermill/translators.py
+# (PythonTranslator), with the real PyYAML and Python's own int() and float() underneath.
+class _NoDatesLoader(yaml.SafeLoader):
+    yaml_implicit_resolvers = {
+        first: [r for r in resolvers if r[0] != "tag:yaml.org,2002:timestamp"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
+
+def _papermill_value(text):
+    if text in ("True", "False", "None"):
+        return {"True": True, "False": False, "None": None}[text]
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _papermill_str(value):
+    if isinstance(value, str):
+        return '"' + value.encode("unicode_escape").decode("utf-8").replace('"', '\\"') + '"'
+    return '"{}"'.format(value)
+
+
+def _papermill_python(value):
+    if value is None or isinstance(value, bool) or isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return _papermill_str(value)
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return str(value)
+        return "float('nan')" if math.isnan(value) else (
+            "float('-inf')" if value < 0 else "float('inf')")
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_papermill_str(k)}: {_papermill_python(v)}"
+                               for k, v in value.items()) + "}"
+    return "[" + ", ".join(_papermill_python(v) for v in value) + "]"
+
+
+def _papermill_cell(p=(), r=(), y=()):
+    values = {}
+    for text in y:
+        values.update(yaml.load(text, Loader=_NoDatesLoader) or {})
+    for name, text in p:
+        values[name] = _papermill_value(text)
+    for name, text in r:
+        values[name] = text
+    return "# Parameters\n" + "".join(f"{k} = {_papermill_python(v)}\n" for k, v in values.items())
+
+
+def test_parameters_are_typed_and_written_as_papermill_does(tmp_path):
+    p = [("a", "3"), ("b", "2.5"), ("c", "True"), ("d", "None"), ("e", "hello world"),
+         ("f", "'quoted'"), ("g", "007"), ("h", "1e16"), ("i", "nan"), ("j", "true"),
+         ("k", 'say "h\u00e9"\n'), ("l", "[1, 2]"), ("m", " -1_000 "), ("n", "-inf")]
+    r = [("o", "007"), ("c2", "True")]
+    y = ['{"q": [1, "x", null, 1.5], "s": {"k": false}, "t": 1e3}',
+         "u: 0755\nv: 2024-01-02\nw: yes\nx: 'it''s'\nz:\n  - a\n  - 1:30\na: 99\n"]
+    names = [name for name, _ in p + r] + ["q", "s", "t", "u", "v", "w", "x", "z"]
     nb = write_notebook(tmp_path / "p.ipynb", [
-        tagged("a = b = c = d = e = f = g = h = 0", "parameters"),
-        "print([type(v).__name__ for v in (a, b, c, d, e, f, g, h)])\nprint(repr(d), repr(e), h)",
+        tagged(" = ".join(names) + " = 0", "parameters"),
+        "print(repr((" + ", ".join(names) + ",)))",
     ])
     out = tmp_path / "out.ipynb"
-    proc = cellgate_run(nb, "-o", out, "-p", "a=3", "-p", "b=2.5", "-p", "c=True", "-p", "d=None",
-                        "-p", "e=hello world", "-p", "f='quoted'", "-p", 'g=[1, "x", null]',
-                        "-p", 'h={"k": false}')
+    args = [a for name, value in p for a in ("-p", name, value)]
+    args += [a for name, value in r for a in ("-r", name, value)]
+    args += [a for text in y for a in ("-y", text)]
+    proc = cellgate_run(nb, "-o", out, *args)
     assert proc.returncode == 0, proc.stderr
-    text = stdout_of(read_notebook(out).cells[2])
-    assert "['int', 'float', 'bool', 'NoneType', 'str', 'str', 'list', 'dict']" in text
-    assert "None 'hello world' {'k': False}" in text
+    cells = read_notebook(out).cells
+    expected = _papermill_cell(p, r, y)
+    assert cells[1].source == expected
+    # The kernel saw the values papermill's cell gives.
+    namespace = {}
+    exec(expected, namespace)  # noqa: S102 - the text just compared, papermill's literals
+    want = repr(tuple(namespace[n] for n in names))
+    assert stdout_of(cells[2]).strip() == want
 
 
 def test_parameters_without_a_parameters_cell_go_first(tmp_path):
     nb = write_notebook(tmp_path / "p.ipynb", ["print(n * 2)"])
     out = tmp_path / "out.ipynb"
-    proc = cellgate_run(nb, "-o", out, "-p", "n=21")
+    proc = cellgate_run(nb, "-o", out, "-p", "n", "21")
     assert proc.returncode == 0, proc.stderr
     assert "no cell is tagged 'parameters'" in proc.stderr
     cells = read_notebook(out).cells
@@ -150,9 +220,11 @@ def test_parameters_without_a_parameters_cell_go_first(tmp_path):
 
 def test_a_bad_parameter_is_a_usage_error(tmp_path):
     nb = write_notebook(tmp_path / "p.ipynb", ["1"])
-    for bad in ("novalue", "1x=2", "class=3"):
-        proc = cellgate_run(nb, "-p", bad)
-        assert proc.returncode == 2 and "-p" in proc.stderr, (bad, proc.stderr)
+    for bad in (["-p", "1x", "2"], ["-p", "class", "3"], ["-r", "a b", "1"],
+                ["-y", "[1, 2]"], ["-y", "a: &anchor 1"], ["-p", "lonely"]):
+        proc = cellgate_run(nb, *bad)
+        assert proc.returncode == 2 and bad[0] in proc.stderr.replace("--parameters", "-p"), (
+            bad, proc.stderr)
 
 
 # ---- errors and timeouts -------------------------------------------------------------------------
@@ -189,7 +261,7 @@ def test_timeout_interrupts_the_cell_and_fails_the_notebook(tmp_path):
         "print('before')", "import time\ntime.sleep(120)", "print('never')"])
     out = tmp_path / "out.ipynb"
     started = time.monotonic()
-    code, summary, err = run_json(nb, "-o", out, "--timeout", "2", "--allow-errors")
+    code, summary, err = run_json(nb, "-o", out, "--timeout", "2")
     assert time.monotonic() - started < 60
     assert code == 1, err
     r = summary["notebooks"][0]
@@ -202,6 +274,23 @@ def test_timeout_interrupts_the_cell_and_fails_the_notebook(tmp_path):
     proc = cellgate_run(nb, "--timeout", "1")
     assert proc.returncode == 1 and proc.stdout.startswith("timeout")
     assert "cells[1] `import time`" in proc.stdout and "timeout" in proc.stdout
+
+
+def test_with_allow_errors_a_timed_out_cell_is_an_error_and_the_run_goes_on(tmp_path):
+    nb = write_notebook(tmp_path / "slow.ipynb", [
+        "state = 'kept'", "import time\ntime.sleep(120)", "print('after', state)"])
+    out = tmp_path / "out.ipynb"
+    started = time.monotonic()
+    code, summary, err = run_json(nb, "-o", out, "--timeout", "2", "--allow-errors")
+    assert time.monotonic() - started < 60
+    assert code == 0, err
+    r = summary["notebooks"][0]
+    assert r["status"] == "ok" and r["errors"] == 1 and r["executed"] == 3, r
+    assert any("ran past --timeout 2 s" in w for w in r["warnings"]), r
+    cells = read_notebook(out).cells
+    assert [o["ename"] for o in cells[1].outputs if o["output_type"] == "error"] == [
+        "KeyboardInterrupt"]
+    assert stdout_of(cells[2]) == "after kept\n"  # the kernel's state was kept
 
 
 # ---- malformed notebooks -------------------------------------------------------------------------

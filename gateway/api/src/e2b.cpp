@@ -6,6 +6,8 @@
 #include <string_view>
 #include <utility>
 
+#include "cellgate/kernels/display_formatters.hpp"
+
 namespace cellgate::api::e2b {
 namespace {
 
@@ -31,7 +33,8 @@ Result<json> parse_object(std::string_view body) {
   return parsed;
 }
 
-// E2B's normalize_language: absent or null is python; otherwise lower-cased and trimmed.
+// E2B's normalize_language: absent or null is python; otherwise lower-cased and trimmed, with
+// E2B's two short names. Whether a kernel runs it is E2bApi's question (the kernelspecs).
 Result<std::string> parse_language(const json& body) {
   auto it = body.find("language");
   if (it == body.end() || it->is_null()) {
@@ -53,9 +56,11 @@ Result<std::string> parse_language(const json& body) {
   if (language.empty()) {
     return std::string(kLanguage);
   }
-  if (language != kLanguage) {
-    return invalid("unsupported_language",
-                   "language '" + given + "' is not supported: cellgate runs only python");
+  if (language == "js") {
+    return std::string("javascript");
+  }
+  if (language == "ts") {
+    return std::string("typescript");
   }
   return language;
 }
@@ -121,6 +126,9 @@ json result_line(const json& event, bool is_main_result) {
       {"application/javascript", "javascript"},
       {"e2b/data", "data"},
       {"e2b/chart", "chart"},
+      // The kernel's display formatters (kernels/display_formatters.hpp): E2B's formats.
+      {kernels::kDataMime, "data"},
+      {kernels::kChartMime, "chart"},
   };
   json line = {{"type", "result"}};
   json extra = json::object();
@@ -321,8 +329,29 @@ std::string env_restore_code(const std::map<std::string, std::string>& vars) {
   return code;
 }
 
-std::string chdir_code(const std::string& cwd) {
-  return "__import__(\"os\").chdir(" + python_json_value(json(cwd)) + ")\n";
+std::optional<std::string> context_setup_code(const std::string& language,
+                                              const std::string& cwd) {
+  if (language == "python") {
+    // In a function, so no name is left in the user's namespace.
+    return "def _cellgate_e2b_context(cwd):\n"
+           "    import os, sys\n"
+           "    os.makedirs(cwd, exist_ok=True)\n"
+           "    os.chdir(cwd)\n"
+           "    display = sys.modules.get(\"_cellgate_display\")\n"
+           "    if display is not None:\n"
+           "        display.display_saved_images = True\n"
+           "_cellgate_e2b_context(" +
+           python_json_value(json(cwd)) +
+           ")\n"
+           "del _cellgate_e2b_context\n";
+  }
+  if (language == "r") {
+    // R reads JSON's string escapes (\", \\, \n, \uXXXX) as its own; the text is ASCII.
+    const std::string path = dump_ascii(json(cwd));
+    return "local({ dir.create(" + path + ", recursive = TRUE, showWarnings = FALSE); setwd(" +
+           path + ") })\n";
+  }
+  return std::nullopt;
 }
 
 std::vector<json> Translator::translate(const json& event) {

@@ -1,6 +1,11 @@
 // The E2B-compatible listener's routes (e2b_api.hpp); the protocol's translations are in e2b.cpp.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <cctype>
+#include <set>
+#include <vector>
+
 #include "cellgate/api/e2b.hpp"
 #include "cellgate/api/e2b_api.hpp"
 #include "streaming.hpp"
@@ -128,15 +133,24 @@ void E2bApi::add_routes() {
   });
 
   router_.add(Verb::get, "/contexts", [this](Call& c) {
-    json list = json::array();
-    std::lock_guard lock(mu_);
-    for (auto it = contexts_.begin(); it != contexts_.end();) {
-      if (!registry_.find(it->first)) {
-        it = contexts_.erase(it);  // deleted through the Jupyter API, or culled
-        continue;
+    std::vector<Context> live;
+    {
+      std::lock_guard lock(mu_);
+      for (auto it = contexts_.begin(); it != contexts_.end();) {
+        if (!registry_.find(it->first)) {
+          it = contexts_.erase(it);  // deleted through the Jupyter API, or culled
+          continue;
+        }
+        live.push_back(it->second);
+        ++it;
       }
-      list.push_back(e2b::context_model(it->second.id, it->second.language, it->second.cwd));
-      ++it;
+    }
+    // In creation order, as E2B's server lists them (its SDK's tests take the last as the newest).
+    std::sort(live.begin(), live.end(),
+              [](const Context& a, const Context& b) { return a.created < b.created; });
+    json list = json::array();
+    for (const auto& ctx : live) {
+      list.push_back(e2b::context_model(ctx.id, ctx.language, ctx.cwd));
     }
     c.reply(http::json_response(c.req, Status::ok, list));
   });
@@ -160,9 +174,7 @@ void E2bApi::add_routes() {
       if (!restarted) {
         return ex->reply(error_text(req, restarted.error()));
       }
-      if (auto cd = executor_.run_silently_and_wait(ctx.id, e2b::chdir_code(ctx.cwd),
-                                                    kSetupTimeout);
-          !cd) {
+      if (auto cd = set_up(ctx); !cd) {
         spdlog::warn("context {}: after its restart, cannot change to {}: {}", ctx.id, ctx.cwd,
                      cd.error().message);
       }
@@ -180,9 +192,7 @@ void E2bApi::add_routes() {
       {
         std::lock_guard lock(mu_);
         contexts_.erase(id);
-        if (default_id_ == id) {
-          default_id_.clear();
-        }
+        std::erase_if(default_ids_, [&](const auto& entry) { return entry.second == id; });
       }
       ex->reply(down ? text_response(req, Status::no_content, "")
                      : error_text(req, down.error()));
@@ -190,35 +200,74 @@ void E2bApi::add_routes() {
   });
 }
 
+Result<std::string> E2bApi::kernelspec_for(const std::string& language) const {
+  auto lower = [](std::string s) {
+    for (auto& ch : s) {
+      ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    }
+    return s;
+  };
+  // Python is the default kernelspec when that is a python one (the zygote serves it).
+  if (auto def = registry_.kernelspec(registry_.default_kernel_name());
+      def && lower(def->language) == language) {
+    return def->name;
+  }
+  std::set<std::string> installed;
+  for (const auto& spec : registry_.kernelspecs()) {  // sorted by name
+    const std::string spec_language = lower(spec.language);
+    if (spec_language == language) {
+      return spec.name;
+    }
+    if (!spec_language.empty()) {
+      installed.insert(spec_language);
+    }
+  }
+  std::string names;
+  for (const auto& name : installed) {
+    names += (names.empty() ? "" : ", ") + name;
+  }
+  return make_error(ErrorCode::kInvalidArgument, "unsupported_language",
+                    "no kernel for language '" + language + "' is installed here (languages: " +
+                        names + ")");
+}
+
+Result<void> E2bApi::set_up(const Context& ctx) {
+  auto code = e2b::context_setup_code(ctx.language, ctx.cwd);
+  if (!code) {
+    return ok_result();
+  }
+  return executor_.run_silently_and_wait(ctx.id, *code, kSetupTimeout);
+}
+
 Result<E2bApi::Context> E2bApi::start_context(const std::string& language,
                                               const std::string& cwd) {
-  CELLGATE_ASSIGN_OR_RETURN(auto model,
-                            registry_.start(registry_.default_kernel_name(), json::object()));
-  if (auto cd = executor_.run_silently_and_wait(model.id, e2b::chdir_code(cwd), kSetupTimeout);
-      !cd) {
+  CELLGATE_ASSIGN_OR_RETURN(const std::string spec_name, kernelspec_for(language));
+  CELLGATE_ASSIGN_OR_RETURN(auto model, registry_.start(spec_name, json::object()));
+  Context c{model.id, language, cwd};
+  if (auto cd = set_up(c); !cd) {
     (void)registry_.shutdown(model.id);
     return make_error(ErrorCode::kInvalidArgument, "bad_cwd",
                       "cannot use '" + cwd + "' as the context's working directory: " +
                           cd.error().message);
   }
-  Context c{model.id, language, cwd};
   std::lock_guard lock(mu_);
+  c.created = ++created_;
   contexts_[c.id] = c;
   return c;
 }
 
-Result<std::string> E2bApi::default_context() {
+Result<std::string> E2bApi::default_context(const std::string& language) {
   std::lock_guard start_lock(default_start_mu_);
   {
     std::lock_guard lock(mu_);
-    if (!default_id_.empty() && registry_.find(default_id_)) {
-      return default_id_;
+    if (auto it = default_ids_.find(language);
+        it != default_ids_.end() && registry_.find(it->second)) {
+      return it->second;
     }
   }
-  CELLGATE_ASSIGN_OR_RETURN(auto c, start_context(std::string(e2b::kLanguage),
-                                                  std::string(e2b::kDefaultCwd)));
+  CELLGATE_ASSIGN_OR_RETURN(auto c, start_context(language, std::string(e2b::kDefaultCwd)));
   std::lock_guard lock(mu_);
-  default_id_ = c.id;
+  default_ids_[language] = c.id;
   return c.id;
 }
 
@@ -230,6 +279,18 @@ void E2bApi::execute(Call& c) {
   if (parsed->context_id && !registry_.find(*parsed->context_id)) {
     return c.reply(text_response(c.req, Status::not_found,
                                  "context " + *parsed->context_id + " not found"));
+  }
+  std::string language = parsed->language;
+  if (parsed->context_id) {
+    std::lock_guard lock(mu_);
+    if (auto it = contexts_.find(*parsed->context_id); it != contexts_.end()) {
+      language = it->second.language;
+    }
+  }
+  if (!parsed->env_vars.empty() && language != e2b::kLanguage) {
+    // env_code is Python.
+    return c.reply(text_response(c.req, Status::bad_request,
+                                 "env_vars are supported in python contexts only"));
   }
   execute::ExecuteRequest cell;
   cell.code = parsed->code;
@@ -253,8 +314,8 @@ void E2bApi::execute(Call& c) {
     return run(*parsed->context_id);
   }
   // The default context may have to be started first: off the network thread.
-  offload_([this, req = c.req, ex = c.exchange, run = std::move(run)]() mutable {
-    auto id = default_context();
+  offload_([this, req = c.req, ex = c.exchange, run = std::move(run), language]() mutable {
+    auto id = default_context(language);
     if (!id) {
       return ex->reply(error_text(req, id.error()));
     }

@@ -102,6 +102,8 @@ bool Api::origin_allowed(const Request& req) const {
   return netloc == std::string(host->value());
 }
 
+void Api::mount(std::string path, http::Handler& handler) { mounts_[std::move(path)] = &handler; }
+
 void Api::decorate(const Request& req, Response& res) const {
   auto it = req.find(http::Field::origin);
   if (it == req.end() || options_.allow_origins.empty() || !origin_allowed(req)) {
@@ -110,7 +112,9 @@ void Api::decorate(const Request& req, Response& res) const {
   res.set(http::Field::access_control_allow_origin, it->value());
   res.set(http::Field::vary, "Origin");
   res.set(http::Field::access_control_allow_headers,
-          "accept, content-type, authorization, x-xsrftoken");
+          "accept, content-type, authorization, x-xsrftoken, mcp-session-id, "
+          "mcp-protocol-version, last-event-id");
+  res.set(http::Field::access_control_expose_headers, "Mcp-Session-Id");
   res.set(http::Field::access_control_allow_methods, "GET, PUT, POST, PATCH, DELETE, OPTIONS");
 }
 
@@ -200,12 +204,27 @@ void Api::handle(Request req, std::shared_ptr<http::Exchange> exchange) {
   }
   const auto parts = http::split_path(target.path);
   const bool open_route = parts.size() == 1 && parts[0] == "api" && req.method() == Verb::get;
+  std::string bare = target.path;
+  while (bare.size() > 1 && bare.back() == '/') {
+    bare.pop_back();
+  }
+  const auto mount = mounts_.find(bare);
   if (!open_route) {
     if (auto refusal = authenticate(req, target)) {
+      // MCP (basic/authorization): an invalid token is 401, not 403.
+      if (mount != mounts_.end() && refusal->result() == Status::forbidden) {
+        refusal->result(Status::unauthorized);
+      }
       decorate(req, *refusal);
       exchange->reply(std::move(*refusal));
       return;
     }
+  }
+  if (mount != mounts_.end()) {
+    auto decorated =
+        std::make_shared<DecoratedExchange>(*this, Request(req.base(), ""), std::move(exchange));
+    mount->second->handle(std::move(req), std::move(decorated));
+    return;
   }
   Call call{std::move(req), nullptr, std::move(target), {}};
   call.exchange = std::make_shared<DecoratedExchange>(*this, Request(call.req.base(), ""),

@@ -571,6 +571,15 @@ json Cell::answer_of(const std::string& status, const std::string& message, bool
                  {"state_lost", state_lost_},
                  {"metrics", metrics}};
   collector_.fields(answer);
+  // An error only the execute_reply names (IPython's UsageError for an unknown %magic goes to
+  // stderr, with no iopub error message): named from the reply, as nbclient's
+  // CellExecutionError does.
+  if (status == "error" && answer["error"].is_null() && reply_) {
+    if (auto ename = reply_->find("ename"); ename != reply_->end() && ename->is_string()) {
+      answer["error"] = {
+          {"ename", *ename}, {"evalue", reply_evalue(reply_)}, {"traceback", json::array()}};
+    }
+  }
   if (!message.empty()) {
     answer["message"] = message;
   }

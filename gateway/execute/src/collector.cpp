@@ -6,6 +6,7 @@
 #include <sstream>
 #include <utility>
 
+#include "cellgate/kernels/display_formatters.hpp"
 #include "cellgate/store/artifacts.hpp"
 #include "cellgate/util/text.hpp"
 
@@ -178,14 +179,21 @@ json Collector::store_artifacts(const json& data) {
   if (artifacts_store_ == nullptr) {
     return records;
   }
+  // A figure's chart (the kernel's display formatters) goes with each picture of it: a model
+  // reads the numbers, not the pixels.
+  const auto chart = data.find(kernels::kChartMime);
   for (const auto& [mime, value] : data.items()) {
     if (!ArtifactStore::is_artifact_mime(mime)) {
       continue;
     }
     auto record = artifacts_store_->put(kernel_id_, execution_count_, mime, value);
     if (record) {
-      records.push_back(record->to_json());
-      artifacts_.push_back(record->to_json());
+      json entry = record->to_json();
+      if (chart != data.end() && chart->is_object()) {
+        entry["chart"] = *chart;
+      }
+      records.push_back(entry);
+      artifacts_.push_back(std::move(entry));
     } else if (record.error().reason == "artifact_cap") {
       notice("artifact_cap", record.error().message);
     } else {
@@ -213,6 +221,14 @@ void Collector::on_bundle(std::string_view type, const json& c) {
                                    std::to_string(limits_.output_bytes) + " bytes>"}};
   } else {
     records = store_artifacts(data);
+    if (type != "update_display_data") {
+      if (auto chart = data.find(kernels::kChartMime); chart != data.end() && chart->is_object()) {
+        charts_.push_back(*chart);
+      }
+      if (auto table = data.find(kernels::kDataMime); table != data.end() && table->is_object()) {
+        data_.push_back(*table);
+      }
+    }
   }
   const bool is_result = type == "execute_result";
   json event = {{"type", type}, {"data", data}, {"metadata", metadata}};
@@ -279,6 +295,8 @@ void Collector::fields(json& answer) const {
   answer["result"] = result_;
   answer["error"] = error_;
   answer["artifacts"] = artifacts_;
+  answer["charts"] = charts_;
+  answer["data"] = data_;
   answer["notices"] = notices_;
   answer["truncated"] = {{"stdout", out_truncated_[0]},
                          {"stderr", out_truncated_[1]},

@@ -49,7 +49,8 @@ class Collector {
   // No event reaches the sink after this (the answer is made).
   void close() { sink_ = nullptr; }
 
-  // Adds stdout, stderr, outputs, result, error, artifacts, notices and truncated to `answer`.
+  // Adds stdout, stderr, outputs, result, error, artifacts, charts, data, notices and truncated
+  // to `answer`.
   void fields(nlohmann::json& answer) const;
 
   const nlohmann::json& execution_count() const { return execution_count_; }
@@ -81,6 +82,10 @@ class Collector {
   nlohmann::json result_;                                     // null
   nlohmann::json error_;                                      // null
   nlohmann::json artifacts_ = nlohmann::json::array();
+  // What the kernel's display formatters added (kernels/display_formatters.hpp), in order: each
+  // displayed figure's chart and each DataFrame's columns.
+  nlohmann::json charts_ = nlohmann::json::array();
+  nlohmann::json data_ = nlohmann::json::array();
   nlohmann::json notices_ = nlohmann::json::array();
   std::set<std::string> noticed_;   // reasons already noticed, so each is said once
   nlohmann::json execution_count_;  // from execute_input, for the artifacts of display_data

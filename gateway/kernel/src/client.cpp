@@ -75,6 +75,7 @@ struct KernelClient::Impl {
   bool hb_outstanding = false;
   bool hb_ever_answered = false;
   int hb_misses = 0;
+  bool kernel_busy = false;  // the kernel's last iopub status, whoever's request it was for
   Clock::time_point hb_sent_at{};
   Clock::time_point hb_next_at{};
 
@@ -286,6 +287,13 @@ struct KernelClient::Impl {
   void dispatch(Channel channel, const protocol::EnvelopePtr& env) {
     if (channel == Channel::kIopub) {
       iopub_seen.store(true);
+      if (!options.heartbeat_while_busy && env->header().msg_type == "status") {
+        const bool busy = env->message().content.value("execution_state", "") == "busy";
+        if (kernel_busy && !busy) {
+          hb_misses = 0;  // pings lost while it ran the cell are not held against it
+        }
+        kernel_busy = busy;
+      }
       if (options.on_iopub) {
         options.on_iopub(env);
       }
@@ -380,7 +388,8 @@ struct KernelClient::Impl {
     auto now = Clock::now();
     if (hb_outstanding && now - hb_sent_at >= interval) {
       hb_outstanding = false;
-      if (hb_ever_answered && ++hb_misses >= options.heartbeat_misses) {
+      const bool excused = !options.heartbeat_while_busy && kernel_busy;
+      if (hb_ever_answered && !excused && ++hb_misses >= options.heartbeat_misses) {
         declare_dead("no answer to " + std::to_string(hb_misses) + " heartbeats in a row (" +
                      std::to_string(hb_misses * interval.count()) + " ms)");
         return std::chrono::milliseconds(-1);

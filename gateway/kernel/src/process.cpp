@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cellgate/launcher/spec_json.hpp"
+#include "cellgate/util/fs.hpp"
 
 namespace cellgate::kernel {
 namespace {
@@ -128,6 +129,14 @@ Result<std::unique_ptr<KernelProcess>> KernelProcess::start(LaunchRequest reques
   kp->connection_.kernel_name = request.spec.name;
   kp->connection_file_ = conn_dir + "/connection.json";
   CELLGATE_TRY(kp->connection_.save(kp->connection_file_));
+  for (const auto& [name, content] : request.conn_files) {
+    if (name.empty() || name.find('/') != std::string::npos || name == "connection.json") {
+      return make_error(ErrorCode::kInvalidArgument, "conn_files",
+                        "a connection-dir file needs a plain name other than connection.json");
+    }
+    CELLGATE_TRY(
+        atomic_write(conn_dir + "/" + name, content, 0644, Durability::kNone, "runtime_dir"));
+  }
 
   std::string launcher = request.launcher_path.empty() ? executable_dir() + "/cellgate-kernel"
                                                        : request.launcher_path;

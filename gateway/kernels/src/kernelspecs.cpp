@@ -51,4 +51,14 @@ Result<kernel::KernelSpec> find_kernelspec(const std::string& name) {
   return found;
 }
 
+bool is_ipykernel(const kernel::KernelSpec& spec) {
+  for (std::size_t i = 0; i + 1 < spec.argv.size(); ++i) {
+    if (spec.argv[i] == "-m" &&
+        (spec.argv[i + 1] == "ipykernel_launcher" || spec.argv[i + 1] == "ipykernel")) {
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace cellgate::kernels

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "cellgate/kernels/registry.hpp"
+#include "kernelspecs.hpp"
 #include "records.hpp"
 
 namespace cellgate::kernels {
@@ -123,10 +124,11 @@ bool KernelRegistry::refill(const std::string& name) {
     k = new_kernel_locked(std::move(spec).value(), {});
   }
   Result<void> launched = k ? start_fresh(k) : Result<void>(std::move(spec).error());
-  if (launched) {
+  if (launched && is_ipykernel(k->spec())) {
     // An ipykernel's first cell costs ~10 ms more than later ones (IPython sets up its input
     // transformers and display machinery lazily): pay it here. Silent and without history, so
-    // the execution count and In/Out are still a fresh kernel's.
+    // the execution count and In/Out are still a fresh kernel's. Not for other kernels: `pass`
+    // is Python (in R it is an error, and IRkernel then aborts what is queued behind it).
     if (auto conn = k->connection()) {
       (void)conn->request(Channel::kShell, "execute_request",
                           kernel::execute_content("pass", false, false, true),

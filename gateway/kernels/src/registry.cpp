@@ -9,6 +9,7 @@
 
 #include "cellgate/kernel/process.hpp"
 #include "cellgate/util/fs.hpp"
+#include "cellgate/kernels/display_formatters.hpp"
 #include "env.hpp"
 #include "kernelspecs.hpp"
 #include "records.hpp"
@@ -131,7 +132,13 @@ Result<ManagedKernel::Running> KernelRegistry::launch(const std::shared_ptr<Mana
     spec.uid = k->uid();
     spec.gid = static_cast<gid_t>(k->uid());
     spec.name = "k-" + k->id();
+    for (const auto& alias : options_.work_dir_aliases) {
+      spec.binds.push_back({k->work_dir(), alias, /*writable=*/true});
+    }
     req.jail = std::move(spec);
+  }
+  if (options_.display_formatters) {
+    add_display_formatters(req);
   }
   CELLGATE_ASSIGN_OR_RETURN(std::unique_ptr<kernel::KernelProcessHandle> process,
                             backend_.launch(std::move(req)));
@@ -142,6 +149,7 @@ Result<ManagedKernel::Running> KernelRegistry::launch(const std::shared_ptr<Mana
   kernel::ClientOptions co;
   co.heartbeat_interval = std::chrono::milliseconds(500);
   co.heartbeat_misses = 6;
+  co.heartbeat_while_busy = is_ipykernel(k->spec());
   co.on_iopub = [weak](const protocol::EnvelopePtr& msg) {
     if (auto self = weak.lock()) {
       self->on_iopub(msg);
@@ -162,10 +170,26 @@ Result<ManagedKernel::Running> KernelRegistry::launch(const std::shared_ptr<Mana
   CELLGATE_ASSIGN_OR_RETURN(std::unique_ptr<kernel::KernelConnection> connected,
                             backend_.connect(*process, std::move(co)));
   std::shared_ptr<kernel::KernelConnection> connection = std::move(connected);
-  auto ready = connection->wait_ready(
-      std::chrono::milliseconds(static_cast<long long>(options_.kernel_start_timeout * 1000)));
+  // Asked in slices, so that a kernel that exits while starting (a broken kernelspec, an R
+  // without IRkernel) is reported once its launcher says so rather than after the whole timeout.
+  using std::chrono::milliseconds;
+  const milliseconds timeout(static_cast<long long>(options_.kernel_start_timeout * 1000));
+  const auto give_up = std::chrono::steady_clock::now() + timeout;
+  constexpr milliseconds kSlice(1000);
+  auto ready = connection->wait_ready(std::min(timeout, kSlice));
+  while (!ready && ready.error().code == ErrorCode::kDeadlineExceeded && !process->poll_exit()) {
+    const auto left =
+        std::chrono::duration_cast<milliseconds>(give_up - std::chrono::steady_clock::now());
+    if (left <= milliseconds(0)) {
+      break;
+    }
+    ready = connection->wait_ready(std::min(left, kSlice));
+  }
   if (!ready) {
-    std::string why = ready.error().message;
+    std::string why = ready.error().code == ErrorCode::kDeadlineExceeded
+                          ? "not ready within " + std::to_string(timeout.count()) +
+                                " ms; last: " + ready.error().message
+                          : ready.error().message;
     if (auto ended = process->poll_exit()) {
       why = std::string("the kernel exited while starting (") + launcher::to_string(ended->reason) +
             (ended->message.empty() ? "" : ": " + ended->message) +

@@ -21,6 +21,9 @@
 #include "cellgate/kernel/backend.hpp"
 #include "cellgate/kernel/connection.hpp"
 #include "cellgate/kernels/registry.hpp"
+#include "cellgate/mcp/http_endpoint.hpp"
+#include "cellgate/mcp/kernels.hpp"
+#include "cellgate/mcp/server.hpp"
 #include "cellgate/store/artifacts.hpp"
 #include "cellgate/store/audit.hpp"
 
@@ -61,6 +64,11 @@ kernels::RegistryOptions registry_options(const ServeOptions& o) {
   r.pool_size = o.pool_size;
   r.pool_kernels = o.pool_kernels;
   r.jail = o.jail;
+  // Agents get a figure's data and a DataFrame's columns beside the PNG and the HTML (notebook
+  // runs, which build their own registry, do not: nbclient's outputs have no such MIME types).
+  r.display_formatters = true;
+  // E2B's code runs in /home/user (its contexts' default cwd) and sometimes /root: the work dir.
+  r.work_dir_aliases = {"/home/user", "/root"};
   return r;
 }
 
@@ -97,6 +105,9 @@ struct Server::Impl {
   std::unique_ptr<execute::Executor> executor;
   std::unique_ptr<api::Api> api;
   std::unique_ptr<api::E2bApi> e2b;
+  std::unique_ptr<mcp::Kernels> mcp_kernels;  // the MCP server at /mcp, over the same parts
+  std::unique_ptr<mcp::Server> mcp;
+  std::unique_ptr<mcp::HttpEndpoint> mcp_endpoint;
   http::HttpOptions http_options;
   std::shared_ptr<http::TlsContext> tls;
   std::unique_ptr<http::Listener> listener;
@@ -165,6 +176,24 @@ Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->e2b = std::make_unique<api::E2bApi>(*impl_->registry, *impl_->executor, std::move(eo),
                                              impl_->offload());
 
+  mcp::KernelsOptions mo;
+  mo.max_timeout = o.execute_max_timeout;
+  mo.max_file_bytes = o.max_file_bytes;
+  mo.keepalive = seconds_to_ms(std::max(0.05, o.execute_keepalive));
+  std::string base = o.base_url;
+  while (!base.empty() && base.back() == '/') {
+    base.pop_back();
+  }
+  mo.artifact_base = base + "/api/artifacts/";
+  impl_->mcp_kernels =
+      mcp::make_local_kernels(*impl_->registry, *impl_->executor, mo, impl_->offload());
+  impl_->mcp = std::make_unique<mcp::Server>(*impl_->mcp_kernels, impl_->offload());
+  mcp::HttpEndpointOptions mcp_http;
+  mcp_http.allow_origins = o.allow_origins;
+  impl_->mcp_endpoint =
+      std::make_unique<mcp::HttpEndpoint>(*impl_->mcp, impl_->offload(), std::move(mcp_http));
+  impl_->api->mount("/mcp", *impl_->mcp_endpoint);
+
   impl_->http_options.max_body_bytes = o.max_body_bytes;
   impl_->http_options.max_header_bytes = o.max_header_bytes;
   impl_->http_options.max_ws_message_bytes = o.max_ws_message_bytes;
@@ -187,6 +216,9 @@ Server::~Server() {
     t.join();
   }
   impl_->e2b.reset();
+  impl_->mcp_endpoint.reset();
+  impl_->mcp.reset();
+  impl_->mcp_kernels.reset();
   impl_->api.reset();
   impl_->executor.reset();
   impl_->registry.reset();
@@ -269,6 +301,10 @@ int run_serve(ServeOptions options) {
   const std::string scheme = o.certfile.empty() ? "http" : "https";
   std::cout << "cellgate serve: listening on " << scheme << "://" << o.ip << ":" << *port
             << o.base_url << "\n";
+  std::cout << "cellgate serve: MCP (Streamable HTTP) at " << scheme << "://" << o.ip << ":"
+            << *port << (o.base_url.empty() || o.base_url.back() != '/' ? o.base_url + "/"
+                                                                         : o.base_url)
+            << "mcp\n";
   if (server.e2b_port() != 0) {
     std::cout << "cellgate serve: E2B-compatible endpoints on http://" << o.ip << ":"
               << server.e2b_port() << "\n";

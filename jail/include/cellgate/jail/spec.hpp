@@ -7,7 +7,8 @@
 //   CELLGATE_TRY(spec.validate());
 //
 // Inside the jail the kernel sees: / (read-only tmpfs) with /usr, /bin, /lib… bound read-only,
-// a synthesized /etc (passwd, group, hosts) plus a few read-only host files, a fresh /proc,
+// a synthesized /etc (passwd, group, hosts) plus a few read-only host files (etc_binds), shared
+// caches such as /var/cache/fontconfig read-only (system_binds), a fresh /proc,
 // a minimal /dev with a /dev/shm tmpfs, a size-capped /tmp, its work dir at /home/kernel
 // (writable, size-capped) and its connection dir at /run/kernel (writable, noexec).
 //
@@ -71,10 +72,17 @@ struct JailSpec {
   std::string work_dir;
   std::vector<BindMount> binds;  // extra mounts (e.g. a probe binary in tests)
   // Host files and dirs under /etc bound read-only when they exist (ld.so.cache, fonts, …).
+  // "R": Debian's /usr/lib/R/etc/{Renviron,ldpaths,Rprofile.site,…} are symlinks into /etc/R,
+  // and the `R` wrapper script of an R kernelspec stops without ldpaths.
   std::vector<std::string> etc_binds = {
       "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "localtime", "protocols",
       "services", "matplotlibrc", "mime.types", "alternatives", "fonts", "python3",
-      "python3.11", "ssl"};
+      "python3.11", "ssl", "R"};
+  // Host paths outside /usr and /etc bound read-only at the same place when they exist: shared,
+  // secret-free caches a kernel would otherwise rebuild in its work dir on every start.
+  // fontconfig's serves R's png()/cairo devices (without it each R kernel's first plot scans
+  // the fonts, ~25 ms here and seconds on hosts with many fonts, and writes ~/.cache/fontconfig).
+  std::vector<std::string> system_binds = {"/var/cache/fontconfig"};
 
   // The kernel's entire environment.
   std::map<std::string, std::string> env = {{"PATH", "/usr/local/bin:/usr/bin:/bin"},
@@ -83,7 +91,9 @@ struct JailSpec {
 
   // What the jail relies on and a spec from outside could break: positive limits, a kernel uid
   // and gid other than 0, plain names for the cgroups, absolute bind targets without "..", no
-  // /etc/shadow (or the like) bound in. kInvalidArgument "bad_jail_spec" naming the first.
+  // /etc/shadow (or the like) bound in, system_binds absolute and clear of the directories the
+  // jail builds itself or that hold users' data (/etc, /proc, /sys, /dev, /run, /tmp, /home,
+  // /root). kInvalidArgument "bad_jail_spec" naming the first.
   Result<void> validate() const;
 };
 

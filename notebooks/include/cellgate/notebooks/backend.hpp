@@ -9,8 +9,14 @@
 //   CELLGATE_ASSIGN_OR_RETURN(nlohmann::json answer, session->execute("1 + 1", 30));
 //   session.reset();                      // the kernel is shut down
 //
+// An answer also carries "events": the executor's events of the cell in order (stream,
+// display_data, execute_result, update_display_data with its display_id, error, clear_output
+// with its wait flag; no keepalives), from which the runner builds outputs as nbclient does
+// (outputs.hpp); the answer's own "outputs" are one cell's view.
+//
 // Remote: POST /api/kernels {name}; PUT /api/kernels/{id}/files/{path};
-// POST /api/kernels/{id}/execute {code, timeout} (the JSON answer); DELETE /api/kernels/{id}.
+// POST /api/kernels/{id}/execute {code, timeout} streamed as NDJSON (the events, then the
+// answer); DELETE /api/kernels/{id}.
 //
 // Thread-safety: a Backend's methods may be called from many threads at once (one notebook per
 // worker thread); a KernelSession is used by one thread. cancel() may be called from any thread
@@ -34,6 +40,10 @@ class KernelSession {
   virtual Result<void> put_file(const std::string& rel, const std::string& bytes) = 0;
   // Runs one cell; timeout_seconds <= 0: no limit (a remote gateway clamps it to its maximum).
   virtual Result<nlohmann::json> execute(const std::string& code, double timeout_seconds) = 0;
+  // The kernel's kernel_info_reply content (its "language_info" goes into the notebook's
+  // metadata, as nbclient writes it). A remote gateway offers no kernel_info over REST: there it
+  // is {"language_info": {"name": <the kernelspec's language>}}.
+  virtual Result<nlohmann::json> kernel_info() = 0;
 };
 
 class Backend {

@@ -1,8 +1,9 @@
 // nbformat 4 for `cellgate run`: read and validate a notebook, inject papermill-style
-// parameters, and write it back in nbformat's own JSON style.
+// parameters (parameters.hpp reads and renders them), and write it back in nbformat's own JSON
+// style.
 //
 //   CELLGATE_ASSIGN_OR_RETURN(nlohmann::json nb, notebook::parse(text));   // validated
-//   CELLGATE_ASSIGN_OR_RETURN(auto p, notebook::parse_parameter("alpha=0.5"));
+//   CELLGATE_ASSIGN_OR_RETURN(auto p, parameters::typed("alpha", "0.5"));
 //   notebook::inject_parameters(nb, {p});
 //   std::string out = notebook::dump(nb);
 //
@@ -40,23 +41,20 @@ bool has_tag(const nlohmann::json& cell, std::string_view tag);
 // metadata.kernelspec.name, or "" when the notebook does not say.
 std::string kernel_name(const nlohmann::json& nb);
 
-// `-p NAME=VALUE`: VALUE as a Python literal when it is one (int, float, True/False/None,
-// JSON true/false/null, a quoted string, a JSON list or object), else as a string.
+// One injected parameter: `name = python` (parameters.hpp makes them).
 struct Parameter {
   std::string name;
-  std::string python;  // the right-hand side: repr(value)
+  std::string python;  // the right-hand side, as papermill writes it
 };
-Result<Parameter> parse_parameter(std::string_view arg);
-// Python's repr() of a JSON value (strings quoted as Python does, true → True, null → None).
-std::string python_repr(const nlohmann::json& value);
 
-// Removes cells tagged "injected-parameters" (from an earlier run), then inserts a new code cell
-// tagged "injected-parameters" with one `name = value` line per parameter, right after the first
-// cell tagged "parameters", or first when there is none. Returns the new cell's index and
+// papermill's parameterize_notebook: a new code cell tagged "injected-parameters" whose source
+// is "# Parameters\n" and one "name = value\n" line per parameter replaces the first cell
+// already tagged "injected-parameters" (an earlier run's), or goes right after the first cell
+// tagged "parameters", or first when there is neither. Returns the new cell's index and
 // whether a "parameters" cell was found.
 struct Injection {
   std::size_t index = 0;
-  bool after_parameters_cell = false;
+  bool after_parameters_cell = false;  // or an earlier injected cell was replaced
 };
 Injection inject_parameters(nlohmann::json& nb, const std::vector<Parameter>& parameters);
 

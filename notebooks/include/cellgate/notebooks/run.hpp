@@ -1,7 +1,7 @@
 // `cellgate run`: execute notebooks headless in jailed kernels, as nbclient or papermill do.
 //
 //   cellgate run analysis.ipynb -o analysis.out.ipynb
-//   cellgate run report.ipynb -p region=South -p threshold=0.5 -o report.South.ipynb
+//   cellgate run report.ipynb -p region South -p threshold 0.5 -o report.South.ipynb
 //   cellgate run notebooks/ --jobs 4 --output-dir out/ --results out/results --artifacts out/img
 //   cellgate run eval.ipynb --url http://127.0.0.1:8888 --token "$TOKEN" --json
 //
@@ -10,8 +10,10 @@
 // its code cells run in order. Outputs and execution counts are written in nbformat's shapes; the
 // input is never overwritten unless --inplace. The run stops at the first cell that raises, unless
 // --allow-errors or the cell is tagged "raises-exception" (as nbclient does). A cell past
-// --timeout is interrupted and ends the notebook with status "timeout". `-p NAME=VALUE` adds an
-// "injected-parameters" cell after the cell tagged "parameters" (papermill's convention).
+// --timeout is interrupted and ends the notebook with status "timeout" (with --allow-errors it
+// is recorded as an error and the run goes on). `-p NAME VALUE`, `-r NAME VALUE` and `-y YAML`
+// (papermill's options, parameters.hpp) add an "injected-parameters" cell after the cell tagged
+// "parameters" (papermill's convention). Cells tagged "skip-execution" do not run (nbclient's).
 //
 // By default the kernels run in an embedded gateway (a KernelRegistry and an Executor in this
 // process, state in a temp dir removed at the end); with --url on a running `cellgate serve`.
@@ -28,6 +30,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace CLI {
@@ -41,7 +44,9 @@ struct NotebookRunOptions {
   std::string output;                   // -o: the executed notebook (one input only)
   std::string output_dir;               // --output-dir: DIR/<name>.ipynb per notebook
   bool inplace = false;                 // write the executed notebook over its input
-  std::vector<std::string> parameters;  // -p NAME=VALUE
+  std::vector<std::pair<std::string, std::string>> parameters;      // -p NAME VALUE
+  std::vector<std::pair<std::string, std::string>> raw_parameters;  // -r NAME VALUE
+  std::vector<std::string> yaml_parameters;                         // -y YAML
   double timeout_seconds = 0;           // per cell; 0: none
   bool allow_errors = false;            // run every cell even after errors
   std::string artifacts_dir;            // save images and PDFs to DIR/<notebook>/

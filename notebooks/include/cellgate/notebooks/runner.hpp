@@ -12,10 +12,13 @@
 //
 // One run (docs/run.md, "How a notebook runs"): every code cell's outputs are cleared and the
 // parameters injected; a fresh kernel starts and the files beside the notebook are copied into
-// its work dir; the non-blank code cells run in order, each filled with the answer's outputs
-// and execution count. The run stops at the first cell that raises (unless allow_errors, or the
-// cell is tagged "raises-exception", as nbclient does), that times out, whose kernel dies, or
-// once the backend is cancelled. Then the kernel is shut down, images and PDFs are saved, and
+// its work dir and the kernel's language_info goes into the notebook's metadata; the non-blank
+// code cells not tagged "skip-execution" run in order, each filled with its outputs (made from
+// the answer's events by nbclient's rules, outputs.hpp: clear_output(wait=True), display ids
+// updated across cells) and execution count. The run stops at the first cell that raises
+// (unless allow_errors, or the cell is tagged "raises-exception", as nbclient does), that times
+// out (unless allow_errors and the interrupt stopped it: nbclient's interrupt_on_timeout), whose
+// kernel dies, or once the backend is cancelled. Then the kernel is shut down, images and PDFs are saved, and
 // the executed notebook is written (also when the run failed, so the error is in it).
 //
 // Thread-safety: run_notebook blocks; many may run at once on one Backend, one per thread. The
@@ -51,7 +54,7 @@ const char* to_string(Status status);
 struct NotebookRun {
   std::vector<notebook::Parameter> parameters;  // injected after the "parameters" cell
   double timeout_seconds = 0;                   // per cell; 0: none
-  bool allow_errors = false;                    // run every cell even after errors
+  bool allow_errors = false;  // run every cell even after errors and interrupted timeouts
   std::string kernel;  // "": the notebook's kernelspec when the backend has it, else python3
   std::string files_from;     // a directory whose files go to the work dir; "": none
   std::string artifacts_dir;  // images and PDFs saved as DIR/cell<i>-<n>.<ext>; "": not saved
@@ -72,7 +75,7 @@ struct Outcome {
   int line = 0;                     // the line of that cell the traceback points at; 0: unknown
   std::string ename, evalue;
   std::vector<std::string> traceback;
-  std::size_t errors = 0;     // cell errors let through by allow_errors
+  std::size_t errors = 0;     // cell errors and interrupted timeouts let through by allow_errors
   std::size_t artifacts = 0;  // images and PDFs in the outputs
   std::vector<std::string> artifact_files;
   std::string output;   // the file written

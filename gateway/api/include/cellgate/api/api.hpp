@@ -56,6 +56,11 @@ class Api : public http::Handler {
     handle(std::move(req), std::make_shared<http::LambdaExchange>(std::move(reply)));
   }
 
+  // Serves `path` below base_url (e.g. "/mcp") with another handler, behind the same Origin
+  // check and token auth as every route — except that a wrong token is 401 there, as MCP
+  // clients expect. Call before serving; `handler` outlives the Api's use of it.
+  void mount(std::string path, http::Handler& handler);
+
   // Adds CORS headers for an allowed Origin.
   void decorate(const http::Request& req, http::Response& res) const;
   // Whether the Origin header (if any) is allowed: same host, or in allow_origins.
@@ -82,6 +87,8 @@ class Api : public http::Handler {
   util::Offload offload_;
   std::string base_;  // base_url without its trailing slash ("" for "/")
   http::Router router_;
+
+  std::map<std::string, http::Handler*> mounts_;  // path below base_url → its handler
 
   std::mutex sessions_mu_;
   std::map<std::string, Session> sessions_;

@@ -28,10 +28,12 @@
 
 namespace cellgate::api::e2b {
 
-// The only language cellgate runs; E2B's default language, too.
+// E2B's default language. Any language with an installed kernelspec runs (E2bApi picks the
+// kernelspec by its "language"); the requests only normalize the name.
 inline constexpr std::string_view kLanguage = "python";
-// Where a context created without "cwd" starts (E2B's sandboxes use /home/user).
-inline constexpr std::string_view kDefaultCwd = "/home/kernel";
+// Where a context created without "cwd" starts, as on E2B. `cellgate serve` mounts each kernel's
+// work dir there too (RegistryOptions::work_dir_aliases), so it is the work dir.
+inline constexpr std::string_view kDefaultCwd = "/home/user";
 
 // POST /execute: {"code", "context_id"?, "language"?, "env_vars"?}. The SDK sends at most one of
 // context_id and language (JSON.stringify drops undefined ones).
@@ -43,9 +45,10 @@ struct RunCodeRequest {
 };
 
 // Errors: "bad_json" (not a JSON object), "bad_code" (code missing or not a string),
-// "bad_context_id", "unsupported_language" (anything but python, after E2B's lower-case and
-// trim), "context_and_language" (both given, as E2B's server refuses), "bad_env_vars" (not an
-// object of strings, or a name os.environ refuses: empty, '=' or NUL; a value with NUL).
+// "bad_context_id", "unsupported_language" (not a string), "context_and_language" (both given,
+// as E2B's server refuses), "bad_env_vars" (not an object of strings, or a name os.environ
+// refuses: empty, '=' or NUL; a value with NUL). The language is normalized as E2B does:
+// lower-cased and trimmed, "js" → "javascript", "ts" → "typescript", absent → "python".
 Result<RunCodeRequest> parse_run_code_request(std::string_view body);
 
 // POST /contexts: {"language"?, "cwd"?}; an empty body is {}.
@@ -54,7 +57,8 @@ struct CreateContextRequest {
   std::string cwd = std::string(kDefaultCwd);
 };
 
-// Errors: "bad_json", "unsupported_language", "bad_cwd" (not a string, not absolute, or NUL).
+// Errors: "bad_json", "unsupported_language" (not a string), "bad_cwd" (not a string, not
+// absolute, or NUL).
 Result<CreateContextRequest> parse_create_context_request(std::string_view body);
 
 // The context model of POST /contexts and of each element of GET /contexts.
@@ -72,13 +76,20 @@ std::string env_code(const std::map<std::string, std::string>& vars);
 // Python, run silently after the cell: puts back what env_code remembered (a name that was unset
 // is unset again). If that record is gone (the kernel restarted), unsets vars' names, as E2B does.
 std::string env_restore_code(const std::map<std::string, std::string>& vars);
-// Python, run silently once when a context is created: os.chdir(cwd), exactly.
-std::string chdir_code(const std::string& cwd);
+// Code run silently when a context starts (and after each restart), in the context's language:
+// makes `cwd` if it is missing (mkdir -p) and changes to it; for python also turns on
+// Image.save() displaying the image, as E2B's sandboxes do (the kernel's display formatters,
+// gateway/kernels/python/cellgate_display.py). nullopt for a language whose syntax cellgate does
+// not know (python and r are known): the context then starts in its kernel's work dir.
+std::optional<std::string> context_setup_code(const std::string& language,
+                                              const std::string& cwd);
 
 // Maps cellgate's execution events to E2B NDJSON objects, one execution at a time:
 //   stream           → {"type":"stdout"|"stderr","text"}
 //   execute_result   → {"type":"result","is_main_result":true, text/html/markdown/svg/png/jpeg/
-//   display_data,      pdf/latex/json/javascript/data/chart, "extra":{other mime types}}
+//   display_data,      pdf/latex/json/javascript/data/chart, "extra":{other mime types}}; chart
+//                      and data come from cellgate's display formatters (application/vnd.
+//                      cellgate.chart+json, …data+json) or E2B's own e2b/chart, e2b/data
 //   update_display_data  (is_main_result false); text/plain loses one pair of enclosing quotes,
 //                        as E2B's server does ('abc' → abc)
 //   error            → {"type":"error","name","value","traceback": lines joined with "\n"}

@@ -3,13 +3,16 @@
 //
 //   POST   /execute                 {code, context_id?, language?, env_vars?} → NDJSON lines
 //   POST   /contexts                {language?, cwd?} → {id, language, cwd}
-//   GET    /contexts                → [{id, language, cwd}, ...]
+//   GET    /contexts                → [{id, language, cwd}, ...] in creation order
 //   POST   /contexts/{id}/restart   → 204 (variables gone, cwd kept)
 //   DELETE /contexts/{id}           → 204
 //   GET    /health                  → 200 (no token needed)
 //
-// A context is a jailed kernel of the default kernelspec. /execute without a context uses a
-// default context, started on first use. Auth: the gateway token in X-Access-Token or
+// A context is a jailed kernel of the kernelspec for its language: python → the default
+// kernelspec (when it is a python one), any other language → the first kernelspec whose
+// "language" is it (r → Debian's `ir`). No such kernelspec: 400, text/plain. /execute without a
+// context uses the default context of its language, started on first use. A context starts in
+// its cwd (default /home/user), made if missing (context_setup_code). Auth: the gateway token in X-Access-Token or
 // Authorization ("token t" / "Bearer t"). Served on a second listener (`--e2b-port`), as E2B's SDK
 // in debug mode talks to http://localhost:49999. Cells run through the same Executor path as the
 // agent API's streamed answers, with E2B's line format (e2b.hpp).
@@ -17,6 +20,7 @@
 // Thread-safety: handle() may be called from any thread.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
@@ -48,14 +52,20 @@ class E2bApi : public http::Handler {
  private:
   struct Context {
     std::string id, language, cwd;
+    std::uint64_t created = 0;  // the order GET /contexts lists them in
   };
 
   void add_routes();
   void execute(http::Call& call);
+  // The kernelspec that runs `language` (normalized, as the requests give it).
+  Result<std::string> kernelspec_for(const std::string& language) const;
   // Starts a kernel and moves it to `cwd`; blocking.
   Result<Context> start_context(const std::string& language, const std::string& cwd);
-  // The default context's kernel id, started when there is none (or it is gone); blocking.
-  Result<std::string> default_context();
+  // Makes `ctx.cwd` and changes to it, after a start or a restart; blocking.
+  Result<void> set_up(const Context& ctx);
+  // The default context of `language`: its kernel id, started when there is none (or it is
+  // gone); blocking.
+  Result<std::string> default_context(const std::string& language);
   bool authorized(const http::Request& req) const;
 
   kernels::KernelRegistry& registry_;
@@ -65,9 +75,10 @@ class E2bApi : public http::Handler {
   http::Router router_;
 
   std::mutex mu_;
-  std::map<std::string, Context> contexts_;  // by kernel id
-  std::string default_id_;
-  std::mutex default_start_mu_;  // one start of the default context at a time
+  std::map<std::string, Context> contexts_;         // by kernel id
+  std::map<std::string, std::string> default_ids_;  // language → kernel id
+  std::uint64_t created_ = 0;
+  std::mutex default_start_mu_;  // one start of a default context at a time
 };
 
 }  // namespace cellgate::api

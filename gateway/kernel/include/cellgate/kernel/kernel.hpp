@@ -80,6 +80,12 @@ struct ClientOptions {
   // declared once the kernel has answered a first ping (a starting kernel is not dead).
   std::chrono::milliseconds heartbeat_interval{200};
   int heartbeat_misses = 3;
+  // true: the kernel answers pings while it runs a cell (ipykernel's heartbeat is a thread of its
+  // own), so misses count at any time. false: it answers only between requests (IRkernel polls
+  // its heartbeat socket in the loop that runs cells, so an R cell of 5 s is 5 s of silence):
+  // pings unanswered while its last iopub status is "busy" are not counted. A kernel that ends
+  // is still seen at once through its process; only a hang during a cell goes unnoticed.
+  bool heartbeat_while_busy = true;
   protocol::Limits limits;
   std::string username = "cellgate";
 

@@ -55,6 +55,10 @@ struct LaunchRequest {
   // Jailed only: a ready zygote's socket (zygote.hpp); a python3 ipykernel is then forked from
   // it. "" (or no zygote answering, or another kernel): started cold.
   std::string zygote_socket;
+  // Files written into the connection dir before the launch (name → content, mode 0644): the
+  // kernel reads them at /run/kernel/<name> in the jail, beside its connection file unjailed.
+  // Nothing secret: the kernel owns that dir. The display formatters' module travels this way.
+  std::map<std::string, std::string> conn_files;
   // "ipc" (sockets in the runtime dir; what jailed kernels use) or "tcp" (loopback ports).
   std::string transport = "ipc";
   std::chrono::milliseconds start_timeout{10000};

@@ -66,6 +66,13 @@ struct RegistryOptions {
   int pool_size = 0;                      // ready kernels per pooled kernelspec (0: off)
   std::vector<std::string> pool_kernels;  // kernelspecs pooled; empty: the default one
   jail::JailSpec jail;                    // limits for every kernel
+  // ipykernels load cellgate's display formatters (a figure's chart, a DataFrame's data, PIL's
+  // show() displayed: src/display_formatters.hpp). `cellgate serve` turns it on; off by default,
+  // so notebook runs produce what nbclient would.
+  bool display_formatters = false;
+  // Paths in the jail where each kernel's work dir is mounted too (E2B's /home/user), so code
+  // written for them reads and writes the files the gateway lists. Jailed kernels only.
+  std::vector<std::string> work_dir_aliases;
 };
 
 class KernelRegistry {
