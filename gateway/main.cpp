@@ -66,6 +66,11 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--restart-limit", serve.restart_limit,
                         "automatic restarts of a dying kernel before it is left dead")
       ->capture_default_str();
+  bool no_chart_data = false;
+  serve_cmd->add_flag("--no-chart-data", no_chart_data,
+                      "no chart/data display formatters in python kernels: agents and E2B get "
+                      "no `chart`/`data`, and notebooks saved by Jupyter clients get only "
+                      "ipykernel's own MIME types");
   serve.pool_size = 2;  // ServeOptions' own default is 0 (off) for embedding code and tests
   serve_cmd->add_option("--pool-size", serve.pool_size,
                         "ready kernels kept per pooled kernelspec, claimed by new kernels that "
@@ -151,6 +156,7 @@ int main(int argc, char** argv) {
   }
   if (serve_cmd->parsed()) {
     serve.zygote = !no_zygote;
+    serve.chart_data = !no_chart_data;
     return cellgate::server::run_serve(std::move(serve));
   }
   return 2;

@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -103,6 +105,22 @@ bool is_symlink(const std::string& path) {
   return ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
 }
 
+// The target of the symlink `path` when it lies under /usr ("" when `path` is no symlink or
+// points elsewhere), made absolute and normalized without following further links.
+std::string link_into_usr(const std::string& path) {
+  char target[PATH_MAX] = {};
+  const ssize_t n = ::readlink(path.c_str(), target, sizeof target - 1);
+  if (n <= 0) {
+    return "";
+  }
+  std::filesystem::path to(std::string(target, static_cast<std::size_t>(n)));
+  if (to.is_relative()) {
+    to = std::filesystem::path(path).parent_path() / to;
+  }
+  const std::string normal = to.lexically_normal().string();
+  return normal.starts_with("/usr/") ? normal : "";
+}
+
 Result<void> build_etc(const JailSpec& spec, const std::string& root, uid_t uid, gid_t gid) {
   const std::string etc = root + "/etc";
   CELLGATE_TRY(make_dir(etc));
@@ -120,6 +138,15 @@ Result<void> build_etc(const JailSpec& spec, const std::string& root, uid_t uid,
   for (const auto& name : spec.etc_binds) {
     const std::string source = "/etc/" + name;
     if (!exists(source)) {
+      continue;
+    }
+    // A link into /usr (/etc/localtime -> /usr/share/zoneinfo/Etc/UTC) stays a link: the jail
+    // sees /usr anyway, and programs read the link itself (R's Sys.timezone() takes the zone's
+    // name from it, and without it compares /etc/localtime with every zoneinfo file).
+    if (const std::string target = link_into_usr(source); !target.empty()) {
+      if (::symlink(target.c_str(), (etc + "/" + name).c_str()) != 0) {
+        return fail("symlink('" + target + "', '" + etc + "/" + name + "')");
+      }
       continue;
     }
     CELLGATE_TRY(bind_mount(source, etc + "/" + name, MS_RDONLY | MS_NOSUID | MS_NODEV));

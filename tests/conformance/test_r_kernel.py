@@ -77,6 +77,14 @@ class Server:
         self.err = tmp / "cellgate.err"
         env = {k: v for k, v in os.environ.items() if not k.startswith("CELLGATE_")}
         env[CANARY] = "canary-" + uuid.uuid4().hex
+        # One more kernelspec directory, with an R kernelspec that cannot start.
+        broken = tmp / "jupyter" / "kernels" / "r-broken"
+        broken.mkdir(parents=True)
+        (broken / "kernel.json").write_text(json.dumps({
+            "argv": ["R", "--slave", "-e", "IRkernel::no_such_function()", "--args",
+                     "{connection_file}"],
+            "display_name": "R (broken)", "language": "R"}))
+        env["JUPYTER_PATH"] = str(tmp / "jupyter")
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
             self.proc = subprocess.Popen(
                 [str(CELLGATE), "serve", "--ip", "127.0.0.1", "--port", "0",
@@ -273,6 +281,17 @@ def test_ir_kernelspec_is_offered(server):
     assert ir is not None, specs
     assert ir["spec"]["language"] == "R"
     assert ir["spec"]["argv"][0] == "R"
+
+
+def test_a_kernel_that_exits_at_start_fails_the_start_at_once(server):
+    started = time.monotonic()
+    status, answer = server.request("POST", "/api/kernels", {"name": "r-broken"})
+    took = time.monotonic() - started
+    assert status == 500, (status, answer)
+    assert "exited while starting" in answer["message"], answer
+    assert "no_such_function" in answer["message"], answer  # R's own words, from the log
+    # Not the whole start timeout (60 s): the launcher's report ends the wait.
+    assert took < 10, f"the failed start took {took:.1f} s"
 
 
 def test_jupyter_api_state_error_long_cell_and_interrupt(server, kernel):

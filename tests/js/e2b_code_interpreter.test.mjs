@@ -10,7 +10,7 @@ import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { access, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -250,7 +250,9 @@ test('runCode: envs are set for that call only', { timeout: 60_000 }, async () =
 });
 
 test('runCode: a language without a kernelspec is a 400; python by name is the default', { timeout: 30_000 }, async () => {
-  await assert.rejects(sbx.runCode('1', { language: 'cobol' }),
+  // The SDK leaves its request timer running when the request fails (it kept this file's process
+  // alive for its whole 60 s default): a short one here.
+  await assert.rejects(sbx.runCode('1', { language: 'cobol', timeoutMs: 5_000, requestTimeoutMs: 5_000 }),
     e => e instanceof SandboxError && /^400\b/.test(e.message), 'language cobol was accepted');
   const res = await fetch(`${E2B_URL}/execute`, {
     method: 'POST', headers: { 'Content-Type': 'application/json' },
@@ -298,7 +300,7 @@ test('contexts: create, separate namespace, list, restart, remove', { timeout: 2
   }
   const after = await sbx.listCodeContexts();
   assert.ok(!after.some(c => c.id === ctx.id), `still listed: ${JSON.stringify(after)}`);
-  await assert.rejects(sbx.runCode('1', { context: ctx }), NotFoundError, 'runCode in a removed context');
+  await assert.rejects(sbx.runCode('1', { context: ctx, requestTimeoutMs: 5_000 }), NotFoundError, 'runCode in a removed context');
   await assert.rejects(sbx.restartCodeContext(ctx), NotFoundError, 'restart of a removed context');
   await assert.rejects(sbx.removeCodeContext(ctx), NotFoundError, 'second remove');
 });
@@ -551,5 +553,26 @@ test('contexts: a missing cwd is made; /home/user and /root are the work dir', {
     for (const ctx of made) {
       await sbx.removeCodeContext(ctx).catch(() => {});
     }
+  }
+});
+
+// The kernelspec of language R: Debian's r-cran-irkernel installs `ir` (the jail's side of R
+// kernels is tests/conformance's business; this checks that the E2B layer picks it).
+const R_KERNELSPEC = '/usr/share/jupyter/kernels/ir/kernel.json';
+const hasR = await access(R_KERNELSPEC).then(() => true, () => false);
+
+test('languages: language "r" runs in the R kernelspec, in /home/user', { timeout: 120_000, skip: !hasR && `no ${R_KERNELSPEC}` }, async () => {
+  const execution = await run('x <- 6 * 7\nx\ngetwd()', { language: 'r', timeoutMs: 90_000 });
+  assert.deepEqual(execution.results.map(r => r.text), ['[1] 42', '[1] "/home/user"'], describe(execution));
+  const ctx = await withTimeout(sbx.createCodeContext({ language: 'R', cwd: '/tmp/r-work' }), 90_000, 'createCodeContext');
+  try {
+    assert.equal(ctx.language, 'r');
+    assert.equal((await run('getwd()', { context: ctx })).results[0].text, '[1] "/tmp/r-work"');
+    // Its own namespace: x is the default R context's.
+    const missing = await run('x', { context: ctx }, { allowError: true });
+    assert.ok(missing.error, describe(missing));
+    assert.equal((await run('x', { language: 'r' })).results[0].text, '[1] 42');
+  } finally {
+    await sbx.removeCodeContext(ctx).catch(() => {});
   }
 });

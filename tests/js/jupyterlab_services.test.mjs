@@ -8,6 +8,7 @@ import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
+import { existsSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -175,13 +176,13 @@ async function waitForConnected(kernel, ms = 30_000) {
 /**
  * Starts a kernel through a KernelManager, waits for kernel_info, runs fn, and shuts it down.
  */
-async function withKernel(fn, { webSocket = RecordingWebSocket } = {}) {
+async function withKernel(fn, { webSocket = RecordingWebSocket, name = 'python3' } = {}) {
   const serverSettings = settings({ WebSocket: webSocket });
   const manager = new KernelManager({ serverSettings });
   let kernel;
   try {
     await withTimeout(manager.ready, 20_000, 'KernelManager.ready');
-    kernel = await withTimeout(manager.startNew({ name: 'python3' }), 60_000, 'KernelManager.startNew');
+    kernel = await withTimeout(manager.startNew({ name }), 60_000, 'KernelManager.startNew');
     await withTimeout(kernel.info, 60_000, 'kernel_info_reply');
     return await fn(kernel, manager, serverSettings);
   } finally {
@@ -365,6 +366,43 @@ test('interrupt: a busy loop ends with KeyboardInterrupt, the kernel lives on', 
     const after = await execute(kernel, 'print("still here")');
     assert.equal(after.stdout, 'still here\n');
   });
+});
+
+// Debian's IRkernel (r-cran-irkernel installs the `ir` kernelspec), jailed like python3.
+const HAS_IR = existsSync('/usr/share/jupyter/kernels/ir/kernel.json');
+
+test('R (ir): state, a plot as image/png, an interrupted Sys.sleep', { timeout: 90_000, skip: HAS_IR ? false : 'no ir kernelspec (r-cran-irkernel)' }, async () => {
+  await withKernel(async kernel => {
+    const info = await kernel.info;
+    assert.equal(info.language_info.name, 'R');
+    await execute(kernel, 'x <- 41');
+    const b = await execute(kernel, 'cat(x + 1, "\n")');
+    assert.equal(b.stdout, '42 \n', describeIopub(b.iopub));
+    const plot = await execute(kernel, 'plot(1:10)');
+    const shown = plot.iopub.find(m => m.header.msg_type === 'display_data' && m.content.data['image/png']);
+    assert.ok(shown, `no display_data with image/png: ${describeIopub(plot.iopub).slice(0, 1000)}`);
+    assert.ok(shown.content.data['image/png'].startsWith('iVBORw0KGgo'));
+    let started;
+    const running = new Promise(resolve => { started = resolve; });
+    const pending = execute(kernel, 'Sys.sleep(60)', {
+      onFuture: future => {
+        const prev = future.onIOPub;
+        future.onIOPub = msg => {
+          prev(msg);
+          if (msg.header.msg_type === 'execute_input') {
+            started();
+          }
+        };
+      },
+    });
+    await withTimeout(running, 30_000, 'execute_input of Sys.sleep');
+    await sleep(500);
+    await withTimeout(kernel.interrupt(), 15_000, 'POST interrupt');
+    const { reply } = await withTimeout(pending, 15_000, 'the interrupted Sys.sleep');
+    assert.equal(reply.content.status, 'abort');  // IRkernel's answer to an interrupt
+    const after = await execute(kernel, 'cat(x, "\n")');
+    assert.equal(after.stdout, '41 \n');
+  }, { name: 'ir' });
 });
 
 test('restart: state is gone and the kernel answers', { timeout: 120_000 }, async () => {

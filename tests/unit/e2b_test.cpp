@@ -79,8 +79,6 @@ TEST(E2bRunCode, Errors) {
   expect_invalid(R"({"code":null})", "bad_code");
   expect_invalid(R"({"code":"1","context_id":7})", "bad_context_id");
   expect_invalid(R"({"code":"1","context_id":""})", "bad_context_id");
-  expect_invalid(R"({"code":"1","language":"javascript"})", "unsupported_language");
-  expect_invalid(R"({"code":"1","language":"r"})", "unsupported_language");
   expect_invalid(R"({"code":"1","language":3})", "unsupported_language");
   expect_invalid(R"({"code":"1","context_id":"k","language":"python"})", "context_and_language");
   expect_invalid(R"({"code":"1","env_vars":["A"]})", "bad_env_vars");
@@ -93,11 +91,21 @@ TEST(E2bRunCode, Errors) {
   expect_invalid(R"({"code":"1","env_vars":{"A":"x\u0000y"}})", "bad_env_vars");
 }
 
-TEST(E2bRunCode, UnsupportedLanguageSaysWhich) {
-  auto r = parse_run_code_request(R"({"code":"1","language":"Bash"})");
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.error().message.find("Bash"), std::string::npos) << r.error().message;
-  EXPECT_NE(r.error().message.find("python"), std::string::npos) << r.error().message;
+TEST(E2bRunCode, LanguagesAreNormalizedAsE2bDoes) {
+  // Whether a kernel runs it is the routes' question (the installed kernelspecs).
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"code":"1","language":" R "})", "r"},
+      {R"({"code":"1","language":"Bash"})", "bash"},
+      {R"({"code":"1","language":"js"})", "javascript"},
+      {R"({"code":"1","language":"TS"})", "typescript"},
+      {R"({"code":"1","language":""})", "python"},
+      {R"({"code":"1"})", "python"},
+  };
+  for (const auto& [body, language] : cases) {
+    auto r = parse_run_code_request(body);
+    ASSERT_TRUE(r.ok()) << body << ": " << r.error().describe();
+    EXPECT_EQ(r->language, language) << body;
+  }
 }
 
 // ---- POST /contexts --------------------------------------------------------------------------
@@ -107,7 +115,7 @@ TEST(E2bContexts, CreateDefaults) {
     auto r = parse_create_context_request(body);
     ASSERT_TRUE(r.ok()) << "'" << body << "': " << r.error().describe();
     EXPECT_EQ(r->language, "python");
-    EXPECT_EQ(r->cwd, "/home/kernel");
+    EXPECT_EQ(r->cwd, "/home/user") << "E2B's default";
   }
   auto r = parse_create_context_request(R"({"language":"PYTHON","cwd":"/tmp/a b"})");
   ASSERT_TRUE(r.ok()) << r.error().describe();
@@ -119,7 +127,7 @@ TEST(E2bContexts, CreateErrors) {
   const std::pair<const char*, const char*> cases[] = {
       {"nope", "bad_json"},
       {"[]", "bad_json"},
-      {R"({"language":"js"})", "unsupported_language"},
+      {R"({"language":["python"]})", "unsupported_language"},
       {R"({"cwd":5})", "bad_cwd"},
       {R"({"cwd":"relative/dir"})", "bad_cwd"},
       {R"({"cwd":"/a\u0000b"})", "bad_cwd"},
@@ -205,6 +213,23 @@ TEST(E2bTranslate, EveryMimeTypeToItsField) {
                               {"is_main_result", false}}))
         << type;
   }
+}
+
+TEST(E2bTranslate, CellgateChartAndDataAreE2bFields) {
+  // What the kernel's display formatters add (gateway/kernels/python/cellgate_display.py).
+  json data = {{"text/plain", "<Figure size 640x480 with 1 Axes>"},
+               {"image/png", "iVBORw0KGgo="},
+               {"application/vnd.cellgate.chart+json", {{"type", "bar"}, {"elements", {1}}}},
+               {"application/vnd.cellgate.data+json", {{"a", {1, 2}}}}};
+  auto lines = translate(json{{"type", "display_data"}, {"data", data}});
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0], json({{"type", "result"},
+                            {"text", "<Figure size 640x480 with 1 Axes>"},
+                            {"png", "iVBORw0KGgo="},
+                            {"chart", {{"type", "bar"}, {"elements", {1}}}},
+                            {"data", {{"a", {1, 2}}}},
+                            {"is_main_result", false}}))
+      << "no extra: the SDK's Result.extra stays {}";
 }
 
 TEST(E2bTranslate, TextLosesOnePairOfEnclosingQuotesAsOnE2b) {
@@ -474,16 +499,29 @@ TEST_F(E2bPython, EmptyVarsNeedNoCode) {
   EXPECT_EQ(env_restore_code({}), "");
 }
 
-TEST_F(E2bPython, ChdirToAnOddPath) {
+TEST_F(E2bPython, ContextSetupMakesAnOddPathAndChangesToIt) {
   std::string tmpl =
       (std::filesystem::temp_directory_path() / "cg e2b 'q\" \\ \u00e9 XXXXXX").string();
   ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-  const std::string script =
-      "import json, os\n" + chdir_code(tmpl) + "print(json.dumps(os.getcwd()))\n";
+  const std::string cwd = tmpl + "/not yet/there";  // mkdir -p
+  auto setup = context_setup_code("python", cwd);
+  ASSERT_TRUE(setup.has_value());
+  const std::string script = "import json, os\n" + *setup +
+                             "print(json.dumps(os.getcwd()))\n"
+                             "print(json.dumps([k for k in dir() if 'cellgate' in k]))\n";
   auto lines = json_lines(run_python(script));
-  std::filesystem::remove(tmpl);
-  ASSERT_EQ(lines.size(), 1u);
-  EXPECT_EQ(lines[0], tmpl);
+  std::filesystem::remove_all(tmpl);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0], cwd);
+  EXPECT_EQ(lines[1], json::array()) << "helpers left in the namespace";
+}
+
+TEST(E2bContexts, SetupCodeByLanguage) {
+  EXPECT_TRUE(context_setup_code("python", "/home/user").has_value());
+  auto r = context_setup_code("r", "/home/user/a \"b\"");
+  ASSERT_TRUE(r.has_value());
+  EXPECT_NE(r->find(R"(setwd("/home/user/a \"b\""))"), std::string::npos) << *r;
+  EXPECT_FALSE(context_setup_code("bash", "/home/user").has_value()) << "syntax unknown to us";
 }
 
 }  // namespace

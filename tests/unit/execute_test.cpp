@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "cellgate/execute/executor.hpp"
+#include "cellgate/kernels/display_formatters.hpp"
 #include "cellgate/kernels/registry.hpp"
 #include "cellgate/store/artifacts.hpp"
 #include "cellgate/store/audit.hpp"
@@ -486,6 +487,40 @@ TEST_F(ExecutorTest, AKernelThatDiesMidCellAnswersDead) {
   EXPECT_EQ(a["status"], "dead");
   EXPECT_EQ(a["state_lost"], true);
   EXPECT_EQ(a["stdout"], "before\n");
+}
+
+TEST_F(ExecutorTest, ChartsAndDataFromTheDisplayFormatters) {
+  // The kernel's display formatters (kernels/display_formatters.hpp) add a figure's chart and a
+  // DataFrame's columns to their bundles: the answer lists them, and a figure's PNG artifact
+  // carries its chart; an update_display_data adds no second entry.
+  start();
+  const json chart = {{"type", "line"}, {"title", "t"}, {"elements", json::array()}};
+  const json table = {{"a", {1, 2}}};
+  respond("plot()", FakeCell()
+                        .display({{"image/png", kPng},
+                                  {"text/plain", "<Figure>"},
+                                  {std::string(kernels::kChartMime), chart}})
+                        .iopub("update_display_data",
+                               {{"data", {{std::string(kernels::kChartMime), chart}}},
+                                {"metadata", json::object()},
+                                {"transient", {{"display_id", "d"}}}})
+                        .result({{"text/html", "<table/>"},
+                                 {"text/plain", "a"},
+                                 {std::string(kernels::kDataMime), table}}));
+  auto out = run("plot()");
+  ASSERT_TRUE(answered(out));
+  const json& a = out->json_answer();
+  EXPECT_EQ(a["charts"], json::array({chart})) << a;
+  EXPECT_EQ(a["data"], json::array({table})) << a;
+  ASSERT_EQ(a["artifacts"].size(), 1u) << a;
+  EXPECT_EQ(a["artifacts"][0]["chart"], chart);
+  EXPECT_EQ(out->events[0]["artifacts"][0]["chart"], chart) << "streamed events carry it too";
+
+  respond("print()", FakeCell().out("x\n"));
+  auto plain = run("print()");
+  ASSERT_TRUE(answered(plain));
+  EXPECT_EQ(plain->json_answer()["charts"], json::array());
+  EXPECT_EQ(plain->json_answer()["data"], json::array());
 }
 
 TEST_F(ExecutorTest, ArtifactsAreStoredFromDisplayData) {

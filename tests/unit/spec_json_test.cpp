@@ -27,6 +27,7 @@ TEST(SpecJson, EveryFieldRoundTrips) {
   spec.work_dir = "/var/lib/cellgate/k1/work";
   spec.binds = {{"/usr/local/bin/probe", "/opt/probe", true}};
   spec.etc_binds = {"ssl"};
+  spec.system_binds = {"/opt/cache"};
   spec.env = {{"A", "1"}};
   spec.optional = {"swap"};
   const json j = spec_to_json(spec);
@@ -60,6 +61,10 @@ TEST(SpecJson, RefusalsNameTheProblem) {
       {R"({"binds": [{"source": "/a", "target": "/x/../y"}]})", "an absolute target without '..'"},
       {R"({"etc_binds": ["shadow"]})", "/etc/shadow is never bound into a jail"},
       {R"({"etc_binds": ["a/b"]})", "etc_binds are names directly under /etc"},
+      {R"({"system_binds": ["var/cache"]})", "system_binds are absolute paths below /"},
+      {R"({"system_binds": ["/var/../etc"]})", "without '', '.' or '..' parts"},
+      {R"({"system_binds": ["/etc/R"]})", "may not reach into /etc ('/etc/R'); name /etc"},
+      {R"({"system_binds": ["/root/.ssh"]})", "may not reach into /root"},
   };
   for (const auto& [text, message] : cases) {
     auto spec = spec_from_json(json::parse(text));

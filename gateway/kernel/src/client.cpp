@@ -76,6 +76,8 @@ struct KernelClient::Impl {
   bool hb_ever_answered = false;
   int hb_misses = 0;
   bool kernel_busy = false;  // the kernel's last iopub status, whoever's request it was for
+  // ClientOptions::heartbeat_while_busy, once known (wait_ready() settles an unset one).
+  std::atomic<bool> hb_while_busy{false};
   Clock::time_point hb_sent_at{};
   Clock::time_point hb_next_at{};
 
@@ -85,7 +87,9 @@ struct KernelClient::Impl {
       : info(std::move(i)),
         options(std::move(o)),
         session(options.username),
-        signer(std::move(s)) {}
+        signer(std::move(s)) {
+    hb_while_busy.store(options.heartbeat_while_busy.value_or(false));
+  }
 
   zmq::socket_t& socket_for(Channel channel) {
     switch (channel) {
@@ -287,7 +291,8 @@ struct KernelClient::Impl {
   void dispatch(Channel channel, const protocol::EnvelopePtr& env) {
     if (channel == Channel::kIopub) {
       iopub_seen.store(true);
-      if (!options.heartbeat_while_busy && env->header().msg_type == "status") {
+      if (!hb_while_busy.load(std::memory_order_relaxed) &&
+          env->header().msg_type == "status") {
         const bool busy = env->message().content.value("execution_state", "") == "busy";
         if (kernel_busy && !busy) {
           hb_misses = 0;  // pings lost while it ran the cell are not held against it
@@ -388,7 +393,7 @@ struct KernelClient::Impl {
     auto now = Clock::now();
     if (hb_outstanding && now - hb_sent_at >= interval) {
       hb_outstanding = false;
-      const bool excused = !options.heartbeat_while_busy && kernel_busy;
+      const bool excused = !hb_while_busy.load(std::memory_order_relaxed) && kernel_busy;
       if (hb_ever_answered && !excused && ++hb_misses >= options.heartbeat_misses) {
         declare_dead("no answer to " + std::to_string(hb_misses) + " heartbeats in a row (" +
                      std::to_string(hb_misses * interval.count()) + " ms)");
@@ -517,6 +522,12 @@ Result<json> KernelClient::wait_ready(std::chrono::milliseconds timeout) {
     }
     if (attempt && attempt->reply) {
       info = attempt->reply->content;
+      if (!impl_->options.heartbeat_while_busy) {
+        // ipykernel ("ipython") answers heartbeats from a thread of its own, busy or not; of any
+        // other kernel the gateway assumes only what IRkernel does: answers between requests.
+        impl_->hb_while_busy.store(info->is_object() &&
+                                   info->value("implementation", "") == "ipython");
+      }
       for (int i = 0; i < 20 && !impl_->iopub_seen.load(); ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }

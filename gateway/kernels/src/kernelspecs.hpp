@@ -15,10 +15,10 @@ std::vector<kernel::KernelSpec> list_kernelspecs();
 // kNotFound when there is no such kernelspec (python3 always exists).
 Result<kernel::KernelSpec> find_kernelspec(const std::string& name);
 
-// Whether the kernelspec runs ipykernel (`… -m ipykernel_launcher|ipykernel …`). What the gateway
-// knows of ipykernel and assumes of no other kernel: its heartbeat answers while a cell runs,
-// and IPython sets itself up on the first cell (the pool pays that with a silent `pass`). Any
-// other kernelspec (IRkernel, …) gets the generic treatment.
+// Whether the kernelspec runs ipykernel (`… -m ipykernel_launcher|ipykernel …`): what the gateway
+// knows of ipykernel and assumes of no other kernel (IPython sets itself up on the first cell,
+// which the pool pays with a silent `pass`). Any other kernelspec (IRkernel, …) gets the
+// generic treatment.
 bool is_ipykernel(const kernel::KernelSpec& spec);
 
 }  // namespace cellgate::kernels

@@ -149,7 +149,6 @@ Result<ManagedKernel::Running> KernelRegistry::launch(const std::shared_ptr<Mana
   kernel::ClientOptions co;
   co.heartbeat_interval = std::chrono::milliseconds(500);
   co.heartbeat_misses = 6;
-  co.heartbeat_while_busy = is_ipykernel(k->spec());
   co.on_iopub = [weak](const protocol::EnvelopePtr& msg) {
     if (auto self = weak.lock()) {
       self->on_iopub(msg);

@@ -66,7 +66,7 @@ kernels::RegistryOptions registry_options(const ServeOptions& o) {
   r.jail = o.jail;
   // Agents get a figure's data and a DataFrame's columns beside the PNG and the HTML (notebook
   // runs, which build their own registry, do not: nbclient's outputs have no such MIME types).
-  r.display_formatters = true;
+  r.display_formatters = o.chart_data;
   // E2B's code runs in /home/user (its contexts' default cwd) and sometimes /root: the work dir.
   r.work_dir_aliases = {"/home/user", "/root"};
   return r;

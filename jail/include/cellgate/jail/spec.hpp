@@ -71,12 +71,14 @@ struct JailSpec {
   // unless it already is a mount point) so the size cap holds and the gateway can see the files.
   std::string work_dir;
   std::vector<BindMount> binds;  // extra mounts (e.g. a probe binary in tests)
-  // Host files and dirs under /etc bound read-only when they exist (ld.so.cache, fonts, …).
+  // Host files and dirs under /etc bound read-only when they exist (ld.so.cache, fonts, …); one
+  // that is a symlink into /usr (localtime) is made the same symlink.
   // "R": Debian's /usr/lib/R/etc/{Renviron,ldpaths,Rprofile.site,…} are symlinks into /etc/R,
-  // and the `R` wrapper script of an R kernelspec stops without ldpaths.
+  // and the `R` wrapper script of an R kernelspec stops without ldpaths. "timezone": the zone's
+  // name, which R's Sys.timezone() reads.
   std::vector<std::string> etc_binds = {
-      "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "localtime", "protocols",
-      "services", "matplotlibrc", "mime.types", "alternatives", "fonts", "python3",
+      "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "localtime", "timezone",
+      "protocols", "services", "matplotlibrc", "mime.types", "alternatives", "fonts", "python3",
       "python3.11", "ssl", "R"};
   // Host paths outside /usr and /etc bound read-only at the same place when they exist: shared,
   // secret-free caches a kernel would otherwise rebuild in its work dir on every start.

@@ -12,10 +12,10 @@
 // kernelspec (when it is a python one), any other language → the first kernelspec whose
 // "language" is it (r → Debian's `ir`). No such kernelspec: 400, text/plain. /execute without a
 // context uses the default context of its language, started on first use. A context starts in
-// its cwd (default /home/user), made if missing (context_setup_code). Auth: the gateway token in X-Access-Token or
-// Authorization ("token t" / "Bearer t"). Served on a second listener (`--e2b-port`), as E2B's SDK
-// in debug mode talks to http://localhost:49999. Cells run through the same Executor path as the
-// agent API's streamed answers, with E2B's line format (e2b.hpp).
+// its cwd (default /home/user), made if missing (context_setup_code). Auth: the gateway token
+// in X-Access-Token or Authorization ("token t" / "Bearer t"). Served on a second listener
+// (`--e2b-port`), as E2B's SDK in debug mode talks to http://localhost:49999. Cells run through
+// the same Executor path as the agent API's streamed answers, with E2B's line format (e2b.hpp).
 //
 // Thread-safety: handle() may be called from any thread.
 #pragma once

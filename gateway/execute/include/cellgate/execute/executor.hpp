@@ -5,7 +5,8 @@
 //   → {"status": "ok"|"error"|"timeout"|"aborted"|"dead", "execution_count", "stdout", "stderr",
 //      "outputs": [nbformat outputs], "result": {mime bundle}|null,
 //      "error": {"ename", "evalue", "traceback": [ANSI stripped], "line"}|null,
-//      "artifacts": [records], "files": [work-dir changes], "notices": [...],
+//      "artifacts": [records; a figure's PNG has its "chart"], "charts": [E2B charts],
+//      "data": [{column: [values]} of DataFrames], "files": [work-dir changes], "notices": [...],
 //      "truncated": {"stdout", "stderr", "outputs", "dropped_bytes"}, "state_lost",
 //      "metrics": {"wall_ms", "cpu_ms", "memory_peak_bytes", "memory_current_bytes"}}
 //

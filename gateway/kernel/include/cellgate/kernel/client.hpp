@@ -3,7 +3,8 @@
 // It connects shell, control and stdin (DEALER, one routing id so the kernel's input_request
 // reaches us), iopub (SUB, everything) and heartbeat (REQ) to the endpoints of a connection file,
 // routes replies, iopub messages and input requests to the request they answer (by parent
-// msg_id), and declares the kernel dead when it stops answering heartbeats.
+// msg_id), and declares the kernel dead when it stops answering heartbeats (a kernel other than
+// ipykernel only while idle: see ClientOptions::heartbeat_while_busy).
 //
 //   auto client = KernelClient::connect(info, {});
 //   client.value()->wait_ready(5s);

@@ -85,7 +85,9 @@ struct ClientOptions {
   // its heartbeat socket in the loop that runs cells, so an R cell of 5 s is 5 s of silence):
   // pings unanswered while its last iopub status is "busy" are not counted. A kernel that ends
   // is still seen at once through its process; only a hang during a cell goes unnoticed.
-  bool heartbeat_while_busy = true;
+  // Unset: wait_ready() decides from kernel_info_reply, true for ipykernel (implementation
+  // "ipython") and false for any other kernel.
+  std::optional<bool> heartbeat_while_busy;
   protocol::Limits limits;
   std::string username = "cellgate";
 

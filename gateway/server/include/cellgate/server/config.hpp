@@ -41,6 +41,10 @@ struct ServeOptions {
   int restart_limit = 5;                // auto-restarts of a dying kernel before it is dead
   double kernel_start_timeout = 60;     // seconds until the kernel must answer kernel_info
   bool no_jail = false;                 // run kernels unjailed (explicit only)
+  // Display formatters in python kernels: a matplotlib figure's data and a DataFrame's columns
+  // beside the PNG/HTML (the agent API's and E2B's `chart`/`data`). They are also in what
+  // Jupyter clients receive and save; `--no-chart-data` leaves kernels' outputs as ipykernel's.
+  bool chart_data = true;
   // The warm pool: ready kernels kept per pooled kernelspec (0: off). Off here so embedding
   // code and tests start nothing unasked; `cellgate serve` defaults to 2 (gateway/main.cpp).
   int pool_size = 0;
