@@ -22,16 +22,6 @@ using http::Response;
 using http::Status;
 using http::Verb;
 
-json file_json(const store::files::FileInfo& f) {
-  return json{{"name", f.name},
-              {"path", f.path},
-              {"type", store::files::to_string(f.type)},
-              {"size", f.size},
-              {"mtime", protocol::iso8601(std::chrono::system_clock::time_point(
-                            std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                                std::chrono::nanoseconds(f.mtime_ns))))}};
-}
-
 std::string file_content_type(const std::string& path) {
   auto dot = path.rfind('.');
   const std::string ext = dot == std::string::npos ? "" : path.substr(dot + 1);
@@ -151,7 +141,7 @@ void Api::add_agent_routes() {
           case Verb::put: {
             auto info = dir->write(rel, req.body(), options_.max_file_bytes,
                                    /*make_parents=*/true);
-            return info ? json_response(req, Status::created, file_json(*info))
+            return info ? json_response(req, Status::created, store::files::to_json(*info))
                         : error_response(req, info.error());
           }
           case Verb::delete_: {
@@ -165,7 +155,7 @@ void Api::add_agent_routes() {
             if (listing) {
               json entries = json::array();
               for (const auto& e : listing->entries) {
-                entries.push_back(file_json(e));
+                entries.push_back(store::files::to_json(e));
               }
               return json_response(req, Status::ok,
                                    json{{"path", rel},

@@ -15,16 +15,6 @@ namespace {
 
 using nlohmann::json;
 
-json file_json(const store::files::FileInfo& f) {
-  return json{{"name", f.name},
-              {"path", f.path},
-              {"type", store::files::to_string(f.type)},
-              {"size", f.size},
-              {"mtime", protocol::iso8601(std::chrono::system_clock::time_point(
-                            std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                                std::chrono::nanoseconds(f.mtime_ns))))}};
-}
-
 class LocalCell : public Cell {
  public:
   explicit LocalCell(std::shared_ptr<execute::CellHandle> handle) : handle_(std::move(handle)) {}
@@ -105,7 +95,7 @@ class LocalKernels : public Kernels {
     CELLGATE_ASSIGN_OR_RETURN(auto listing, work.list(rel));
     json entries = json::array();
     for (const auto& e : listing.entries) {
-      entries.push_back(file_json(e));
+      entries.push_back(store::files::to_json(e));
     }
     return json{{"path", rel}, {"entries", entries}, {"truncated", listing.truncated}};
   }
@@ -120,7 +110,7 @@ class LocalKernels : public Kernels {
     CELLGATE_ASSIGN_OR_RETURN(auto work, open(id));
     CELLGATE_ASSIGN_OR_RETURN(
         auto info, work.write(path, bytes, options_.max_file_bytes, /*make_parents=*/true));
-    return file_json(info);
+    return store::files::to_json(info);
   }
 
   std::string artifact_base() const override { return options_.artifact_base; }

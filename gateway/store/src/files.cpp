@@ -15,6 +15,8 @@
 #include <memory>
 #include <utility>
 
+#include "cellgate/protocol/message.hpp"
+
 namespace cellgate::store::files {
 namespace {
 
@@ -613,6 +615,17 @@ Result<Snapshot> WorkDir::snapshot(std::size_t max_entries) const {
   Snapshot snap;
   CELLGATE_TRY(walk(dir.get(), "", 0, max_entries, snap));
   return snap;
+}
+
+nlohmann::json to_json(const FileInfo& info) {
+  const auto mtime = std::chrono::system_clock::time_point(
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(
+          std::chrono::nanoseconds(info.mtime_ns)));
+  return nlohmann::json{{"name", info.name},
+                        {"path", info.path},
+                        {"type", to_string(info.type)},
+                        {"size", info.size},
+                        {"mtime", protocol::iso8601(mtime)}};
 }
 
 }  // namespace cellgate::store::files

@@ -50,6 +50,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -74,6 +75,9 @@ struct FileInfo {
   std::uint64_t size = 0;  // a symlink's size is the length of its target
   std::int64_t mtime_ns = 0;
 };
+
+// The file model of the agent API and MCP: {"name", "path", "type", "size", "mtime" (ISO 8601)}.
+nlohmann::json to_json(const FileInfo& info);
 
 struct Listing {
   std::vector<FileInfo> entries;  // sorted by name
