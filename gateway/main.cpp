@@ -52,6 +52,13 @@ int main(int argc, char** argv) {
       ->envname("CELLGATE_KEYFILE");
   serve_cmd->add_option("--max-body-bytes", serve.max_body_bytes, "largest request body")
       ->capture_default_str();
+  serve_cmd->add_option("--max-control-body-bytes", serve.max_control_body_bytes,
+                        "largest request body of kernel/session/context control routes")
+      ->capture_default_str();
+  serve_cmd->add_option("--max-connections", serve.max_connections,
+                        "open client connections before new ones get 503 (0: 3/4 of the "
+                        "open-file limit, at most 4096)")
+      ->capture_default_str();
   serve_cmd->add_option("--max-ws-message-bytes", serve.max_ws_message_bytes,
                         "largest WebSocket message from a client")
       ->capture_default_str();
@@ -63,6 +70,15 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   serve_cmd->add_option("--env-allow", serve.env_allowlist,
                         "client env names passed to kernels besides KERNEL_* (repeat)");
+  serve_cmd->add_option("--kernel-uid-base", serve.kernel_uid_base,
+                        "first uid of the host's kernel uid ranges (jail/README.md)")
+      ->capture_default_str();
+  serve_cmd->add_option("--kernel-uid-range-size", serve.kernel_uid_range_size,
+                        "uids in each gateway's range")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  serve_cmd->add_option("--kernel-uid-ranges", serve.kernel_uid_ranges,
+                        "ranges on the host: gateways (and notebook runs) at once")
+      ->check(CLI::PositiveNumber)->capture_default_str();
   serve_cmd->add_option("--restart-limit", serve.restart_limit,
                         "automatic restarts of a dying kernel before it is left dead")
       ->capture_default_str();

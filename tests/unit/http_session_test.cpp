@@ -10,6 +10,8 @@
 
 #include "cellgate/testing/api_parts.hpp"
 #include "sessions.hpp"
+#include "cellgate/http/limits.hpp"
+#include "cellgate/http/log_limiter.hpp"
 
 namespace cellgate::http {
 namespace {
@@ -126,13 +128,104 @@ TEST_F(HttpSessionTest, HeadersOverTheLimitAre431) {
   EXPECT_EQ(out.rfind("HTTP/1.1 431", 0), 0u) << out;
 }
 
-TEST_F(HttpSessionTest, GarbageGetsNoAnswerAndChangesNothing) {
-  auto out = exchange("\x16\x03\x01 this is not HTTP\r\n\r\n", "HTTP/1.1", 0,
-                      std::chrono::milliseconds(300));
-  EXPECT_EQ(out, "");
+TEST_F(HttpSessionTest, GarbageIs400AndChangesNothing) {
+  auto out = exchange("\x16\x03\x01 this is not HTTP\r\n\r\n", "}");
+  EXPECT_EQ(out.rfind("HTTP/1.1 400", 0), 0u) << out;
+  EXPECT_NE(out.find("Connection: close"), std::string::npos) << out;
   // The next connection is served normally.
   auto next = exchange("GET /api HTTP/1.1\r\nHost: x\r\n\r\n", "}");
   EXPECT_EQ(next.rfind("HTTP/1.1 200 OK", 0), 0u) << next;
+}
+
+TEST_F(HttpSessionTest, AMalformedRequestLineIs400ThenClose) {
+  auto out = exchange("GET\r\nHost: x\r\n\r\n", "}");
+  EXPECT_EQ(out.rfind("HTTP/1.1 400", 0), 0u) << out;
+  EXPECT_NE(out.find("Connection: close"), std::string::npos) << out;
+  out = exchange("GET /api HTTP/1.1 extra\r\nHost: x\r\n\r\n", "}");
+  EXPECT_EQ(out.rfind("HTTP/1.1 400", 0), 0u) << out;
+}
+
+TEST_F(HttpSessionTest, AMalformedHeaderIs400ThenClose) {
+  auto out = exchange("GET /api HTTP/1.1\r\nHost x\r\n\r\nGET /api HTTP/1.1\r\n\r\n", "}");
+  EXPECT_EQ(out.rfind("HTTP/1.1 400", 0), 0u) << out;
+  EXPECT_EQ(count(out, "HTTP/1.1"), 1u) << out;  // nothing after it is read
+}
+
+TEST_F(HttpSessionTest, ObsFoldIs400) {
+  for (const char* fold : {" ", "\t"}) {
+    auto out = exchange(std::string("GET /api HTTP/1.1\r\nHost: x\r\nX-A: one\r\n") + fold +
+                            "two\r\n\r\n",
+                        "}");
+    EXPECT_EQ(out.rfind("HTTP/1.1 400", 0), 0u) << out;
+    EXPECT_NE(out.find("folding"), std::string::npos) << out;
+  }
+  // A space inside a value is no fold.
+  auto out = exchange("GET /api HTTP/1.1\r\nHost: x\r\nX-A: one two\r\n\r\n", "}");
+  EXPECT_EQ(out.rfind("HTTP/1.1 200 OK", 0), 0u) << out;
+}
+
+TEST_F(HttpSessionTest, ControlRoutesHaveTheSmallBodyLimit) {
+  options_.max_control_body_bytes = 256;
+  const std::string body = "{\"name\": \"" + std::string(500, 'x') + "\"}";
+  auto post = [&](const std::string& path) {
+    return exchange("POST " + path + " HTTP/1.1\r\nHost: x\r\nAuthorization: token secret\r\n"
+                    "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body, "}");
+  };
+  for (const char* path : {"/api/kernels", "/api/kernels/k1/restart", "/api/kernels/k1/interrupt",
+                           "/api/sessions", "/api/sessions/s1"}) {
+    auto out = post(path);
+    EXPECT_EQ(out.rfind("HTTP/1.1 413", 0), 0u) << path << ": " << out;
+    EXPECT_NE(out.find("limit of 256 bytes"), std::string::npos) << out;
+  }
+  // Execute keeps the large limit: the body is read and the route answers (no such kernel).
+  auto out = post("/api/kernels/k1/execute");
+  EXPECT_EQ(out.find("HTTP/1.1 413"), std::string::npos) << out;
+  EXPECT_TRUE(parts_->registry.list().empty());
+}
+
+TEST_F(HttpSessionTest, DeeplyNestedJsonIs400BeforeItIsParsed) {
+  const std::string body = "{\"env\": " + std::string(100, '[') + std::string(100, ']') + "}";
+  auto out = exchange("POST /api/kernels HTTP/1.1\r\nHost: x\r\nAuthorization: token secret\r\n"
+                      "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body,
+                      "}");
+  EXPECT_EQ(out.rfind("HTTP/1.1 400", 0), 0u) << out;
+  EXPECT_NE(out.find("deeper than 64"), std::string::npos) << out;
+  EXPECT_TRUE(parts_->registry.list().empty());
+}
+
+TEST(HttpLimits, JsonDepthSkipsStringsAndCountsBothBrackets) {
+  EXPECT_TRUE(check_json_depth(std::string(64, '[') + std::string(64, ']')));
+  EXPECT_FALSE(check_json_depth(std::string(65, '[')));
+  EXPECT_FALSE(check_json_depth("{\"a\":" + std::string(64, '{')));
+  EXPECT_TRUE(check_json_depth("\"" + std::string(1000, '[') + "\""));
+  EXPECT_TRUE(check_json_depth("[\"\\\"" + std::string(1000, '[') + "\"]"));
+}
+
+TEST(HttpLimits, RepeatedLogLinesAreHeldBackAndCounted) {
+  LogLimiter limiter(3, std::chrono::seconds(10));
+  const auto t0 = LogLimiter::Clock::now();
+  int logged = 0;
+  for (int i = 0; i < 1000; ++i) {
+    logged += limiter.admit("bad_frame", t0 + std::chrono::milliseconds(i)).has_value() ? 1 : 0;
+  }
+  EXPECT_EQ(logged, 3);
+  EXPECT_EQ(limiter.admit("other", t0), std::string());  // keys are counted apart
+  auto next = limiter.admit("bad_frame", t0 + std::chrono::seconds(11));
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(*next, " (997 more like this in the last 11 s)");
+  EXPECT_EQ(limiter.admit("bad_frame", t0 + std::chrono::seconds(12)), std::string());
+}
+
+TEST(HttpLimits, BodyLimitsByRoute) {
+  HttpOptions o;
+  o.max_body_bytes = 1000;
+  o.max_control_body_bytes = 10;
+  EXPECT_EQ(body_limit_for(o, Verb::post, "/api/kernels"), 10u);
+  EXPECT_EQ(body_limit_for(o, Verb::post, "/base/api/kernels?x=1"), 10u);
+  EXPECT_EQ(body_limit_for(o, Verb::post, "/contexts/abc/restart"), 10u);
+  EXPECT_EQ(body_limit_for(o, Verb::post, "/api/kernels/abc/execute"), 1000u);
+  EXPECT_EQ(body_limit_for(o, Verb::post, "/execute"), 1000u);
+  EXPECT_EQ(body_limit_for(o, Verb::put, "/api/kernels/abc/files/api/kernels"), 1000u);
 }
 
 TEST_F(HttpSessionTest, MalformedJsonIs400WithAReason) {

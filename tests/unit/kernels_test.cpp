@@ -96,6 +96,9 @@ class KernelsTest : public ::testing::Test {
     ::setenv("JUPYTER_PATH", (root_ + "/jupyter").c_str(), 1);
     options_.state_dir = root_ + "/state";
     options_.kernel_start_timeout = 2;
+    // The test's own lease dir, and uids no real kernel of a gateway on this host runs as.
+    options_.uids.lease_dir = root_ + "/uid-ranges";
+    options_.uids.base = 3000000;
   }
 
   void TearDown() override {
@@ -261,7 +264,23 @@ TEST_F(KernelsTest, FailedLaunchLeavesNothingBehind) {
   // Its uid is free again: the next kernel gets the same one.
   auto k = start_kernel();
   ASSERT_TRUE(k);
-  EXPECT_EQ(k->uid(), 2000000u);
+  EXPECT_EQ(k->uid(), 3000000u);
+}
+
+// Two gateways on one host (one lease dir) never hand out the same uids.
+TEST_F(KernelsTest, TwoRegistriesOnOneHostUseDisjointUidRanges) {
+  auto k1 = start_kernel();
+  ASSERT_TRUE(k1);
+  RegistryOptions other = options_;
+  other.state_dir = root_ + "/other-state";
+  FakeBackend other_fake{[](const std::string&) { return FakeCell(); }};
+  KernelRegistry second(other, other_fake, [this] { return clock_.now(); });
+  auto model = second.start("python3", json::object());
+  ASSERT_TRUE(model.ok()) << model.error().describe();
+  const uid_t u2 = second.find(model->id).value()->uid();
+  EXPECT_EQ(k1->uid(), 3000000u);
+  EXPECT_GE(u2, 3000000u + options_.uids.range_size);  // the second range, not the first
+  EXPECT_EQ(second.shutdown(model->id).ok(), true);
 }
 
 TEST_F(KernelsTest, KernelThatNeverAnswersFailsToStartAndIsKilled) {

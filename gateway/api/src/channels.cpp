@@ -5,6 +5,7 @@
 #include <mutex>
 #include <optional>
 
+#include "cellgate/http/log_limiter.hpp"
 #include "cellgate/protocol/envelope.hpp"
 #include "cellgate/protocol/ws_frames.hpp"
 
@@ -92,13 +93,19 @@ class ChannelBridge : public http::WsHandler,
     kernel::Channel channel = kernel::Channel::kShell;
     auto env = inbound(frame, text, v1_, channel);
     if (!env) {
-      // Bad input changes nothing else: the frame is dropped, the connection stays.
-      spdlog::warn("kernel {}: dropped a bad frame: {}", kernel_->id(), env.error().message);
+      // Bad input changes nothing else: the frame is dropped, the connection stays. Logged
+      // within limits: a client sending bad frames in a loop must not fill the disk.
+      if (auto suffix = log_limiter_.admit("bad_frame")) {
+        spdlog::warn("kernel {}: dropped a bad frame: {}{}", kernel_->id(), env.error().message,
+                     *suffix);
+      }
       return;
     }
     if (auto posted = kernel_->post(channel, std::move(env).value(), shared_from_this());
         !posted) {
-      spdlog::warn("kernel {}: {}", kernel_->id(), posted.error().message);
+      if (auto suffix = log_limiter_.admit("post")) {
+        spdlog::warn("kernel {}: {}{}", kernel_->id(), posted.error().message, *suffix);
+      }
     }
   }
 
@@ -131,6 +138,7 @@ class ChannelBridge : public http::WsHandler,
   std::shared_ptr<kernels::ManagedKernel> kernel_;
   std::string session_id_;
   bool v1_;
+  http::LogLimiter log_limiter_;  // this connection's repeated warnings
   std::mutex mu_;
   std::shared_ptr<http::WsConnection> connection_;
 };

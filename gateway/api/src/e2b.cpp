@@ -6,6 +6,7 @@
 #include <string_view>
 #include <utility>
 
+#include "cellgate/http/limits.hpp"
 #include "cellgate/kernels/display_formatters.hpp"
 
 namespace cellgate::api::e2b {
@@ -22,6 +23,10 @@ Result<json> parse_object(std::string_view body) {
   const auto first = body.find_first_not_of(" \t\r\n");
   if (first == std::string_view::npos) {
     return json::object();
+  }
+  // Before the DOM: a body of nested '[' costs ~64 bytes of nodes per byte of text.
+  if (auto shallow = http::check_json_depth(body); !shallow) {
+    return invalid("bad_json", shallow.error().message);
   }
   json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded()) {

@@ -1,6 +1,16 @@
 #include "cellgate/http/listener.hpp"
 
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <memory>
 
 #include "sessions.hpp"
 
@@ -44,27 +54,154 @@ struct Listener::Impl {
   const HttpOptions& options;
   std::shared_ptr<TlsContext> tls;
   tcp::acceptor acceptor;
+  net::steady_timer backoff;
   int port = 0;
+  std::size_t max_connections;
+  // Open connections; shared with the slots the sessions hold, which may outlive the listener.
+  std::shared_ptr<std::atomic<std::size_t>> open_connections =
+      std::make_shared<std::atomic<std::size_t>>(0);
+  // A descriptor kept for the moment the process runs out: closed, it lets one pending
+  // connection be accepted and shut, so the backlog drains instead of the accept loop spinning.
+  int reserve_fd = -1;
+  std::size_t refused = 0;  // connections refused since the last log line about it
+  std::chrono::steady_clock::time_point last_refusal_log{};
 
   Impl(net::io_context& c, Handler& h, const HttpOptions& o, std::shared_ptr<TlsContext> t)
-      : ioc(c), handler(h), options(o), tls(std::move(t)), acceptor(net::make_strand(c)) {}
+      : ioc(c),
+        handler(h),
+        options(o),
+        tls(std::move(t)),
+        acceptor(net::make_strand(c)),
+        backoff(acceptor.get_executor()),
+        max_connections(o.max_connections > 0 ? o.max_connections : default_max_connections()) {
+    reserve_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  }
+  ~Impl() {
+    if (reserve_fd >= 0) {
+      ::close(reserve_fd);
+    }
+  }
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  static std::size_t default_max_connections() {
+    rlimit limit{};
+    if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) {
+      return 4096;
+    }
+    // A quarter of the descriptors stay for kernels (sockets, pipes), files and the log.
+    return std::clamp<std::size_t>(static_cast<std::size_t>(limit.rlim_cur) / 4 * 3, 16, 4096);
+  }
+
+  // Logged at most every 10 s, with the count since: a flood must not become a flood of logs.
+  void note_refusal(const char* why) {
+    ++refused;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_refusal_log >= std::chrono::seconds(10)) {
+      spdlog::warn("refused {} connection(s) in the last 10 s: {}", refused, why);
+      refused = 0;
+      last_refusal_log = now;
+    }
+  }
+
+  // Out of descriptors: shed one pending connection through the reserve, then wait a moment
+  // (the accept would fail again at once while the process stays at its limit).
+  void on_no_descriptors() {
+    if (reserve_fd >= 0) {
+      ::close(reserve_fd);
+      reserve_fd = -1;
+      const int fd = ::accept4(acceptor.native_handle(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd >= 0) {
+        ::close(fd);
+      }
+      reserve_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    note_refusal("out of file descriptors");
+  }
+
+  void accept_later(std::chrono::milliseconds delay) {
+    backoff.expires_after(delay);
+    backoff.async_wait([this](beast::error_code ec) {
+      if (!ec && acceptor.is_open()) {
+        do_accept();
+      }
+    });
+  }
+
+  // Over --max-connections: a fixed 503, written without waiting; then the client's request is
+  // read and dropped until it closes (at most 2 s, 64 KiB). Closing a socket with unread input
+  // sends a reset, and a reset can discard the 503 before the client reads it.
+  struct Refused : std::enable_shared_from_this<Refused> {
+    tcp::socket socket;
+    net::steady_timer deadline;
+    std::array<char, 4096> sink{};
+    std::size_t drained = 0;
+    explicit Refused(tcp::socket s) : socket(std::move(s)), deadline(socket.get_executor()) {}
+    void drain() {
+      socket.async_read_some(net::buffer(sink), [self = shared_from_this()](
+                                                    beast::error_code ec, std::size_t n) {
+        self->drained += n;
+        if (ec || self->drained > (64u << 10)) {
+          self->deadline.cancel();
+          beast::error_code ignored;
+          self->socket.close(ignored);
+          return;
+        }
+        self->drain();
+      });
+    }
+  };
+
+  void refuse(tcp::socket socket) {
+    static constexpr std::string_view kBusy =
+        "HTTP/1.1 503 Service Unavailable\r\nServer: cellgate\r\nConnection: close\r\n"
+        "Content-Type: text/plain\r\nContent-Length: 25\r\n\r\ntoo many open connections";
+    beast::error_code ec;
+    socket.non_blocking(true, ec);
+    socket.send(net::buffer(kBusy.data(), kBusy.size()), 0, ec);
+    socket.shutdown(tcp::socket::shutdown_send, ec);
+    auto refused_conn = std::make_shared<Refused>(std::move(socket));
+    refused_conn->deadline.expires_after(std::chrono::seconds(2));
+    refused_conn->deadline.async_wait([refused_conn](beast::error_code wait_ec) {
+      if (!wait_ec) {
+        beast::error_code ignored;
+        refused_conn->socket.close(ignored);
+      }
+    });
+    refused_conn->drain();
+    note_refusal("over --max-connections");
+  }
 
   void do_accept() {
     acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
       if (ec) {
-        if (ec != net::error::operation_aborted) {
-          do_accept();
+        if (ec == net::error::operation_aborted || !acceptor.is_open()) {
+          return;
         }
-        return;
+        if (ec == net::error::no_descriptors || ec == beast::errc::too_many_files_open_in_system) {
+          on_no_descriptors();
+          return accept_later(std::chrono::milliseconds(50));
+        }
+        return accept_later(std::chrono::milliseconds(5));
+      }
+      if (open_connections->load() >= max_connections) {
+        refuse(std::move(socket));
+        return do_accept();
       }
       socket.set_option(tcp::no_delay(true), ec);
+      open_connections->fetch_add(1);
+      std::shared_ptr<void> slot(open_connections.get(),
+                                 [count = open_connections](void*) { count->fetch_sub(1); });
       if (tls) {
-        std::make_shared<HttpSession<beast::ssl_stream<beast::tcp_stream>>>(
-            handler, options, std::move(socket), tls->impl().context)
-            ->run();
+        auto session = std::make_shared<HttpSession<beast::ssl_stream<beast::tcp_stream>>>(
+            handler, options, std::move(socket), tls->impl().context);
+        session->hold(std::move(slot));
+        session->run();
       } else {
-        std::make_shared<HttpSession<beast::tcp_stream>>(handler, options, std::move(socket))
-            ->run();
+        auto session =
+            std::make_shared<HttpSession<beast::tcp_stream>>(handler, options, std::move(socket));
+        session->hold(std::move(slot));
+        session->run();
       }
       do_accept();
     });
@@ -112,8 +249,26 @@ void Listener::start() { impl_->do_accept(); }
 void Listener::stop() {
   net::post(impl_->acceptor.get_executor(), [impl = impl_] {
     beast::error_code ec;
+    impl->backoff.cancel();
     impl->acceptor.close(ec);
   });
+}
+
+std::size_t raise_open_file_limit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) {
+    return 0;
+  }
+  if (limit.rlim_cur < limit.rlim_max) {
+    const rlim_t before = limit.rlim_cur;
+    limit.rlim_cur = limit.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &limit) == 0) {
+      spdlog::info("raised the open-file limit from {} to {}", before, limit.rlim_cur);
+    } else {
+      limit.rlim_cur = before;
+    }
+  }
+  return limit.rlim_cur == RLIM_INFINITY ? SIZE_MAX : static_cast<std::size_t>(limit.rlim_cur);
 }
 
 bool is_loopback(const std::string& ip) {

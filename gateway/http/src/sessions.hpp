@@ -23,6 +23,7 @@
 #include <type_traits>
 
 #include "cellgate/http/handler.hpp"
+#include "cellgate/http/limits.hpp"
 #include "cellgate/http/listener.hpp"
 
 namespace cellgate::http::detail {
@@ -123,6 +124,8 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
         handler_(std::move(handler)),
         subprotocol_(std::move(subprotocol)),
         options_(options) {}
+
+  void hold(std::shared_ptr<void> slot) { slot_ = std::move(slot); }
 
   void run(Request req) {
     websocket::stream_base::timeout timeout{};
@@ -284,6 +287,7 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
   bool closing_ = false;
   bool finished_ = false;
   std::optional<websocket::close_reason> close_reason_;
+  std::shared_ptr<void> slot_;
 };
 
 // ---- HTTP: one connection, one request at a time ----------------------------------------------
@@ -359,6 +363,10 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
   HttpSession(Handler& handler, const HttpOptions& options, Args&&... args)
       : stream_(std::forward<Args>(args)...), handler_(handler), options_(options) {}
 
+  // Something held as long as the connection is open, HTTP or WebSocket (the listener's count
+  // of open connections).
+  void hold(std::shared_ptr<void> slot) { slot_ = std::move(slot); }
+
   void run() {
     net::dispatch(stream_.get_executor(),
                   beast::bind_front_handler(&HttpSession::start, this->shared_from_this()));
@@ -386,33 +394,100 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
 
   void do_read() {
     parser_.emplace();
-    parser_->body_limit(options_.max_body_bytes);
+    parser_->body_limit(options_.max_body_bytes);  // narrowed per route once the head is in
     parser_->header_limit(static_cast<std::uint32_t>(options_.max_header_bytes));
+    // A connection that has not had a request answered (not yet authenticated) gets a short
+    // time for its request head: idle sockets must not hold descriptors for long.
+    set_deadline(stream_, trusted_ ? std::chrono::seconds(60)
+                                   : std::chrono::seconds(options_.header_timeout_seconds));
+    read_head();
+  }
+
+  // Gathers the request head in buffer_ before Beast parses it, to see its raw lines: Beast
+  // accepts obs-fold (RFC 9112 5.2) and folds it into the value, which a proxy in front may not.
+  void read_head() {
+    const std::string_view data(static_cast<const char*>(buffer_.cdata().data()), buffer_.size());
+    const auto end = data.find("\r\n\r\n");
+    if (end == std::string_view::npos && data.size() <= options_.max_header_bytes) {
+      stream_.async_read_some(
+          buffer_.prepare(4096),
+          beast::bind_front_handler(&HttpSession::on_head_bytes, this->shared_from_this()));
+      return;
+    }
+    const std::string_view head = data.substr(0, end);
+    // A line of the head that starts with SP or HTAB (not the first: leading whitespace there
+    // is a malformed request line, which Beast refuses).
+    if (head.find("\n ") != std::string_view::npos || head.find("\n\t") != std::string_view::npos) {
+      return reject(Status::bad_request, "Bad Request",
+                    "obsolete line folding (a header line starting with a space or tab)");
+    }
+    bhttp::async_read_header(stream_, buffer_, *parser_,
+                             beast::bind_front_handler(&HttpSession::on_header,
+                                                       this->shared_from_this()));
+  }
+
+  void on_head_bytes(beast::error_code ec, std::size_t n) {
+    if (ec) {
+      if (ec == net::error::eof && buffer_.size() == 0) {
+        return do_eof();
+      }
+      return;  // timeouts, resets, a head cut short: drop the connection
+    }
+    buffer_.commit(n);
+    read_head();
+  }
+
+  void on_header(beast::error_code ec, std::size_t) {
+    if (ec) {
+      return on_read(ec, 0);
+    }
+    const auto& head = parser_->get();
+    const std::size_t limit = body_limit_for(options_, head.method(), head.target());
+    if (auto length = parser_->content_length(); length && *length > limit) {
+      return reject_body(limit);  // before a byte of the body is read
+    }
+    parser_->body_limit(limit);  // a chunked body is cut off when it passes it
     set_deadline(stream_, std::chrono::seconds(60));
     bhttp::async_read(stream_, buffer_, *parser_,
-                     beast::bind_front_handler(&HttpSession::on_read, this->shared_from_this()));
+                      beast::bind_front_handler(&HttpSession::on_read, this->shared_from_this()));
+  }
+
+  // An error answer, then the connection is closed (what follows on it cannot be trusted).
+  void reject(Status status, const std::string& reason, const std::string& message) {
+    Request stub;
+    stub.version(11);
+    auto res = json_response(stub, status, {{"reason", reason}, {"message", message}});
+    res.keep_alive(false);
+    answering_ = true;
+    send(std::move(res));
+  }
+
+  void reject_body(std::size_t limit) {
+    reject(Status::payload_too_large, "Payload Too Large",
+           "the request body is over the limit of " + std::to_string(limit) + " bytes");
   }
 
   void on_read(beast::error_code ec, std::size_t) {
     if (ec == bhttp::error::end_of_stream) {
       return do_eof();
     }
-    if (ec == bhttp::error::body_limit || ec == bhttp::error::header_limit) {
-      Request stub;
-      stub.version(11);
-      const bool body = ec == bhttp::error::body_limit;
-      auto res = json_response(
-          stub, body ? Status::payload_too_large : Status::request_header_fields_too_large,
-          {{"reason", body ? "Payload Too Large" : "Request Header Fields Too Large"},
-           {"message", body ? "the request body is over the limit of " +
-                                  std::to_string(options_.max_body_bytes) + " bytes"
-                            : "the request headers are over the limit"}});
-      res.keep_alive(false);
-      answering_ = true;
-      return send(std::move(res));
+    if (ec == bhttp::error::body_limit) {
+      return reject_body(parser_->is_header_done()
+                             ? body_limit_for(options_, parser_->get().method(),
+                                              parser_->get().target())
+                             : options_.max_body_bytes);
+    }
+    if (ec == bhttp::error::header_limit) {
+      return reject(Status::request_header_fields_too_large, "Request Header Fields Too Large",
+                    "the request headers are over the limit");
+    }
+    if (ec && ec.category() == bhttp::make_error_code(bhttp::error::bad_target).category() &&
+        ec != bhttp::error::partial_message) {
+      // A malformed request line, header or body framing: say so before closing.
+      return reject(Status::bad_request, "Bad Request", "malformed request: " + ec.message());
     }
     if (ec) {
-      return;  // timeouts, resets, garbage: drop the connection, nothing else changes
+      return;  // timeouts, resets, a request cut short: drop the connection
     }
     Request req = parser_->release();
     if (websocket::is_upgrade(req)) {
@@ -428,6 +503,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
       }
       auto ws = std::make_shared<WsSession<Stream>>(
           std::move(stream_), std::move(upgrade.handler), std::move(upgrade.subprotocol), options_);
+      ws->hold(std::move(slot_));
       ws->run(std::move(req));
       return;
     }
@@ -509,9 +585,19 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
     }
   }
 
+  // A request answered with anything but 401/403 shows the client holds the token (or needs
+  // none): from then on its connection gets the long idle deadline.
+  void note_status(Status status) {
+    if (status != Status::unauthorized && status != Status::forbidden &&
+        status != Status::bad_request && status != Status::payload_too_large) {
+      trusted_ = true;
+    }
+  }
+
   // ---- a whole response ----
 
   void send(Response res) {
+    note_status(res.result());
     keep_alive_ = keep_alive_ && res.keep_alive();
     response_ = std::make_shared<Response>(std::move(res));
     bhttp::async_write(stream_, *response_,
@@ -530,6 +616,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
   // ---- a streamed response (chunked transfer coding) ----
 
   void stream_begin(Response head) {
+    note_status(head.result());
     head.body().clear();
     head.chunked(true);
     keep_alive_ = keep_alive_ && head.keep_alive();
@@ -616,7 +703,9 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
   std::shared_ptr<Response> response_;
   Handler& handler_;
   const HttpOptions& options_;
+  std::shared_ptr<void> slot_;
 
+  bool trusted_ = false;    // a request was answered with other than 401/403: see note_status
   bool answering_ = false;  // a request is being answered
   bool keep_alive_ = true;
   bool watching_ = false;   // a read is posted to notice the client leaving

@@ -119,11 +119,19 @@ std::vector<std::shared_ptr<ManagedKernel>> KernelRegistry::evict_pooled_locked(
 bool KernelRegistry::refill(const std::string& name) {
   auto spec = kernelspec(name);
   std::shared_ptr<ManagedKernel> k;
+  Result<void> made;
   if (spec) {
     std::lock_guard lock(mu_);
-    k = new_kernel_locked(std::move(spec).value(), {});
+    auto made_k = new_kernel_locked(std::move(spec).value(), {});
+    if (made_k) {
+      k = std::move(made_k).value();
+    } else {
+      made = std::move(made_k).error();
+    }
+  } else {
+    made = std::move(spec).error();
   }
-  Result<void> launched = k ? start_fresh(k) : Result<void>(std::move(spec).error());
+  Result<void> launched = k ? start_fresh(k) : std::move(made);
   if (launched && is_ipykernel(k->spec())) {
     // An ipykernel's first cell costs ~10 ms more than later ones (IPython sets up its input
     // transformers and display machinery lazily): pay it here. Silent and without history, so

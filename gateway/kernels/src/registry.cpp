@@ -3,6 +3,7 @@
 
 #include <spdlog/spdlog.h>
 #include <sys/mount.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -21,16 +22,25 @@ namespace fs = std::filesystem;
 using kernel::Channel;
 using nlohmann::json;
 
-constexpr uid_t kGatewayUidBase = 2000000;  // above the launcher's kUidBase + pid range
-
 Error no_such_kernel(const std::string& id) {
   return make_error(ErrorCode::kNotFound, "no_such_kernel", "Kernel does not exist: " + id);
+}
+
+UidRangeOptions uid_options(const RegistryOptions& o) {
+  UidRangeOptions u = o.uids;
+  if (u.fallback_lease_dir.empty() && !o.state_dir.empty()) {
+    u.fallback_lease_dir = o.state_dir + "/uid-ranges";
+  }
+  return u;
 }
 
 }  // namespace
 
 KernelRegistry::KernelRegistry(RegistryOptions options, kernel::KernelBackend& backend, Now now)
-    : options_(std::move(options)), backend_(backend), now_(std::move(now)) {
+    : options_(std::move(options)),
+      backend_(backend),
+      now_(std::move(now)),
+      uids_(uid_options(options_)) {
   if (options_.state_dir.empty()) {
     spdlog::error("kernel registry: no state dir configured; kernels cannot start");
   } else {
@@ -65,6 +75,13 @@ KernelRegistry::KernelRegistry(RegistryOptions options, kernel::KernelBackend& b
 }
 
 void KernelRegistry::start() {
+  // The uid range now, so a gateway that cannot have one says so at startup; kernel starts
+  // fail closed (allocate() answers the same error) until one is free.
+  if (!options_.no_jail) {
+    if (auto leased = uids_.lease(); !leased) {
+      spdlog::error("{}; no kernel can start", leased.error().message);
+    }
+  }
   backend_.start();
   if (!monitor_.joinable()) {
     monitor_ = std::thread([this] { monitor_loop(); });
@@ -98,20 +115,16 @@ Result<kernel::KernelSpec> KernelRegistry::kernelspec(const std::string& name) c
 
 // ---- starting ---------------------------------------------------------------------------------
 
-uid_t KernelRegistry::allocate_uid_locked() {
-  uid_t uid = kGatewayUidBase;
-  while (uids_in_use_.count(uid) != 0) {
-    ++uid;
-  }
-  uids_in_use_.insert(uid);
-  return uid;
-}
-
-std::shared_ptr<ManagedKernel> KernelRegistry::new_kernel_locked(
+Result<std::shared_ptr<ManagedKernel>> KernelRegistry::new_kernel_locked(
     kernel::KernelSpec spec, std::map<std::string, std::string> env) {
+  // Unjailed kernels run as the gateway itself: no uid of a range to draw.
+  uid_t uid = ::geteuid();
+  if (!options_.no_jail) {
+    CELLGATE_ASSIGN_OR_RETURN(uid, uids_.allocate());
+  }
   const std::string id = protocol::new_uuid();
   return std::make_shared<ManagedKernel>(id, std::move(spec), options_.state_dir + "/kernels/" + id,
-                                         allocate_uid_locked(), std::move(env), now_);
+                                         uid, std::move(env), now_);
 }
 
 Result<ManagedKernel::Running> KernelRegistry::launch(const std::shared_ptr<ManagedKernel>& k) {
@@ -232,8 +245,8 @@ Result<KernelModel> KernelRegistry::start(const std::string& name, const json& e
                         "Resource Limit: at most " + std::to_string(options_.max_kernels) +
                             " kernels may run at once (--max-kernels)");
     }
+    CELLGATE_ASSIGN_OR_RETURN(k, new_kernel_locked(std::move(spec), std::move(client_env)));
     ++pending_;
-    k = new_kernel_locked(std::move(spec), std::move(client_env));
     evicted = evict_pooled_locked();
   }
   for (const auto& e : evicted) {
@@ -321,8 +334,9 @@ void KernelRegistry::release(const ManagedKernel& k) {
   ::umount2(k.work_dir().c_str(), MNT_DETACH);
   std::error_code ec;
   fs::remove_all(k.home(), ec);
-  std::lock_guard lock(mu_);
-  uids_in_use_.erase(k.uid());
+  if (!options_.no_jail) {
+    uids_.release(k.uid());
+  }
 }
 
 void KernelRegistry::discard(const std::shared_ptr<ManagedKernel>& k) {

@@ -61,6 +61,9 @@ kernels::RegistryOptions registry_options(const ServeOptions& o) {
   r.restart_limit = o.restart_limit;
   r.kernel_start_timeout = o.kernel_start_timeout;
   r.no_jail = o.no_jail;
+  r.uids.base = o.kernel_uid_base;
+  r.uids.range_size = o.kernel_uid_range_size;
+  r.uids.ranges = o.kernel_uid_ranges;
   r.pool_size = o.pool_size;
   r.pool_kernels = o.pool_kernels;
   r.jail = o.jail;
@@ -196,6 +199,8 @@ Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
 
   impl_->http_options.max_body_bytes = o.max_body_bytes;
   impl_->http_options.max_header_bytes = o.max_header_bytes;
+  impl_->http_options.max_control_body_bytes = o.max_control_body_bytes;
+  impl_->http_options.max_connections = o.max_connections;
   impl_->http_options.max_ws_message_bytes = o.max_ws_message_bytes;
   impl_->http_options.max_ws_queue_bytes = o.max_ws_queue_bytes;
   impl_->http_options.ws_ping_interval = o.ws_ping_interval;
@@ -239,6 +244,7 @@ Result<int> Server::start() {
                       "--e2b-no-token serves code execution without a token, so it is only "
                       "allowed on a loopback --ip (127.0.0.1 or ::1), not " + o.ip);
   }
+  http::raise_open_file_limit();  // each connection is a descriptor
   CELLGATE_ASSIGN_OR_RETURN(impl_->listener,
                             http::Listener::open(impl_->network, o.ip, o.port, *impl_->api,
                                                  impl_->http_options, impl_->tls));

@@ -24,10 +24,17 @@ namespace cellgate::http {
 
 struct HttpOptions {
   std::size_t max_body_bytes = 16u << 20;
+  std::size_t max_control_body_bytes = 64u << 10;  // control routes: see limits.hpp
   std::size_t max_header_bytes = 16u << 10;
   std::size_t max_ws_message_bytes = 64u << 20;  // one inbound WebSocket message
   std::size_t max_ws_queue_bytes = 256u << 20;   // unsent outbound bytes before a client is dropped
   double ws_ping_interval = 30;                  // seconds; 0: off
+  // Open client connections; past it new ones get a 503 and are closed. 0: derived from the
+  // open-file limit (3/4 of it, at most 4096).
+  std::size_t max_connections = 0;
+  // A request head must arrive within this while the connection has not yet had a request
+  // answered with anything but 401/403 (an unauthenticated idle socket is let go early).
+  int header_timeout_seconds = 10;
 };
 
 // A server certificate chain and key (PEM), TLS 1.2 and later.
@@ -64,6 +71,10 @@ class Listener {
   explicit Listener(std::unique_ptr<Impl> impl);
   std::shared_ptr<Impl> impl_;
 };
+
+// Raises this process's RLIMIT_NOFILE soft limit to its hard limit (each connection is a
+// descriptor); returns the soft limit now in force.
+std::size_t raise_open_file_limit();
 
 // Whether `ip` is a loopback address (127.0.0.0/8, ::1).
 bool is_loopback(const std::string& ip);

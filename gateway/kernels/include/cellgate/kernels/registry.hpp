@@ -13,7 +13,8 @@
 // Where each facility lives (gateway/kernels/src/): registry.cpp (start/find/list/interrupt/
 // restart/shutdown), pool.cpp (the warm pool), monitor.cpp (death monitor and culler),
 // records.cpp (state records), kernelspecs.cpp, env.cpp (the client-env filter), and
-// managed_kernel.cpp (one kernel's state machine and its listeners).
+// managed_kernel.cpp (one kernel's state machine and its listeners), uid_allocator.cpp (the
+// gateway's kernel uid range, leased host-wide; no uid handed out while a process runs as it).
 //
 // The warm pool (pool_size, pool_kernels): per pooled kernelspec, a thread keeps that many
 // kernels fully started (kernel_info answered, one silent cell run) but invisible to clients.
@@ -46,6 +47,7 @@
 #include "cellgate/kernel/connection.hpp"
 #include "cellgate/kernel/kernel.hpp"
 #include "cellgate/kernels/managed_kernel.hpp"
+#include "cellgate/kernels/uid_allocator.hpp"
 #include "cellgate/result.hpp"
 
 namespace cellgate::kernels {
@@ -73,6 +75,9 @@ struct RegistryOptions {
   // Paths in the jail where each kernel's work dir is mounted too (E2B's /home/user), so code
   // written for them reads and writes the files the gateway lists. Jailed kernels only.
   std::vector<std::string> work_dir_aliases;
+  // The uids kernels run as: this gateway's own range, leased host-wide (uid_allocator.hpp).
+  // An empty fallback_lease_dir means <state_dir>/uid-ranges.
+  UidRangeOptions uids;
 };
 
 class KernelRegistry {
@@ -121,14 +126,13 @@ class KernelRegistry {
   Result<ManagedKernel::Running> launch(const std::shared_ptr<ManagedKernel>& k);
   // Makes the work dir, launches, and moves `k` to idle (no state record).
   Result<void> start_fresh(const std::shared_ptr<ManagedKernel>& k);
-  // A new kernel in state starting, with its uid; mu_ held.
-  std::shared_ptr<ManagedKernel> new_kernel_locked(kernel::KernelSpec spec,
-                                                   std::map<std::string, std::string> env);
+  // A new kernel in state starting, with its uid; mu_ held. Fails when no uid is free.
+  Result<std::shared_ptr<ManagedKernel>> new_kernel_locked(
+      kernel::KernelSpec spec, std::map<std::string, std::string> env);
   // Ends a kernel no client ever saw (a failed start, a pooled one): no shutdown_request.
   void discard(const std::shared_ptr<ManagedKernel>& k);
   // Removes its work dir and gives its uid back.
   void release(const ManagedKernel& k);
-  uid_t allocate_uid_locked();
 
   // ---- pool.cpp ----
   bool is_pooled(const std::string& name) const;
@@ -156,7 +160,7 @@ class KernelRegistry {
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<ManagedKernel>> kernels_;
   std::size_t pending_ = 0;  // client starts in flight (and claims moving), for max_kernels
-  std::set<uid_t> uids_in_use_;
+  UidAllocator uids_;  // thread-safe itself
 
   std::vector<std::string> pool_names_;  // the pooled kernelspecs; fixed by the constructor
   // The warm pool, under mu_: ready kernels per kernelspec name (oldest first), starts in flight.

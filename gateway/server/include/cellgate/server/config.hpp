@@ -32,7 +32,9 @@ struct ServeOptions {
   std::string certfile;
   std::string keyfile;
   std::size_t max_body_bytes = 16u << 20;
+  std::size_t max_control_body_bytes = 64u << 10;  // kernel/session/context control routes
   std::size_t max_header_bytes = 16u << 10;
+  std::size_t max_connections = 0;  // open client connections; 0: from the open-file limit
   std::size_t max_ws_message_bytes = 64u << 20;  // one inbound WebSocket message
   std::size_t max_ws_queue_bytes = 256u << 20;   // unsent outbound bytes before a client is dropped
   double ws_ping_interval = 30;                   // seconds; 0: off
@@ -41,6 +43,11 @@ struct ServeOptions {
   int restart_limit = 5;                // auto-restarts of a dying kernel before it is dead
   double kernel_start_timeout = 60;     // seconds until the kernel must answer kernel_info
   bool no_jail = false;                 // run kernels unjailed (explicit only)
+  // Kernel uids: each gateway on the host leases one range of kernel_uid_range_size uids, range
+  // i starting at kernel_uid_base + i * kernel_uid_range_size (kernels/uid_allocator.hpp).
+  uid_t kernel_uid_base = 2000000;
+  uid_t kernel_uid_range_size = 1000;
+  std::size_t kernel_uid_ranges = 1000;
   // Display formatters in python kernels: a matplotlib figure's data and a DataFrame's columns
   // beside the PNG/HTML (the agent API's and E2B's `chart`/`data`). They are also in what
   // Jupyter clients receive and save; `--no-chart-data` leaves kernels' outputs as ipykernel's.

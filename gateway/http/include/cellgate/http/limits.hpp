@@ -1,0 +1,36 @@
+// Limits that keep a hostile client from using a request as a weapon: a small body limit for the
+// control routes (a kernel start, a session, an interrupt carries a few hundred bytes of JSON),
+// decided from the request head before the body is read, and a nesting-depth check run before a
+// JSON body becomes a DOM (a 16 MB body of '[' is 16 M nested arrays, ~1 GB of nlohmann nodes).
+//
+//   parser.body_limit(http::body_limit_for(options, method, target));
+//   if (auto deep = http::check_json_depth(body, http::kMaxJsonDepth); !deep) { … 400 … }
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstddef>
+#include <string_view>
+
+#include "cellgate/http/message.hpp"
+#include "cellgate/result.hpp"
+
+namespace cellgate::http {
+
+struct HttpOptions;
+
+// Deeper JSON than any API body needs (a cell's metadata is a few levels).
+inline constexpr std::size_t kMaxJsonDepth = 64;
+
+// The body limit of one request: options.max_control_body_bytes for the control routes
+// (POST /api/kernels, /api/kernels/{id}/interrupt|restart, /api/sessions[/{id}], E2B's
+// /contexts[/{id}[/restart]]), under any base URL; options.max_body_bytes for the rest (execute,
+// file uploads, MCP).
+std::size_t body_limit_for(const HttpOptions& options, Verb method, std::string_view target);
+
+// Error "bad_request" (kInvalidArgument) when `text` nests arrays/objects deeper than
+// `max_depth`. Strings are skipped (brackets inside them do not count); the text need not be
+// valid JSON: the parser that runs next says so.
+Result<void> check_json_depth(std::string_view text, std::size_t max_depth = kMaxJsonDepth);
+
+}  // namespace cellgate::http

@@ -1,0 +1,82 @@
+// UidAllocator: the uids a gateway's jailed kernels run as, never shared with a stranger.
+//
+// Two rules keep a kernel's uid (and so RLIMIT_NPROC and every other per-uid resource) its own:
+//  - Gateways (and notebook runs) on one host take disjoint ranges. Range i is
+//    [base + i*range_size, base + (i+1)*range_size); a gateway holds it by flock()ing the lease
+//    file <lease_dir>/range-<i> for its lifetime. The lock dies with the process, so a crashed
+//    gateway's range is free again at once — for the next gateway to find its orphans in:
+//  - A uid is never handed out while any process still runs as it (real, effective, saved or fs
+//    uid, from /proc/<pid>/status), whoever started it.
+// lease_dir is host-wide (/run/cellgate/uid-ranges); when it cannot be made or written, the
+// fallback dir (the state dir's) is used and a warning says that other state dirs may then
+// draw the same range (the /proc check still keeps live uids apart).
+//
+//   UidAllocator uids({.fallback_lease_dir = state_dir + "/uid-ranges"});
+//   CELLGATE_TRY(uids.lease());                     // optional: allocate() leases on first use
+//   CELLGATE_ASSIGN_OR_RETURN(uid_t uid, uids.allocate());
+//   ...
+//   uids.release(uid);                              // when the kernel is gone
+//
+// Errors (kResourceExhausted) when every range is leased or every uid of ours is busy: no kernel
+// starts then; the message says which option to change.
+//
+// Thread-safety: every method is thread-safe.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "cellgate/result.hpp"
+#include "cellgate/unique_fd.hpp"
+
+namespace cellgate::kernels {
+
+struct UidRangeOptions {
+  uid_t base = 2000000;     // above the launcher's jail::kUidBase + pid (cellgate run's uids)
+  uid_t range_size = 1000;  // uids per gateway: live kernels, pooled ones, orphans skipped
+  std::size_t ranges = 1000;                       // gateways per host
+  std::string lease_dir = "/run/cellgate/uid-ranges";  // host-wide
+  std::string fallback_lease_dir;  // when lease_dir is not writable; empty: none
+};
+
+class UidAllocator {
+ public:
+  explicit UidAllocator(UidRangeOptions options);
+  UidAllocator(const UidAllocator&) = delete;
+  UidAllocator& operator=(const UidAllocator&) = delete;
+
+  // Takes the first free range (once; later calls answer the same).
+  Result<void> lease();
+  // The lowest uid of our range not allocated and with no live process; leases first if needed.
+  Result<uid_t> allocate();
+  void release(uid_t uid);
+
+  struct Range {
+    uid_t first = 0;
+    uid_t last = 0;  // inclusive
+    std::string lease_file;
+  };
+  std::optional<Range> range() const;
+
+ private:
+  Result<void> lease_locked();
+  // Tries every range's lease file in `dir`: true when one is ours now, false when all are held,
+  // an error when the dir cannot be used at all.
+  Result<bool> lease_in(const std::string& dir);
+
+  const UidRangeOptions options_;
+  mutable std::mutex mu_;
+  UniqueFd lease_fd_;  // flock()ed for our lifetime
+  std::optional<Range> range_;
+  std::set<uid_t> in_use_;
+};
+
+// Every uid some process of `proc` (a procfs mount) runs as: real, effective, saved and fs.
+std::set<uid_t> uids_with_live_processes(const std::string& proc = "/proc");
+
+}  // namespace cellgate::kernels
