@@ -173,17 +173,21 @@ def test_max_connections_then_no_descriptors_does_not_spin(server):
     assert share < 0.3, f"the accept loop spins: {share:.0%} CPU"
 
     # Unauthenticated idle sockets are let go after the short header timeout (10 s).
-    deadline = time.monotonic() + 20
+    # Those still in the backlog are shed through the reserve descriptor, or accepted once the
+    # first ones are let go: a few rounds of the 10 s at most.
+    deadline = time.monotonic() + 35
     closed = 0
     for s in idle:
         s.settimeout(max(0.1, deadline - time.monotonic()))
         try:
             s.recv(4096)  # b"": the gateway closed it (a timeout raises)
             closed += 1
-        except (socket.timeout, ConnectionResetError):
+        except ConnectionResetError:
+            closed += 1  # closed by the gateway too, with a reset
+        except socket.timeout:
             pass
         s.close()
-    assert closed == len(idle), f"{len(idle) - closed} idle sockets still open after 20 s"
+    assert closed == len(idle), f"{len(idle) - closed} idle sockets still open after 35 s"
     time.sleep(0.3)
     out = raw(server, b"GET /api HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert out.startswith("HTTP/1.1 200"), out

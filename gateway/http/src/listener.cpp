@@ -107,6 +107,10 @@ struct Listener::Impl {
   // Out of descriptors: shed one pending connection through the reserve, then wait a moment
   // (the accept would fail again at once while the process stays at its limit).
   void on_no_descriptors() {
+    if (reserve_fd < 0) {
+      // Lost the last time: another thread took the freed number before we could reopen it.
+      reserve_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
     if (reserve_fd >= 0) {
       ::close(reserve_fd);
       reserve_fd = -1;
