@@ -11,7 +11,9 @@
 #include <array>
 #include <atomic>
 #include <memory>
+#include <string>
 
+#include "cellgate/util/descriptors.hpp"
 #include "sessions.hpp"
 
 namespace cellgate::http {
@@ -156,13 +158,14 @@ struct Listener::Impl {
     }
   };
 
-  void refuse(tcp::socket socket) {
-    static constexpr std::string_view kBusy =
+  void refuse(tcp::socket socket, std::string_view body, const char* why) {
+    const std::string busy =
         "HTTP/1.1 503 Service Unavailable\r\nServer: cellgate\r\nConnection: close\r\n"
-        "Content-Type: text/plain\r\nContent-Length: 25\r\n\r\ntoo many open connections";
+        "Content-Type: text/plain\r\nContent-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + std::string(body);
     beast::error_code ec;
     socket.non_blocking(true, ec);
-    socket.send(net::buffer(kBusy.data(), kBusy.size()), 0, ec);
+    socket.send(net::buffer(busy), 0, ec);
     socket.shutdown(tcp::socket::shutdown_send, ec);
     auto refused_conn = std::make_shared<Refused>(std::move(socket));
     refused_conn->deadline.expires_after(std::chrono::seconds(2));
@@ -173,7 +176,7 @@ struct Listener::Impl {
       }
     });
     refused_conn->drain();
-    note_refusal("over --max-connections");
+    note_refusal(why);
   }
 
   void do_accept() {
@@ -189,7 +192,14 @@ struct Listener::Impl {
         return accept_later(std::chrono::milliseconds(5));
       }
       if (open_connections->load() >= max_connections) {
-        refuse(std::move(socket));
+        refuse(std::move(socket), "too many open connections", "over --max-connections");
+        return do_accept();
+      }
+      // The last descriptors are kept for kernels and files: a connection that would take them
+      // is refused like one over --max-connections (a limit lowered under a running gateway,
+      // or a --max-connections set above what the descriptor limit allows).
+      if (near_descriptor_limit(socket.native_handle())) {
+        refuse(std::move(socket), "out of file descriptors", "out of file descriptors");
         return do_accept();
       }
       socket.set_option(tcp::no_delay(true), ec);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cellgate/launcher/spec_json.hpp"
+#include "cellgate/util/descriptors.hpp"
 #include "cellgate/util/fs.hpp"
 
 namespace cellgate::kernel {
@@ -26,6 +27,7 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kLauncherStatusFd = 3;
+constexpr std::size_t kKernelDescriptors = 32;
 
 std::string env_or(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
@@ -96,6 +98,9 @@ Result<pid_t> spawn_with_status_fd(std::vector<std::string> argv, std::vector<st
 }
 
 Result<std::unique_ptr<KernelProcess>> KernelProcess::start(LaunchRequest request) {
+  // A kernel costs the gateway ~15 descriptors (launcher pipes, ZeroMQ sockets and their
+  // signalers); libraries fail badly when they run out midway, so refuse here, whole.
+  CELLGATE_TRY(require_free_descriptors(kKernelDescriptors, "starting a kernel"));
   std::unique_ptr<KernelProcess> kp(new KernelProcess());
 
   // A private runtime directory: connection file (it holds the key), ipc sockets, work dir.

@@ -1,0 +1,79 @@
+#include "cellgate/util/descriptors.hpp"
+
+#include <dirent.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+namespace cellgate {
+
+std::size_t descriptor_limit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) {
+    return std::size_t{1} << 30;
+  }
+  return static_cast<std::size_t>(limit.rlim_cur);
+}
+
+std::size_t descriptor_headroom() {
+  return std::clamp<std::size_t>(descriptor_limit() / 16, 32, 256);
+}
+
+bool near_descriptor_limit(int fd) {
+  if (fd < 0) {
+    return false;
+  }
+  return static_cast<std::size_t>(fd) + 1 + descriptor_headroom() > descriptor_limit();
+}
+
+std::size_t descriptors_open() {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) {
+    return 0;  // /proc missing or out of descriptors: nothing to count with
+  }
+  std::size_t n = 0;
+  while (const dirent* entry = ::readdir(dir)) {
+    if (entry->d_name[0] != '.') {
+      ++n;
+    }
+  }
+  ::closedir(dir);
+  return n > 0 ? n - 1 : 0;  // not the directory's own descriptor
+}
+
+std::size_t descriptors_free() {
+  const std::size_t limit = descriptor_limit();
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) {
+    return 0;
+  }
+  const int own = ::dirfd(dir);
+  std::size_t below = 0;
+  while (const dirent* entry = ::readdir(dir)) {
+    if (entry->d_name[0] == '.') {
+      continue;
+    }
+    const long fd = std::strtol(entry->d_name, nullptr, 10);
+    if (fd != own && fd >= 0 && static_cast<std::size_t>(fd) < limit) {
+      ++below;
+    }
+  }
+  ::closedir(dir);
+  return limit - std::min(below, limit);
+}
+
+Result<void> require_free_descriptors(std::size_t needed, const char* what) {
+  const std::size_t free = descriptors_free();
+  if (free >= needed) {
+    return {};
+  }
+  return Error{ErrorCode::kResourceExhausted, "out_of_descriptors",
+               std::string("out of file descriptors: ") + what + " needs " +
+                   std::to_string(needed) + " and " + std::to_string(free) + " of " +
+                   std::to_string(descriptor_limit()) +
+                   " are free (raise the gateway's RLIMIT_NOFILE, or lower --max-connections)"};
+}
+
+}  // namespace cellgate
