@@ -65,6 +65,15 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--max-ws-queue-bytes", serve.max_ws_queue_bytes,
                         "unsent bytes for one WebSocket before that client is disconnected")
       ->capture_default_str();
+  serve_cmd->add_option("--max-ws-total-bytes", serve.max_ws_total_bytes,
+                        "bytes held for all WebSocket clients together (unsent output, "
+                        "unfinished messages); over it the one holding the most is dropped "
+                        "(0: no global cap)")
+      ->capture_default_str();
+  serve_cmd->add_option("--max-kernel-message-bytes", serve.max_kernel_message_bytes,
+                        "largest message frame taken from a kernel; a larger output is dropped "
+                        "and the clients are told")
+      ->capture_default_str();
   serve_cmd->add_option("--ws-ping-interval", serve.ws_ping_interval,
                         "WebSocket keepalive ping seconds (0: off)")
       ->capture_default_str();
@@ -152,6 +161,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   serve_cmd->add_flag("--no-jail", serve.no_jail,
                       "run kernels UNJAILED (never with untrusted code)");
+  serve_cmd->add_flag("--keep-kernels", serve.keep_kernels,
+                      "on SIGTERM/SIGINT leave the client kernels running for the next gateway "
+                      "on this --state-dir to adopt (SIGUSR2 always does; a restart or upgrade "
+                      "keeps every session)");
   serve_cmd->add_option("--threads", serve.threads, "network threads")->capture_default_str();
 
   try {

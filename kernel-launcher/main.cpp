@@ -58,6 +58,8 @@ int main(int argc, char** argv) {
   app.add_option("--spec", options.spec_path, "jail spec (JSON); default: the built-in limits");
   app.add_option("--status-fd", options.status_fd,
                  "write JSON status lines (started, exited; ready for --zygote) to this fd");
+  app.add_option("--status-file", options.status_file,
+                 "append the same status lines to this file too (it outlives the reader)");
   app.add_option("--connection-file", options.connection_file,
                  "the kernel's connection file (rewritten to ipc endpoints in the jail)");
   app.add_option("--cwd", options.cwd, "working directory (unjailed kernels only)");

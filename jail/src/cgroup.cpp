@@ -796,6 +796,17 @@ Cgroup::Cgroup(CgroupVersion version, std::function<void(const std::string&)> be
                std::chrono::milliseconds settle_timeout)
     : version_(version), before_rmdir_(std::move(before_rmdir)), settle_timeout_(settle_timeout) {}
 
+std::unique_ptr<Cgroup> Cgroup::adopt(CgroupVersion version, std::vector<std::string> dirs) {
+  std::unique_ptr<Cgroup> cg(new Cgroup(version, nullptr, std::chrono::milliseconds(3000)));
+  for (auto& dir : dirs) {
+    if (is_dir(dir)) {
+      cg->paths_.push_back(std::move(dir));
+      cg->controllers_.emplace_back();
+    }
+  }
+  return cg;
+}
+
 Cgroup::~Cgroup() {
   static_cast<void>(kill_all());
   static_cast<void>(remove());

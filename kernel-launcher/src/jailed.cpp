@@ -551,6 +551,10 @@ int run_jailed_mode(const LaunchOptions& options) {
     report(status_fd, setup_error(message));
     return 127;
   };
+  if (!open_status_copy(options.status_file)) {
+    return fail(errno_error(ErrorCode::kInternal, "", "open('" + options.status_file + "')", errno)
+                    .message);
+  }
   if (options.argv.empty()) {
     return fail("no kernel command given");
   }
@@ -685,6 +689,9 @@ int run_jailed_mode(const LaunchOptions& options) {
     rep_read.reset();
     if (status_fd >= 0) {
       ::close(status_fd);
+    }
+    if (status_copy_fd() >= 0) {
+      ::close(status_copy_fd());  // a host file: nothing of it goes into the jail
     }
     run_init(spec, paths, uid, gid, argv, env, wait_set, original_mask, go_read.get(),
              rep_write.get());

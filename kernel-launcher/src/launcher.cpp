@@ -67,6 +67,12 @@ int run_exec_mode(const LaunchOptions& options) {
   StatusEvent failed;
   failed.kind = StatusEvent::Kind::kExited;
   failed.reason = ExitReason::kSetupError;
+  if (!open_status_copy(options.status_file)) {
+    failed.message = errno_error(ErrorCode::kInternal, "", "open('" + options.status_file + "')",
+                                 errno).message;
+    report(status_fd, failed);
+    return 127;
+  }
   if (options.argv.empty()) {
     failed.message = "no kernel command given";
     report(status_fd, failed);

@@ -43,6 +43,11 @@ Result<std::unique_ptr<KernelProcessHandle>> ProcessBackend::launch(LaunchReques
   return std::unique_ptr<KernelProcessHandle>(std::move(process));
 }
 
+Result<std::unique_ptr<KernelProcessHandle>> ProcessBackend::adopt(const AdoptionFacts& facts) {
+  CELLGATE_ASSIGN_OR_RETURN(auto process, KernelProcess::adopt(facts));
+  return std::unique_ptr<KernelProcessHandle>(std::move(process));
+}
+
 Result<std::unique_ptr<KernelConnection>> ProcessBackend::connect(
     const KernelProcessHandle& process, ClientOptions options) {
   CELLGATE_ASSIGN_OR_RETURN(auto client,

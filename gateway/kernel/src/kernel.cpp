@@ -1,7 +1,10 @@
 #include "cellgate/kernel/kernel.hpp"
 
 #include <condition_variable>
+#include <fstream>
+#include <iterator>
 #include <mutex>
+#include <sstream>
 
 namespace cellgate::kernel {
 
@@ -17,6 +20,57 @@ const char* to_string(RequestEnd end) {
       return "cancelled";
   }
   return "?";
+}
+
+std::string process_start_time(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  auto close = text.rfind(')');  // the command name may hold spaces and parentheses
+  if (close == std::string::npos || close + 2 > text.size()) {
+    return "";
+  }
+  std::istringstream rest(text.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && rest >> field; ++i) {
+  }
+  return field;
+}
+
+json AdoptionFacts::to_json() const {
+  return json{{"launcher_pid", launcher_pid},
+              {"launcher_start_time", launcher_start_time},
+              {"kernel_pid", kernel_pid},
+              {"jailed", jailed},
+              {"runtime_dir", runtime_dir},
+              {"status_file", status_file},
+              {"log_file", log_file},
+              {"work_dir", work_dir},
+              {"cgroup_paths", cgroup_paths},
+              {"cgroup_version", cgroup_version},
+              {"connection", connection.to_json()},
+              {"connection_file", connection_file}};
+}
+
+Result<AdoptionFacts> AdoptionFacts::from_json(const json& j) {
+  try {
+    AdoptionFacts f;
+    f.launcher_pid = j.at("launcher_pid").get<pid_t>();
+    f.launcher_start_time = j.at("launcher_start_time").get<std::string>();
+    f.kernel_pid = j.at("kernel_pid").get<pid_t>();
+    f.jailed = j.at("jailed").get<bool>();
+    f.runtime_dir = j.at("runtime_dir").get<std::string>();
+    f.status_file = j.at("status_file").get<std::string>();
+    f.log_file = j.at("log_file").get<std::string>();
+    f.work_dir = j.at("work_dir").get<std::string>();
+    f.cgroup_paths = j.at("cgroup_paths").get<std::vector<std::string>>();
+    f.cgroup_version = j.at("cgroup_version").get<std::string>();
+    CELLGATE_ASSIGN_OR_RETURN(f.connection, ConnectionInfo::from_json(j.at("connection")));
+    f.connection_file = j.at("connection_file").get<std::string>();
+    return f;
+  } catch (const json::exception& e) {
+    return make_error(ErrorCode::kInvalidArgument, "bad_record",
+                      std::string("a kernel's adoption facts are incomplete: ") + e.what());
+  }
 }
 
 json execute_content(std::string code, bool allow_stdin, bool store_history, bool silent) {

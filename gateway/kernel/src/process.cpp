@@ -5,6 +5,7 @@
 #include <spawn.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <vector>
 
 #include "cellgate/launcher/spec_json.hpp"
@@ -145,7 +147,9 @@ Result<std::unique_ptr<KernelProcess>> KernelProcess::start(LaunchRequest reques
 
   std::string launcher = request.launcher_path.empty() ? executable_dir() + "/cellgate-kernel"
                                                        : request.launcher_path;
+  kp->status_file_ = templ + "/status";
   std::vector<std::string> args = {launcher, "--status-fd", std::to_string(kLauncherStatusFd),
+                                   "--status-file", kp->status_file_,
                                    "--connection-file", kp->connection_file_};
   auto env_map = request.env.empty() ? default_kernel_env(kp->work_dir_, kp->jailed_) : request.env;
   for (auto& [k, v] : request.spec.env.items()) {
@@ -244,7 +248,104 @@ Result<std::unique_ptr<KernelProcess>> KernelProcess::start(LaunchRequest reques
   return kp;
 }
 
+Result<std::unique_ptr<KernelProcess>> KernelProcess::adopt(const AdoptionFacts& facts) {
+  auto gone = [&](const std::string& why) {
+    return make_error(ErrorCode::kNotFound, "launcher_gone",
+                      "the launcher (pid " + std::to_string(facts.launcher_pid) + ") " + why);
+  };
+  if (facts.launcher_pid <= 0 || facts.launcher_start_time.empty()) {
+    return gone("is not recorded");
+  }
+  const int fd = static_cast<int>(::syscall(SYS_pidfd_open, facts.launcher_pid, 0));
+  if (fd < 0) {
+    return gone("has ended");
+  }
+  UniqueFd pidfd(fd);
+  // Checked after the pidfd is held: the pid cannot be reused while we hold it.
+  if (process_start_time(facts.launcher_pid) != facts.launcher_start_time) {
+    return gone("has ended (the pid now names another process)");
+  }
+  std::unique_ptr<KernelProcess> kp(new KernelProcess());
+  kp->adopted_ = true;
+  kp->launcher_pidfd_ = std::move(pidfd);
+  kp->launcher_pid_ = facts.launcher_pid;
+  kp->kernel_pid_ = facts.kernel_pid;
+  kp->jailed_ = facts.jailed;
+  kp->runtime_dir_ = facts.runtime_dir;
+  kp->status_file_ = facts.status_file;
+  kp->log_file_ = facts.log_file;
+  kp->work_dir_ = facts.work_dir;
+  kp->connection_ = facts.connection;
+  kp->connection_file_ = facts.connection_file;
+  launcher::StatusEvent started;
+  started.kind = launcher::StatusEvent::Kind::kStarted;
+  started.pid = facts.kernel_pid;
+  started.cgroup_paths = facts.cgroup_paths;
+  started.cgroup_version = facts.cgroup_version;
+  kp->started_ = started;
+  kp->parse_status_lines();  // an exit reported while no gateway listened
+  return kp;
+}
+
+std::optional<AdoptionFacts> KernelProcess::adoption_facts() const {
+  AdoptionFacts f;
+  f.launcher_pid = launcher_pid_;
+  f.launcher_start_time = process_start_time(launcher_pid_);
+  f.kernel_pid = kernel_pid_;
+  f.jailed = jailed_;
+  f.runtime_dir = runtime_dir_;
+  f.status_file = status_file_;
+  f.log_file = log_file_;
+  f.work_dir = work_dir_;
+  if (started_) {
+    f.cgroup_paths = started_->cgroup_paths;
+    f.cgroup_version = started_->cgroup_version;
+  }
+  f.connection = connection_;
+  f.connection_file = connection_file_;
+  return f;
+}
+
+void KernelProcess::detach() {
+  launcher_pid_ = -1;
+  adopted_ = false;
+  work_mounted_ = false;
+  runtime_dir_.clear();
+}
+
+void KernelProcess::parse_status_lines() {
+  std::ifstream in(status_file_);
+  for (std::string line; std::getline(in, line);) {
+    auto ev = launcher::StatusEvent::parse_line(line);
+    if (ev && ev->kind == launcher::StatusEvent::Kind::kExited) {
+      exited_ = *ev;
+    }
+  }
+}
+
+void KernelProcess::watch_adopted(int timeout_ms) {
+  if (exited_ || !launcher_pidfd_) {
+    return;
+  }
+  pollfd pfd{launcher_pidfd_.get(), POLLIN, 0};
+  if (::poll(&pfd, 1, timeout_ms) <= 0) {
+    return;
+  }
+  parse_status_lines();
+  if (!exited_) {
+    launcher::StatusEvent lost;
+    lost.kind = launcher::StatusEvent::Kind::kExited;
+    lost.reason = launcher::ExitReason::kSetupError;
+    lost.message = "the launcher ended without a report";
+    exited_ = lost;
+  }
+}
+
 void KernelProcess::read_status(int timeout_ms) {
+  if (adopted_) {
+    watch_adopted(timeout_ms);
+    return;
+  }
   if (!status_fd_) {
     return;
   }
@@ -304,7 +405,10 @@ Result<void> KernelProcess::signal(int sig) {
     return make_error(ErrorCode::kFailedPrecondition, "not_running", "the kernel is not running");
   }
   // The launcher forwards it to the kernel (through the jail's init when jailed).
-  if (::kill(launcher_pid_, sig) != 0) {
+  const int sent = adopted_ ? static_cast<int>(::syscall(SYS_pidfd_send_signal,
+                                                         launcher_pidfd_.get(), sig, nullptr, 0))
+                            : ::kill(launcher_pid_, sig);
+  if (sent != 0) {
     return errno_error(ErrorCode::kInternal, "signal",
                        "kill(" + std::to_string(kernel_pid_) + ", " + std::to_string(sig) + ")",
                        errno);
@@ -321,7 +425,7 @@ std::optional<launcher::StatusEvent> KernelProcess::wait_exit(std::chrono::milli
   const auto deadline = Clock::now() + timeout;
   while (!exited_) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0 || !status_fd_) {
+    if (left.count() <= 0 || (!status_fd_ && !launcher_pidfd_)) {
       break;
     }
     read_status(static_cast<int>(left.count()));
@@ -329,8 +433,55 @@ std::optional<launcher::StatusEvent> KernelProcess::wait_exit(std::chrono::milli
   return exited_;
 }
 
+namespace {
+
+// The parent pid of `pid` (field 4 of /proc/<pid>/stat), or -1.
+pid_t parent_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  const auto close = text.rfind(')');
+  if (close == std::string::npos) {
+    return -1;
+  }
+  char state = 0;
+  long ppid = -1;
+  std::istringstream rest(text.substr(close + 1));
+  rest >> state >> ppid;
+  return rest ? static_cast<pid_t>(ppid) : -1;
+}
+
+}  // namespace
+
+// An adopted kernel is ended through its launcher, which is not our child: SIGTERM, which it
+// forwards to the kernel (into the jail); if it has not reported within 2 s, SIGKILL for it and
+// for the kernel's cgroup (what the launcher would have removed), or, unjailed, the kernel's
+// process group while its parent is still that launcher.
+void KernelProcess::end_adopted() {
+  if (poll_exit()) {
+    return;
+  }
+  (void)signal(SIGTERM);
+  wait_exit(std::chrono::milliseconds(2000));
+  if (exited_) {
+    return;
+  }
+  if (!jailed_ && kernel_pid_ > 0 && parent_of(kernel_pid_) == launcher_pid_) {
+    ::kill(-kernel_pid_, SIGKILL);
+  }
+  ::syscall(SYS_pidfd_send_signal, launcher_pidfd_.get(), SIGKILL, nullptr, 0);
+  if (started_ && !started_->cgroup_paths.empty()) {
+    // Its destructor kills every process left in it and removes it.
+    jail::Cgroup::adopt(started_->cgroup_version == "v2" ? jail::CgroupVersion::kV2
+                                                         : jail::CgroupVersion::kV1,
+                        started_->cgroup_paths);
+  }
+  wait_exit(std::chrono::milliseconds(1000));
+}
+
 KernelProcess::~KernelProcess() {
-  if (launcher_pid_ > 0) {
+  if (adopted_) {
+    end_adopted();
+  } else if (launcher_pid_ > 0) {
     if (kernel_pid_ > 0 && !poll_exit()) {
       // A jailed kernel's pid is its jail's init: killing it ends the whole pid namespace. An
       // unjailed kernel leads its own process group.

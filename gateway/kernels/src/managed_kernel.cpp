@@ -60,7 +60,7 @@ json KernelModel::to_json() const {
 
 ProcessFacts ProcessFacts::of(const kernel::KernelProcessHandle& process) {
   return ProcessFacts{process.pid(), process.jailed(), process.connection(),
-                      process.connection_file()};
+                      process.connection_file(), process.adoption_facts()};
 }
 
 ManagedKernel::ManagedKernel(std::string id, kernel::KernelSpec spec, std::string home, uid_t uid,

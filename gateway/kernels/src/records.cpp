@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -11,45 +12,68 @@
 #include "cellgate/util/fs.hpp"
 
 namespace cellgate::kernels {
-namespace {
-
-// Field 22 of /proc/<pid>/stat: with the pid it identifies the process across pid reuse.
-std::string process_start_time(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(in)), {});
-  auto close = text.rfind(')');
-  if (close == std::string::npos || close + 2 > text.size()) {
-    return "";
-  }
-  std::istringstream rest(text.substr(close + 2));
-  std::string field;
-  for (int i = 3; i <= 22 && rest >> field; ++i) {
-  }
-  return field;
-}
-
-}  // namespace
 
 std::string record_path(const std::string& state_dir, const std::string& id) {
   return state_dir + "/kernels/" + id + ".json";
 }
 
 Result<void> write_record(const std::string& state_dir, const ManagedKernel& k,
-                          const ProcessFacts& process, const jail::JailSpec& limits) {
-  const nlohmann::json record = {
+                          const ProcessFacts& process, const jail::JailSpec& limits,
+                          bool pooled) {
+  nlohmann::json record = {
       {"id", k.id()},
       {"kernelspec", k.spec().name},
       {"connection", process.connection.to_json()},
       {"connection_file", process.connection_file},
       {"pid", process.pid},
-      {"pid_start_time", process_start_time(process.pid)},
+      {"pid_start_time", kernel::process_start_time(process.pid)},
       {"jailed", process.jailed},
       {"uid", k.uid()},
       {"cgroup", "k-" + k.id()},
       {"work_dir", k.work_dir()},
       {"limits", launcher::spec_to_json(limits)},
-      {"started_at", protocol::iso8601(std::chrono::system_clock::now())}};
+      {"started_at", protocol::iso8601(std::chrono::system_clock::now())},
+      {"pooled", pooled},
+      {"env", k.env()}};
+  if (process.adoption) {
+    record["process"] = process.adoption->to_json();
+  }
   return atomic_write(record_path(state_dir, k.id()), record.dump(1), 0600);
+}
+
+std::vector<Record> read_records(const std::string& state_dir) {
+  std::vector<Record> out;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(state_dir + "/kernels", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.path().extension() != ".json" || !entry.is_regular_file(ec)) {
+      continue;
+    }
+    Record r;
+    r.path = entry.path().string();
+    r.id = name.substr(0, name.size() - 5);
+    std::ifstream in(r.path);
+    const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object()) {
+      r.kernelspec = j.value("kernelspec", "");
+      r.uid = j.value("uid", 0u);
+      r.pooled = j.value("pooled", false);
+      if (j.contains("env") && j["env"].is_object()) {
+        for (const auto& [key, value] : j["env"].items()) {
+          if (value.is_string()) {
+            r.env[key] = value.get<std::string>();
+          }
+        }
+      }
+      if (j.contains("process")) {
+        if (auto facts = kernel::AdoptionFacts::from_json(j["process"]); facts) {
+          r.process = std::move(facts).value();
+        }
+      }
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
 }
 
 void remove_record(const std::string& state_dir, const std::string& id) {

@@ -2,6 +2,8 @@
 #include "cellgate/kernels/registry.hpp"
 
 #include <spdlog/spdlog.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <unistd.h>
 
@@ -74,6 +76,36 @@ KernelRegistry::KernelRegistry(RegistryOptions options, kernel::KernelBackend& b
   }
 }
 
+Result<void> KernelRegistry::claim_state_dir() {
+  std::lock_guard lock(mu_);
+  if (state_lock_) {
+    return {};
+  }
+  if (options_.state_dir.empty()) {
+    return make_error(ErrorCode::kFailedPrecondition, "no_state_dir",
+                      "the gateway has no state dir configured");
+  }
+  const std::string path = options_.state_dir + "/lock";
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd) {
+    return errno_error(ErrorCode::kInternal, "state_dir", "open('" + path + "')", errno);
+  }
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    char holder[32] = {};
+    [[maybe_unused]] ssize_t n = ::pread(fd.get(), holder, sizeof holder - 1, 0);
+    return make_error(ErrorCode::kFailedPrecondition, "state_dir_in_use",
+                      "the state dir " + options_.state_dir + " is in use by another cellgate " +
+                          "(pid " + std::string(holder[0] != 0 ? holder : "?") +
+                          "); give each gateway its own --state-dir");
+  }
+  const std::string pid = std::to_string(::getpid());
+  if (::ftruncate(fd.get(), 0) == 0) {
+    [[maybe_unused]] ssize_t n = ::pwrite(fd.get(), pid.data(), pid.size(), 0);
+  }
+  state_lock_ = std::move(fd);
+  return {};
+}
+
 void KernelRegistry::start() {
   // The uid range now, so a gateway that cannot have one says so at startup; kernel starts
   // fail closed (allocate() answers the same error) until one is free.
@@ -83,6 +115,11 @@ void KernelRegistry::start() {
     }
   }
   backend_.start();
+  if (auto claimed = claim_state_dir(); claimed) {
+    adopt_kernels();
+  } else {
+    spdlog::error("{}; not adopting or cleaning up any kernel of it", claimed.error().message);
+  }
   if (!monitor_.joinable()) {
     monitor_ = std::thread([this] { monitor_loop(); });
   }
@@ -127,6 +164,34 @@ Result<std::shared_ptr<ManagedKernel>> KernelRegistry::new_kernel_locked(
                                          uid, std::move(env), now_);
 }
 
+kernel::ClientOptions KernelRegistry::client_options(const std::shared_ptr<ManagedKernel>& k) {
+  // The callbacks hold the kernel weakly; they run on the connection's I/O thread, which the
+  // kernel stops (joins) before it goes.
+  std::weak_ptr<ManagedKernel> weak = k;
+  kernel::ClientOptions co;
+  co.heartbeat_interval = std::chrono::milliseconds(500);
+  co.heartbeat_misses = 6;
+  co.limits.max_message_bytes = options_.max_kernel_message_bytes;
+  co.on_iopub = [weak](const protocol::EnvelopePtr& msg) {
+    if (auto self = weak.lock()) {
+      self->on_iopub(msg);
+    }
+  };
+  co.on_unrouted = [weak](const protocol::EnvelopePtr& msg) {
+    if (auto self = weak.lock()) {
+      self->on_unrouted(msg);
+    }
+  };
+  co.on_dead = [this](const std::string&) {
+    monitor_cv_.notify_all();
+    pool_cv_.notify_all();
+  };
+  co.on_wire_error = [id = k->id()](Channel ch, const Error& e) {
+    spdlog::warn("kernel {}: dropped a message on {}: {}", id, kernel::to_string(ch), e.describe());
+  };
+  return co;
+}
+
 Result<ManagedKernel::Running> KernelRegistry::launch(const std::shared_ptr<ManagedKernel>& k) {
   if (options_.state_dir.empty()) {
     return make_error(ErrorCode::kFailedPrecondition, "no_state_dir",
@@ -156,31 +221,8 @@ Result<ManagedKernel::Running> KernelRegistry::launch(const std::shared_ptr<Mana
   CELLGATE_ASSIGN_OR_RETURN(std::unique_ptr<kernel::KernelProcessHandle> process,
                             backend_.launch(std::move(req)));
 
-  // The callbacks hold the kernel weakly; they run on the connection's I/O thread, which the
-  // kernel stops (joins) before it goes.
-  std::weak_ptr<ManagedKernel> weak = k;
-  kernel::ClientOptions co;
-  co.heartbeat_interval = std::chrono::milliseconds(500);
-  co.heartbeat_misses = 6;
-  co.on_iopub = [weak](const protocol::EnvelopePtr& msg) {
-    if (auto self = weak.lock()) {
-      self->on_iopub(msg);
-    }
-  };
-  co.on_unrouted = [weak](const protocol::EnvelopePtr& msg) {
-    if (auto self = weak.lock()) {
-      self->on_unrouted(msg);
-    }
-  };
-  co.on_dead = [this](const std::string&) {
-    monitor_cv_.notify_all();
-    pool_cv_.notify_all();
-  };
-  co.on_wire_error = [id = k->id()](Channel ch, const Error& e) {
-    spdlog::warn("kernel {}: dropped a message on {}: {}", id, kernel::to_string(ch), e.describe());
-  };
   CELLGATE_ASSIGN_OR_RETURN(std::unique_ptr<kernel::KernelConnection> connected,
-                            backend_.connect(*process, std::move(co)));
+                            backend_.connect(*process, client_options(k)));
   std::shared_ptr<kernel::KernelConnection> connection = std::move(connected);
   // Asked in slices, so that a kernel that exits while starting (a broken kernelspec, an R
   // without IRkernel) is reported once its launcher says so rather than after the whole timeout.
@@ -216,6 +258,9 @@ Result<ManagedKernel::Running> KernelRegistry::launch(const std::shared_ptr<Mana
 Result<void> KernelRegistry::start_fresh(const std::shared_ptr<ManagedKernel>& k) {
   CELLGATE_TRY(make_private_dirs(k->work_dir(), "state_dir"));
   CELLGATE_ASSIGN_OR_RETURN(auto running, launch(k));
+  // Recorded as pooled: a gateway that restarts ends it rather than leaving it behind.
+  CELLGATE_TRY(write_record(options_.state_dir, *k, ProcessFacts::of(*running.process),
+                            options_.jail, /*pooled=*/true));
   return k->started(std::move(running));
 }
 
@@ -342,6 +387,7 @@ void KernelRegistry::release(const ManagedKernel& k) {
 void KernelRegistry::discard(const std::shared_ptr<ManagedKernel>& k) {
   k->end();  // the process and connection stop as the result goes
   release(*k);
+  remove_record(options_.state_dir, k->id());  // a pooled kernel's
 }
 
 Result<void> KernelRegistry::shutdown(const std::string& id) {
@@ -374,6 +420,26 @@ Result<void> KernelRegistry::shutdown(const std::string& id) {
   remove_record(options_.state_dir, id);
   spdlog::info("kernel {} shut down", id);
   return {};
+}
+
+void KernelRegistry::hand_over() {
+  stop_pool();
+  std::map<std::string, std::shared_ptr<ManagedKernel>> kernels;
+  {
+    std::lock_guard lock(mu_);
+    kernels.swap(kernels_);
+  }
+  for (const auto& [id, k] : kernels) {
+    ManagedKernel::Ended ended = k->end();
+    ended.running.connection.reset();  // its I/O thread ends; the kernel's sockets stay
+    if (ended.running.process) {
+      ended.running.process->detach();
+    }
+    for (auto& l : ended.listeners) {
+      l->kernel_gone("the gateway is restarting; the kernel keeps running: reconnect");
+    }
+    spdlog::info("kernel {} left running for the next gateway on {}", id, options_.state_dir);
+  }
 }
 
 void KernelRegistry::shutdown_all() {

@@ -6,6 +6,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <atomic>
 #include <boost/asio/thread_pool.hpp>
 #include <cstdlib>
 #include <iostream>
@@ -60,6 +61,7 @@ kernels::RegistryOptions registry_options(const ServeOptions& o) {
   r.env_allowlist = o.env_allowlist;
   r.restart_limit = o.restart_limit;
   r.kernel_start_timeout = o.kernel_start_timeout;
+  r.max_kernel_message_bytes = o.max_kernel_message_bytes;
   r.no_jail = o.no_jail;
   r.uids.base = o.kernel_uid_base;
   r.uids.range_size = o.kernel_uid_range_size;
@@ -203,6 +205,7 @@ Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->http_options.max_connections = o.max_connections;
   impl_->http_options.max_ws_message_bytes = o.max_ws_message_bytes;
   impl_->http_options.max_ws_queue_bytes = o.max_ws_queue_bytes;
+  impl_->http_options.ws_budget = std::make_shared<http::ByteBudget>(o.max_ws_total_bytes);
   impl_->http_options.ws_ping_interval = o.ws_ping_interval;
 }
 
@@ -244,6 +247,8 @@ Result<int> Server::start() {
                       "--e2b-no-token serves code execution without a token, so it is only "
                       "allowed on a loopback --ip (127.0.0.1 or ::1), not " + o.ip);
   }
+  // Before anything listens: a second gateway on one state dir would adopt the first's kernels.
+  CELLGATE_TRY(impl_->registry->claim_state_dir());
   http::raise_open_file_limit();  // each connection is a descriptor
   CELLGATE_ASSIGN_OR_RETURN(impl_->listener,
                             http::Listener::open(impl_->network, o.ip, o.port, *impl_->api,
@@ -297,9 +302,16 @@ int run_serve(ServeOptions options) {
     return 2;
   }
   net::io_context signals_ctx;
-  net::signal_set signals(signals_ctx, SIGINT, SIGTERM);
-  signals.async_wait([&](const boost::system::error_code&, int sig) {
-    spdlog::info("signal {}: shutting down", sig);
+  net::signal_set signals(signals_ctx, SIGINT, SIGTERM, SIGUSR2);
+  std::atomic<bool> hand_over{false};
+  signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+    if (ec) {
+      return;
+    }
+    hand_over = sig == SIGUSR2 || server.options().keep_kernels;
+    spdlog::info("signal {}: {}", sig,
+                 hand_over ? "stopping, leaving the kernels to the next gateway on the state dir"
+                           : "shutting down");
     server.stop();
   });
   std::thread signal_thread([&] { signals_ctx.run(); });
@@ -324,7 +336,11 @@ int run_serve(ServeOptions options) {
   server.run();
   signals_ctx.stop();
   signal_thread.join();
-  server.registry().shutdown_all();
+  if (hand_over) {
+    server.registry().hand_over();
+  } else {
+    server.registry().shutdown_all();
+  }
   return 0;
 }
 

@@ -116,6 +116,10 @@ Result<CgroupStats> read_cgroup_stats(CgroupVersion version, const std::vector<s
 
 class Cgroup {
  public:
+  // A handle on a kernel's cgroup that another process made: a launcher the gateway lost and
+  // finds again through the kernel's record, to end what is left in it. kill_all(), remove()
+  // (and the destructor) as for one of ours; dirs that are gone already are skipped.
+  static std::unique_ptr<Cgroup> adopt(CgroupVersion version, std::vector<std::string> dirs);
   ~Cgroup();  // kill_all(), then remove()
   Result<void> add_process(pid_t pid);  // into every hierarchy
   Result<CgroupStats> stats() const;

@@ -19,6 +19,9 @@ namespace cellgate::launcher {
 struct LaunchOptions {
   std::vector<std::string> argv;  // the kernel's argv; argv[0] is a path or a name on PATH
   int status_fd = -1;             // -1: no status reports
+  // The same status lines appended here too (the kernel's runtime dir): the pipe's reader, the
+  // gateway, may be gone when the kernel ends, and a gateway that adopts the kernel reads them.
+  std::string status_file;
   std::string cwd;                // "" : inherit (unjailed only; a jailed kernel starts in its work dir)
   bool die_with_parent = false;   // SIGKILL the kernel when the launcher's parent dies
   bool jail = true;               // false: run unjailed (an explicit operator choice)

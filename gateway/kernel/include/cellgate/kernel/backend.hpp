@@ -36,6 +36,7 @@ class ProcessBackend : public KernelBackend {
   Result<std::unique_ptr<KernelProcessHandle>> launch(LaunchRequest request) override;
   Result<std::unique_ptr<KernelConnection>> connect(const KernelProcessHandle& process,
                                                     ClientOptions options) override;
+  Result<std::unique_ptr<KernelProcessHandle>> adopt(const AdoptionFacts& facts) override;
 
   // The zygote's handle (null without one, or before start()), for tests.
   Zygote* zygote() { return zygote_.get(); }

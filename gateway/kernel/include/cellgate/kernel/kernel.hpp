@@ -134,6 +134,31 @@ class KernelConnection {
                             std::chrono::milliseconds timeout, bool wait_for_idle = true);
 };
 
+// What a gateway that restarts needs to find a running kernel's launcher again (kept in the
+// kernel's state record): the launcher, identified across pid reuse by its start time, and the
+// kernel's files and cgroup.
+struct AdoptionFacts {
+  pid_t launcher_pid = -1;
+  std::string launcher_start_time;  // field 22 of /proc/<pid>/stat
+  pid_t kernel_pid = -1;            // host pid namespace
+  bool jailed = false;
+  std::string runtime_dir;    // connection dir, jail spec, status file, log
+  std::string status_file;    // the launcher's status lines (launcher --status-file)
+  std::string log_file;
+  std::string work_dir;
+  std::vector<std::string> cgroup_paths;  // the kernel's cgroup, one dir per hierarchy
+  std::string cgroup_version;             // "v1" or "v2"
+  ConnectionInfo connection;
+  std::string connection_file;
+
+  nlohmann::json to_json() const;
+  static Result<AdoptionFacts> from_json(const nlohmann::json& j);
+};
+
+// Field 22 of /proc/<pid>/stat ("" when the process is gone): with the pid, it names one process
+// across pid reuse.
+std::string process_start_time(pid_t pid);
+
 // A started kernel process.
 class KernelProcessHandle {
  public:
@@ -150,6 +175,12 @@ class KernelProcessHandle {
   // The launcher's "exited" report once the kernel has ended; nullopt while it runs.
   virtual std::optional<launcher::StatusEvent> poll_exit() = 0;
   virtual std::optional<launcher::StatusEvent> wait_exit(std::chrono::milliseconds timeout) = 0;
+  // The facts a restarted gateway adopts it by; nullopt when this kind of process cannot be
+  // adopted (a fake).
+  virtual std::optional<AdoptionFacts> adoption_facts() const { return std::nullopt; }
+  // Lets the kernel run on when the handle goes (a gateway handing its kernels over to the next
+  // one on its state dir): nothing is killed, unmounted or removed then.
+  virtual void detach() {}
 };
 
 struct LaunchRequest;  // process.hpp
@@ -168,6 +199,14 @@ class KernelBackend {
   virtual Result<std::unique_ptr<KernelProcessHandle>> launch(LaunchRequest request) = 0;
   virtual Result<std::unique_ptr<KernelConnection>> connect(const KernelProcessHandle& process,
                                                             ClientOptions options) = 0;
+  // Takes over a kernel a previous gateway started, whose launcher still runs (kNotFound when it
+  // does not: gone, or its pid now names another process). The handle supervises it as one of
+  // its own; ending the handle ends the kernel.
+  virtual Result<std::unique_ptr<KernelProcessHandle>> adopt(const AdoptionFacts& facts) {
+    (void)facts;
+    return make_error(ErrorCode::kFailedPrecondition, "cannot_adopt",
+                      "this kernel backend cannot adopt kernels");
+  }
 };
 
 }  // namespace cellgate::kernel

@@ -82,6 +82,10 @@ Result<pid_t> spawn_with_status_fd(std::vector<std::string> argv, std::vector<st
 class KernelProcess : public KernelProcessHandle {
  public:
   static Result<std::unique_ptr<KernelProcess>> start(LaunchRequest request);
+  // A kernel a previous gateway started (its state record's facts): kNotFound when its launcher
+  // is gone or the pid names another process now. It is then supervised through a pidfd (it is
+  // not our child): signals with pidfd_send_signal, its end from the launcher's status file.
+  static Result<std::unique_ptr<KernelProcess>> adopt(const AdoptionFacts& facts);
   ~KernelProcess() override;
   KernelProcess(const KernelProcess&) = delete;
   KernelProcess& operator=(const KernelProcess&) = delete;
@@ -107,10 +111,17 @@ class KernelProcess : public KernelProcessHandle {
   std::optional<launcher::StatusEvent> poll_exit() override;
   // Waits up to `timeout` for the kernel to end.
   std::optional<launcher::StatusEvent> wait_exit(std::chrono::milliseconds timeout) override;
+  std::optional<AdoptionFacts> adoption_facts() const override;
+  void detach() override;
 
  private:
   KernelProcess() = default;
   void read_status(int timeout_ms);
+  // Adopted: waits up to `timeout_ms` for the launcher to end, then takes its report from the
+  // status file.
+  void watch_adopted(int timeout_ms);
+  void parse_status_lines();
+  void end_adopted();
 
   ConnectionInfo connection_;
   std::string runtime_dir_;
@@ -120,6 +131,9 @@ class KernelProcess : public KernelProcessHandle {
   bool jailed_ = false;
   bool work_mounted_ = false;
   pid_t launcher_pid_ = -1;
+  std::string status_file_;
+  bool adopted_ = false;
+  UniqueFd launcher_pidfd_;  // adopted only
   pid_t kernel_pid_ = -1;
   UniqueFd status_fd_;
   std::string status_buffer_;

@@ -92,6 +92,7 @@ struct ProcessFacts {
   bool jailed = false;
   kernel::ConnectionInfo connection;
   std::string connection_file;
+  std::optional<kernel::AdoptionFacts> adoption;  // how a restarted gateway finds it again
   static ProcessFacts of(const kernel::KernelProcessHandle& process);
 };
 

@@ -12,6 +12,7 @@
 //
 // Where each facility lives (gateway/kernels/src/): registry.cpp (start/find/list/interrupt/
 // restart/shutdown), pool.cpp (the warm pool), monitor.cpp (death monitor and culler),
+// adoption.cpp (a previous gateway's kernels adopted, its leftovers cleaned up),
 // records.cpp (state records), kernelspecs.cpp, env.cpp (the client-env filter), and
 // managed_kernel.cpp (one kernel's state machine and its listeners), uid_allocator.cpp (the
 // gateway's kernel uid range, leased host-wide; no uid handed out while a process runs as it).
@@ -25,6 +26,10 @@
 // Death and restarts: a kernel whose process ends or whose heartbeats stop is restarted (its
 // listeners get status "restarting" with the reason on iopub) up to restart_limit times, then
 // it is dead (status "dead", the reason in its model) until a client restarts it.
+//
+// After a crash or an upgrade: start() adopts every client kernel a previous gateway on the same
+// state dir left running (same id, uid, env and variables; clients reconnect) and ends the rest
+// it left (pooled kernels, kernels whose launcher is gone, unfinished starts).
 //
 // Thread-safety: every public method is thread-safe. Blocking ones (start, restart, shutdown)
 // must not run on network threads. No thread starts before start(); the destructor stops them
@@ -49,8 +54,11 @@
 #include "cellgate/kernels/managed_kernel.hpp"
 #include "cellgate/kernels/uid_allocator.hpp"
 #include "cellgate/result.hpp"
+#include "cellgate/unique_fd.hpp"
 
 namespace cellgate::kernels {
+
+struct Record;  // records.hpp
 
 // What the registry is configured with (the composition root fills it from `cellgate serve`'s
 // options).
@@ -64,6 +72,9 @@ struct RegistryOptions {
   std::set<std::string> env_allowlist;    // client env names passed besides KERNEL_*
   int restart_limit = 5;                  // auto-restarts of a dying kernel before it is dead
   double kernel_start_timeout = 60;       // seconds until the kernel must answer kernel_info
+  // The largest frame taken from a kernel; a larger one is refused by libzmq before it is
+  // buffered, and the clients are told on iopub (kernel/src/client.cpp).
+  std::size_t max_kernel_message_bytes = 64u << 20;
   bool no_jail = false;                   // run kernels unjailed (explicit only)
   int pool_size = 0;                      // ready kernels per pooled kernelspec (0: off)
   std::vector<std::string> pool_kernels;  // kernelspecs pooled; empty: the default one
@@ -89,7 +100,15 @@ class KernelRegistry {
   KernelRegistry(const KernelRegistry&) = delete;
   KernelRegistry& operator=(const KernelRegistry&) = delete;
 
-  // Starts the backend (the zygote), the death monitor and culler, and the pool's filler.
+  // Takes the state dir for this gateway alone (an flock on <state_dir>/lock, held for the
+  // registry's life): kernels are adopted and cleaned up from it, so two gateways must never
+  // share one. kFailedPrecondition, naming the holder's pid, when another process holds it.
+  // start() claims it when the caller has not; a caller that must not run without it (serve)
+  // calls it first and stops on the error.
+  Result<void> claim_state_dir();
+
+  // Starts the backend (the zygote), adopts what a previous gateway on the state dir left
+  // running (adoption.cpp), starts the death monitor and culler, and the pool's filler.
   void start();
 
   // Blocking. env: the client's env (filtered here: KERNEL_* and the allowlist only). With
@@ -102,6 +121,10 @@ class KernelRegistry {
   Result<void> shutdown(const std::string& id);        // blocking
   // Ends every kernel, pooled ones included, and stops refilling the pool for good.
   void shutdown_all();
+  // For a restart or an upgrade: ends the pooled kernels and stops the pool like shutdown_all(),
+  // but leaves every client kernel running with its state record, for the next gateway on this
+  // state dir to adopt. Their listeners are told the gateway is restarting.
+  void hand_over();
 
   // One pass of the monitor: the backend's upkeep, dead kernels restarted (or declared dead),
   // and, when culling is on and cull_interval has passed on the clock, idle kernels culled.
@@ -134,6 +157,15 @@ class KernelRegistry {
   // Removes its work dir and gives its uid back.
   void release(const ManagedKernel& k);
 
+  kernel::ClientOptions client_options(const std::shared_ptr<ManagedKernel>& k);
+
+  // ---- adoption.cpp ----
+  // At start(): every client kernel a previous gateway left running is adopted; the rest it left
+  // (pooled kernels, ended ones, unfinished starts) is ended and removed.
+  void adopt_kernels();
+  Result<void> adopt(const Record& record);
+  void clean_up(const Record& record);
+
   // ---- pool.cpp ----
   bool is_pooled(const std::string& name) const;
   // A ready pooled kernel of `name` moved into kernels_, or null.
@@ -161,6 +193,7 @@ class KernelRegistry {
   std::map<std::string, std::shared_ptr<ManagedKernel>> kernels_;
   std::size_t pending_ = 0;  // client starts in flight (and claims moving), for max_kernels
   UidAllocator uids_;  // thread-safe itself
+  UniqueFd state_lock_;  // <state_dir>/lock, flock()ed; under mu_
 
   std::vector<std::string> pool_names_;  // the pooled kernelspecs; fixed by the constructor
   // The warm pool, under mu_: ready kernels per kernelspec name (oldest first), starts in flight.

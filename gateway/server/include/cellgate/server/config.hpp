@@ -37,12 +37,17 @@ struct ServeOptions {
   std::size_t max_connections = 0;  // open client connections; 0: from the open-file limit
   std::size_t max_ws_message_bytes = 64u << 20;  // one inbound WebSocket message
   std::size_t max_ws_queue_bytes = 256u << 20;   // unsent outbound bytes before a client is dropped
+  std::size_t max_ws_total_bytes = 256u << 20;   // the same, plus unfinished inbound, all clients
+  std::size_t max_kernel_message_bytes = 64u << 20;  // one frame from a kernel; larger: dropped
   double ws_ping_interval = 30;                   // seconds; 0: off
   int threads = 2;
   std::set<std::string> env_allowlist;  // client env names passed besides KERNEL_*
   int restart_limit = 5;                // auto-restarts of a dying kernel before it is dead
   double kernel_start_timeout = 60;     // seconds until the kernel must answer kernel_info
   bool no_jail = false;                 // run kernels unjailed (explicit only)
+  // SIGTERM and SIGINT leave the client kernels running for the next gateway on the state dir to
+  // adopt, as SIGUSR2 always does (a restart or an upgrade under a service manager).
+  bool keep_kernels = false;
   // Kernel uids: each gateway on the host leases one range of kernel_uid_range_size uids, range
   // i starting at kernel_uid_base + i * kernel_uid_range_size (kernels/uid_allocator.hpp).
   uid_t kernel_uid_base = 2000000;

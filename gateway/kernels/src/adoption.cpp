@@ -1,0 +1,168 @@
+// After a gateway crash or an upgrade: kernels outlive the gateway (their launchers are not tied
+// to it), and their state records say how to find them. A new gateway on the same state dir
+// adopts every client kernel whose launcher still runs — same id, same uid, same client env,
+// connected again over its connection file — and ends and cleans up everything else a previous
+// gateway left: pooled kernels (a pool is refilled fresh), kernels whose launcher is gone,
+// records that cannot be read, and runtime dirs no record names (a start cut short).
+#include <spdlog/spdlog.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "cellgate/jail/cgroup.hpp"
+#include "cellgate/kernels/registry.hpp"
+#include "cellgate/launcher/status.hpp"
+#include "kernelspecs.hpp"
+#include "records.hpp"
+
+namespace cellgate::kernels {
+namespace {
+
+namespace fs = std::filesystem;
+using kernel::Channel;
+
+jail::CgroupVersion cgroup_version(const std::string& v) {
+  return v == "v2" ? jail::CgroupVersion::kV2 : jail::CgroupVersion::kV1;
+}
+
+// Kills whatever still runs in a kernel's cgroup and removes it (the launcher would have).
+void end_cgroup(const std::string& version, const std::vector<std::string>& dirs) {
+  if (!dirs.empty()) {
+    jail::Cgroup::adopt(cgroup_version(version), dirs);  // its destructor kills and removes
+  }
+}
+
+// The kernel's cgroup as its launcher reported it in the status file ("started").
+void end_cgroup_from_status(const std::string& status_file) {
+  std::ifstream in(status_file);
+  for (std::string line; std::getline(in, line);) {
+    auto ev = launcher::StatusEvent::parse_line(line);
+    if (ev && ev->kind == launcher::StatusEvent::Kind::kStarted) {
+      end_cgroup(ev->cgroup_version, ev->cgroup_paths);
+    }
+  }
+}
+
+// A runtime dir (connection key, ipc sockets, status, log), with a work dir mounted in it when
+// the kernel had no home of its own.
+void remove_runtime_dir(const std::string& dir) {
+  ::umount2((dir + "/work").c_str(), MNT_DETACH);
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+}  // namespace
+
+void KernelRegistry::adopt_kernels() {
+  if (options_.state_dir.empty()) {
+    return;
+  }
+  std::set<std::string> kept_runtime_dirs;
+  std::size_t adopted = 0;
+  std::size_t cleaned = 0;
+  for (auto& record : read_records(options_.state_dir)) {
+    if (!record.pooled && record.process) {
+      auto kept = adopt(record);
+      if (kept) {
+        kept_runtime_dirs.insert(record.process->runtime_dir);
+        ++adopted;
+        continue;
+      }
+      spdlog::warn("kernel {}: not adopted: {}; cleaning up after it", record.id,
+                   kept.error().message);
+    }
+    clean_up(record);
+    ++cleaned;
+  }
+  // Runtime dirs no adopted kernel uses: a start the previous gateway did not finish, or a
+  // kernel whose record is gone. What ran there is ended through the cgroup its launcher
+  // reported.
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(options_.state_dir + "/run", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("cellgate-", 0) != 0 || !entry.is_directory(ec) ||
+        kept_runtime_dirs.count(entry.path().string()) != 0) {
+      continue;
+    }
+    end_cgroup_from_status(entry.path().string() + "/status");
+    remove_runtime_dir(entry.path().string());
+    ++cleaned;
+  }
+  if (adopted + cleaned > 0) {
+    spdlog::info("state dir {}: adopted {} running kernel(s), cleaned up after {} left behind",
+                 options_.state_dir, adopted, cleaned);
+  }
+}
+
+Result<void> KernelRegistry::adopt(const Record& record) {
+  auto spec = kernelspec(record.kernelspec);
+  if (!spec) {
+    // The kernelspec was removed meanwhile: the kernel runs all the same; keep its name.
+    kernel::KernelSpec named;
+    named.name = record.kernelspec;
+    named.display_name = record.kernelspec;
+    spec = named;
+  }
+  CELLGATE_ASSIGN_OR_RETURN(std::unique_ptr<kernel::KernelProcessHandle> process,
+                            backend_.adopt(*record.process));
+  if (auto ended = process->poll_exit()) {
+    return make_error(ErrorCode::kNotFound, "kernel_ended",
+                      std::string("the kernel ended while no gateway ran (") +
+                          launcher::to_string(ended->reason) + ")");
+  }
+  auto k = std::make_shared<ManagedKernel>(record.id, *spec, options_.state_dir + "/kernels/" +
+                                                             record.id,
+                                           record.uid, record.env, now_);
+  kernel::ClientOptions co = client_options(k);
+  // kernel_info is not asked on shell: the kernel may be in the middle of a cell, and answers
+  // shell requests only after it. Whether it answers heartbeats while busy follows its kind.
+  co.heartbeat_while_busy = is_ipykernel(*spec);
+  CELLGATE_ASSIGN_OR_RETURN(std::unique_ptr<kernel::KernelConnection> connected,
+                            backend_.connect(*process, std::move(co)));
+  std::shared_ptr<kernel::KernelConnection> connection = std::move(connected);
+  // ipykernel answers kernel_info on control at any time; a kernel that does not is adopted on
+  // its process alone (its heartbeats decide from here on, as for any kernel).
+  auto info = connection->request(Channel::kControl, "kernel_info_request",
+                                  nlohmann::json::object(), std::chrono::seconds(5),
+                                  /*wait_for_idle=*/false);
+  if (!info && process->poll_exit()) {
+    return make_error(ErrorCode::kUnavailable, "kernel_ended", "the kernel ended while adopted");
+  }
+  CELLGATE_TRY(k->started(ManagedKernel::Running{std::move(process), std::move(connection)}));
+  {
+    std::lock_guard lock(mu_);
+    kernels_[k->id()] = k;
+  }
+  spdlog::info("kernel {} adopted ({}), uid {}, pid {}{}", k->id(), k->spec().name, k->uid(),
+               record.process->kernel_pid,
+               info ? "" : " (it did not answer kernel_info on control within 5 s)");
+  return {};
+}
+
+void KernelRegistry::clean_up(const Record& record) {
+  if (record.process) {
+    if (auto process = backend_.adopt(*record.process); process) {
+      // Still running (a pooled kernel): ended as the handle goes, through its launcher.
+      process.value().reset();
+    }
+    // A launcher that ended normally removed its cgroup; one that was killed left it, and its
+    // jail may still run there.
+    end_cgroup(record.process->cgroup_version, record.process->cgroup_paths);
+    end_cgroup_from_status(record.process->status_file);
+    remove_runtime_dir(record.process->runtime_dir);
+  }
+  if (record.id.empty() || record.id.find('/') != std::string::npos || record.id[0] == '.') {
+    ::unlink(record.path.c_str());
+    return;
+  }
+  const std::string home = options_.state_dir + "/kernels/" + record.id;
+  ::umount2((home + "/work").c_str(), MNT_DETACH);
+  std::error_code ec;
+  fs::remove_all(home, ec);
+  ::unlink(record.path.c_str());
+}
+
+}  // namespace cellgate::kernels
