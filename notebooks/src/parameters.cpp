@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -100,10 +101,52 @@ std::string signed_decimal(bool negative, const BigInt& n) {
 
 // Python's int(s) in base 10: [sign] digits with single underscores between them; more than
 // 4300 digits is a ValueError (Python 3.11's limit), as are other forms.
+// Scanned by hand, not with std::regex: libstdc++'s matcher recurses once per repeated digit,
+// so a long value (the 4301-digit one of the tests, under clang's ASan) overflows the stack.
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+// \d(_?\d)* at s[pos]: moves pos past it; false (pos kept) when no digit is there.
+bool skip_digit_group(std::string_view s, std::size_t& pos) {
+  if (pos >= s.size() || !is_digit(s[pos])) {
+    return false;
+  }
+  ++pos;
+  while (pos < s.size()) {
+    if (is_digit(s[pos])) {
+      ++pos;
+    } else if (s[pos] == '_' && pos + 1 < s.size() && is_digit(s[pos + 1])) {
+      pos += 2;
+    } else {
+      break;
+    }
+  }
+  return true;
+}
+
+void skip_sign(std::string_view s, std::size_t& pos) {
+  if (pos < s.size() && (s[pos] == '+' || s[pos] == '-')) {
+    ++pos;
+  }
+}
+
+bool equals_ignoring_case(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) {
+    return false;
+  }
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(a[i])) != b[i]) {
+      return false;
+    }
+  }
+  return true;
+}
+
 std::optional<std::string> python_int(std::string_view text) {
-  static const std::regex form("^[+-]?[0-9](_?[0-9])*$");
+  // ^[+-]?\d(_?\d)*$
   const std::string s(strip(text));
-  if (!std::regex_match(s, form)) {
+  std::size_t pos = 0;
+  skip_sign(s, pos);
+  if (!skip_digit_group(s, pos) || pos != s.size()) {
     return std::nullopt;
   }
   const std::string digits = without_underscores(s);
@@ -122,12 +165,33 @@ std::optional<std::string> python_int(std::string_view text) {
 // Python's float(s): [sign] (a decimal with optional fraction and exponent, underscores between
 // digits | inf | infinity | nan), case-insensitive words.
 std::optional<double> python_float_of(std::string_view text) {
-  static const std::regex form(
-      "^[+-]?(((\\d(_?\\d)*)?\\.\\d(_?\\d)*|\\d(_?\\d)*\\.?)([eE][+-]?\\d(_?\\d)*)?|"
-      "[iI][nN][fF]([iI][nN][iI][tT][yY])?|[nN][aA][nN])$");
+  // ^[+-]?(((\d(_?\d)*)?\.\d(_?\d)*|\d(_?\d)*\.?)([eE][+-]?\d(_?\d)*)?|inf(inity)?|nan)$,
+  // the words in any case.
   const std::string s(strip(text));
-  if (!std::regex_match(s, form)) {
-    return std::nullopt;
+  std::size_t pos = 0;
+  skip_sign(s, pos);
+  const std::string_view word = std::string_view(s).substr(pos);
+  if (!equals_ignoring_case(word, "inf") && !equals_ignoring_case(word, "infinity") &&
+      !equals_ignoring_case(word, "nan")) {
+    const bool whole = skip_digit_group(s, pos);
+    bool fraction = false;
+    if (pos < s.size() && s[pos] == '.') {
+      ++pos;
+      fraction = skip_digit_group(s, pos);
+    }
+    if (!whole && !fraction) {
+      return std::nullopt;
+    }
+    if (pos < s.size() && (s[pos] == 'e' || s[pos] == 'E')) {
+      ++pos;
+      skip_sign(s, pos);
+      if (!skip_digit_group(s, pos)) {
+        return std::nullopt;
+      }
+    }
+    if (pos != s.size()) {
+      return std::nullopt;
+    }
   }
   const std::string plain = without_underscores(s);
   return std::strtod(plain.c_str(), nullptr);  // overflows to ±inf, as float() does
@@ -154,12 +218,22 @@ void put_utf8(std::string& out, std::uint32_t cp) {
 
 // ---- a YAML subset (see parameters.hpp) -------------------------------------------------------
 
+struct NodeEntry;
+
 struct Node {
   enum class Kind { kScalar, kSequence, kMapping } kind = Kind::kScalar;
   std::string text;  // a scalar's value
   bool quoted = false;
-  std::vector<Node> items;                     // a sequence
-  std::vector<std::pair<Node, Node>> entries;  // a mapping, in order
+  std::vector<Node> items;           // a sequence
+  std::vector<NodeEntry> entries;    // a mapping, in order
+};
+
+// A mapping's key and value. Not std::pair<Node, Node>: a pair of the incomplete Node inside
+// Node is undefined, and clang's libstdc++ checks refuse it.
+struct NodeEntry {
+  NodeEntry(Node key, Node value) : first(std::move(key)), second(std::move(value)) {}
+  Node first;
+  Node second;
 };
 
 // PyYAML's SafeLoader resolvers (yaml/resolver.py), timestamps left out as papermill does.

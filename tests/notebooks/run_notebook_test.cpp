@@ -23,11 +23,13 @@ json code_cell(const std::string& source, json tags = json::array()) {
               {"source", source}};
 }
 
-json notebook_of(json cells, int minor = 5) {
+// A vector, not a json: `json cells` from `{one_cell}` is that cell with clang and a one-cell
+// array with gcc (nlohmann's brace-initialization caveat).
+json notebook_of(std::vector<json> cells, int minor = 5) {
   return json{{"nbformat", 4},
               {"nbformat_minor", minor},
               {"metadata", json::object()},
-              {"cells", std::move(cells)}};
+              {"cells", json(std::move(cells))}};
 }
 
 std::string error_of(const std::string& text) {

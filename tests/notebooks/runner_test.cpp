@@ -116,11 +116,13 @@ json markdown_cell(const std::string& source) {
   return json{{"cell_type", "markdown"}, {"metadata", json::object()}, {"source", source}};
 }
 
-json notebook_of(json cells, const std::string& kernel = "python3") {
+// A vector, not a json: `json cells` from `{one_cell}` is that cell with clang and a one-cell
+// array with gcc (nlohmann's brace-initialization caveat).
+json notebook_of(std::vector<json> cells, const std::string& kernel = "python3") {
   return json{{"nbformat", 4},
               {"nbformat_minor", 5},
               {"metadata", {{"kernelspec", {{"name", kernel}, {"display_name", kernel}}}}},
-              {"cells", std::move(cells)}};
+              {"cells", json(std::move(cells))}};
 }
 
 // A private temp directory, removed with its contents.

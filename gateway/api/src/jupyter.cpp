@@ -192,6 +192,9 @@ void Api::handle(Request req, std::shared_ptr<http::Exchange> exchange) {
     return;
   }
   if (!origin_allowed(req)) {
+    if (options_.stats) {
+      options_.stats->rejected.add("origin");
+    }
     exchange->reply(error_response(req, make_error(ErrorCode::kPermissionDenied, "origin",
                                                    "origin not allowed (see --allow-origin)")));
     return;
@@ -211,6 +214,9 @@ void Api::handle(Request req, std::shared_ptr<http::Exchange> exchange) {
   const auto mount = mounts_.find(bare);
   if (!open_route) {
     if (auto refusal = authenticate(req, target)) {
+      if (options_.stats) {
+        options_.stats->rejected.add("unauthenticated");
+      }
       // MCP (basic/authorization): an invalid token is 401, not 403.
       if (mount != mounts_.end() && refusal->result() == Status::forbidden) {
         refusal->result(Status::unauthorized);

@@ -609,6 +609,11 @@ json Cell::answer_of(const std::string& status, const std::string& message, bool
     audit["error"] = collector_.error().value("ename", "");
   }
   context_->audit.write(std::move(audit));
+  context_->stats.by_status.add(status);
+  context_->stats.duration_seconds.observe(metrics["wall_ms"].is_number()
+                                               ? metrics["wall_ms"].get<double>() / 1000.0
+                                               : 0.0);
+  context_->stats.dropped_output_bytes.add(collector_.dropped_bytes());
   return answer;
 }
 

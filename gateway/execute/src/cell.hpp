@@ -83,6 +83,14 @@ class Cell;
 
 // What an executor's cells share with it and with each other.
 struct CellContext {
+  // Spelled out because clang 14 lacks parenthesized aggregate init (P0960), which make_shared
+  // needs here.
+  CellContext(kernels::KernelRegistry& registry_in, store::ArtifactStore& artifacts_in,
+              store::AuditLog& audit_in, ExecuteLimits limits_in, util::Loop& loop_in,
+              util::Offload offload_in)
+      : registry(registry_in), artifacts(artifacts_in), audit(audit_in), limits(limits_in),
+        loop(loop_in), offload(std::move(offload_in)) {}
+
   kernels::KernelRegistry& registry;
   store::ArtifactStore& artifacts;
   store::AuditLog& audit;
@@ -90,6 +98,7 @@ struct CellContext {
   util::Loop& loop;
   const util::Offload offload;
   KernelQueues queues;
+  CellStats stats;
 
   std::mutex mu;
   bool closed = false;                                // the executor is gone

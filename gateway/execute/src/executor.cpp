@@ -80,6 +80,8 @@ Executor::Executor(kernels::KernelRegistry& registry, store::ArtifactStore& arti
       artifacts_(artifacts),
       limits_(limits) {}
 
+const CellStats& Executor::stats() const { return impl_->context->stats; }
+
 Executor::~Executor() {
   // Cells outlive the executor only as long as it takes them to answer "aborted" on their
   // strands; they hold the context, never the executor.

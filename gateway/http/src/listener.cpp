@@ -97,10 +97,15 @@ struct Listener::Impl {
 
   // Logged at most every 10 s, with the count since: a flood must not become a flood of logs.
   void note_refusal(const char* why) {
+    if (options.stats) {
+      options.stats->rejected.add(why);
+    }
     ++refused;
     const auto now = std::chrono::steady_clock::now();
     if (now - last_refusal_log >= std::chrono::seconds(10)) {
-      spdlog::warn("refused {} connection(s) in the last 10 s: {}", refused, why);
+      spdlog::warn("refused {} connection(s) in the last 10 s: {}", refused,
+                   std::string_view(why) == "max_connections" ? "over --max-connections"
+                                                              : "out of file descriptors");
       refused = 0;
       last_refusal_log = now;
     }
@@ -122,7 +127,7 @@ struct Listener::Impl {
       }
       reserve_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     }
-    note_refusal("out of file descriptors");
+    note_refusal("out_of_descriptors");
   }
 
   void accept_later(std::chrono::milliseconds delay) {
@@ -192,17 +197,20 @@ struct Listener::Impl {
         return accept_later(std::chrono::milliseconds(5));
       }
       if (open_connections->load() >= max_connections) {
-        refuse(std::move(socket), "too many open connections", "over --max-connections");
+        refuse(std::move(socket), "too many open connections", "max_connections");
         return do_accept();
       }
       // The last descriptors are kept for kernels and files: a connection that would take them
       // is refused like one over --max-connections (a limit lowered under a running gateway,
       // or a --max-connections set above what the descriptor limit allows).
       if (near_descriptor_limit(socket.native_handle())) {
-        refuse(std::move(socket), "out of file descriptors", "out of file descriptors");
+        refuse(std::move(socket), "out of file descriptors", "out_of_descriptors");
         return do_accept();
       }
       socket.set_option(tcp::no_delay(true), ec);
+      if (options.stats) {
+        options.stats->accepted.add();
+      }
       open_connections->fetch_add(1);
       std::shared_ptr<void> slot(open_connections.get(),
                                  [count = open_connections](void*) { count->fetch_sub(1); });
@@ -259,6 +267,8 @@ Result<std::unique_ptr<Listener>> Listener::open(net::io_context& ioc, const std
 int Listener::port() const { return impl_->port; }
 
 void Listener::start() { impl_->do_accept(); }
+
+std::size_t Listener::open_connections() const { return impl_->open_connections->load(); }
 
 void Listener::stop() {
   net::post(impl_->acceptor.get_executor(), [impl = impl_] {

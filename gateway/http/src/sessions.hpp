@@ -144,6 +144,16 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
           }
         }));
     ws_.read_message_max(options_.max_ws_message_bytes);
+    if (options_.ws_budget) {
+      account_ = options_.ws_budget->open(
+          [strand = ws_.get_executor(), weak = this->weak_from_this()] {
+            net::post(strand, [weak] {
+              if (auto self = weak.lock()) {
+                self->on_shed();
+              }
+            });
+          });
+    }
     // One frame per message: Beast's default splits outgoing messages into 4 KiB frames, one
     // write each, which costs more CPU than the whole route of a large output.
     ws_.auto_fragment(false);
@@ -165,9 +175,12 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
     do_read();
   }
 
+  // A message is read a piece at a time, so that the bytes of an unfinished one are counted in
+  // the shared budget as they arrive (a whole-message read would hold up to the per-message
+  // limit on every connection before anything could be counted).
   void do_read() {
-    ws_.async_read(buffer_,
-                   beast::bind_front_handler(&WsSession::on_read, this->shared_from_this()));
+    ws_.async_read_some(buffer_, kReadPiece,
+                        beast::bind_front_handler(&WsSession::on_read, this->shared_from_this()));
   }
 
   void on_read(beast::error_code ec, std::size_t) {
@@ -178,11 +191,62 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
       }
       return finish();
     }
+    if (!ws_.is_message_done()) {
+      account();
+      if (!finished_ && !closing_) {
+        do_read();
+      }
+      return;
+    }
     const auto data = buffer_.cdata();
     handler_->on_message(std::string_view(static_cast<const char*>(data.data()), data.size()),
                          ws_.got_text());
     buffer_.consume(buffer_.size());
-    do_read();
+    if (buffer_.capacity() > kKeptReadCapacity) {
+      buffer_.shrink_to_fit();  // one large message must not pin its size for the connection
+    }
+    account();
+    if (!finished_ && !closing_) {
+      do_read();
+    }
+  }
+
+  // What this connection holds, told to the shared budget (which may shed the largest holder).
+  void account() {
+    if (account_) {
+      account_->set(queued_bytes_ + buffer_.capacity());
+    }
+  }
+
+  // The shared budget is over its limit and this connection holds the most: let go of it all.
+  void on_shed() {
+    if (finished_) {
+      return;
+    }
+    count_drop("memory_budget");
+    spdlog::warn(
+        "WebSocket connections hold more than the budget of {} bytes (--max-ws-total-bytes); "
+        "dropping the one holding the most ({} bytes: {} unsent, {} of an unfinished message)",
+        options_.ws_budget->limit(), queued_bytes_ + buffer_.capacity(), queued_bytes_,
+        buffer_.capacity());
+    queue_.clear();
+    queued_bytes_ = in_flight_ ? in_flight_->bytes().size() : 0;
+    if (writing_ || buffer_.size() > 0) {
+      // A write the client does not read, or a message it is still sending: a close handshake
+      // would wait on that client, so the connection is cut at once and its memory let go.
+      closing_ = true;
+      close_stream(ws_.next_layer());
+      account();
+      return;
+    }
+    begin_close(websocket::close_code::policy_error, "gateway memory budget exceeded");
+    account();
+  }
+
+  void count_drop(const char* why) {
+    if (options_.stats) {
+      options_.stats->ws_dropped.add(why);
+    }
   }
 
   void enqueue(const std::shared_ptr<const OutFrame>& frame) {
@@ -194,6 +258,7 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
     queued_bytes_ += size;
     if (queued_bytes_ > options_.max_ws_queue_bytes) {
       // A client that does not read must not grow the gateway's memory without bound.
+      count_drop("slow_reader");
       spdlog::warn("a WebSocket client fell {} bytes behind (limit {}); disconnecting it",
                    queued_bytes_, options_.max_ws_queue_bytes);
       queued_bytes_ -= size;
@@ -202,12 +267,15 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
       }
       queue_.clear();
       begin_close(websocket::close_code::policy_error, "client too slow: output queue full");
+      account();
       return;
     }
     queue_.push_back(frame);
     if (!writing_) {
       do_write();
     }
+    // After the write started: a frame of a client that keeps up is in flight, not queued.
+    account();
   }
 
   void do_write() {
@@ -225,6 +293,7 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
     if (in_flight_) {
       queued_bytes_ -= std::min(queued_bytes_, in_flight_->bytes().size());
       in_flight_.reset();
+      account();
     }
     if (ec || finished_) {
       return finish();
@@ -256,6 +325,7 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
     queue_.clear();
     queued_bytes_ = 0;
     in_flight_.reset();  // no write is in flight: do_close runs only when none is
+    account();
     ws_.async_close(*close_reason_, [self = this->shared_from_this()](beast::error_code) {
       self->finish();
     });
@@ -269,13 +339,20 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
     finished_ = true;
     queue_.clear();
     queued_bytes_ = in_flight_ ? in_flight_->bytes().size() : 0;
+    if (account_) {
+      account_->set(queued_bytes_);  // the read buffer goes with the session, soon
+    }
     if (auto handler = std::move(handler_)) {
       handler->on_close();
     }
   }
 
+  static constexpr std::size_t kReadPiece = 64u << 10;
+  static constexpr std::size_t kKeptReadCapacity = 1u << 20;
+
   websocket::stream<Stream> ws_;
   beast::flat_buffer buffer_;
+  std::unique_ptr<ByteBudget::Account> account_;  // in options_.ws_budget; null: none
   std::shared_ptr<WsHandler> handler_;
   std::string subprotocol_;
   const HttpOptions& options_;
@@ -454,6 +531,10 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
 
   // An error answer, then the connection is closed (what follows on it cannot be trusted).
   void reject(Status status, const std::string& reason, const std::string& message) {
+    if (options_.stats) {
+      options_.stats->rejected.add(status == Status::payload_too_large ? "body_too_large"
+                                                                       : "malformed_request");
+    }
     Request stub;
     stub.version(11);
     auto res = json_response(stub, status, {{"reason", reason}, {"message", message}});

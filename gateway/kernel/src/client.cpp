@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <condition_variable>
 #include <deque>
 #include <future>
@@ -60,6 +61,9 @@ struct KernelClient::Impl {
 
   zmq::context_t context{1};
   zmq::socket_t shell, control, stdin_sock, iopub, hb;
+  // Disconnections of iopub (zmq_socket_monitor). libzmq drops the connection when a frame is
+  // over maxmsgsize, before a byte of it is buffered: that is how an oversized output shows.
+  zmq::socket_t iopub_monitor;
   UniqueFd wake_fd;
 
   std::mutex mu;  // guards `outgoing` and `stopping`
@@ -76,6 +80,13 @@ struct KernelClient::Impl {
   bool hb_ever_answered = false;
   int hb_misses = 0;
   bool kernel_busy = false;  // the kernel's last iopub status, whoever's request it was for
+  json busy_parent = json::object();  // parent_header of the last "busy" status
+  // iopub was disconnected and the kernel has not yet been heard from since: see
+  // note_iopub_disconnected().
+  bool iopub_drop_pending = false;
+  bool reopen_iopub_pending = false;
+  int iopub_generation = 0;
+  std::size_t oversized_count = 0;
   // ClientOptions::heartbeat_while_busy, once known (wait_ready() settles an unset one).
   std::atomic<bool> hb_while_busy{false};
   Clock::time_point hb_sent_at{};
@@ -123,21 +134,15 @@ struct KernelClient::Impl {
       shell = zmq::socket_t(context, zmq::socket_type::dealer);
       control = zmq::socket_t(context, zmq::socket_type::dealer);
       stdin_sock = zmq::socket_t(context, zmq::socket_type::dealer);
-      iopub = zmq::socket_t(context, zmq::socket_type::sub);
-      for (auto* s : {&shell, &control, &stdin_sock, &iopub}) {
+      for (auto* s : {&shell, &control, &stdin_sock}) {
         configure(*s);
       }
       shell.set(zmq::sockopt::routing_id, routing_id);
       stdin_sock.set(zmq::sockopt::routing_id, routing_id);
-      iopub.set(zmq::sockopt::subscribe, "");
-      // Few messages wait in the gateway: when it parses slower than a kernel prints, the rest
-      // waits in the kernel's own PUB queue (its cgroup's memory), so a cell printing a gigabyte
-      // in 1 MiB pieces costs the gateway tens of MiB, not the default 1000 messages' worth.
-      iopub.set(zmq::sockopt::rcvhwm, kIopubReceiveHwm);
+      open_iopub();
       shell.connect(info.endpoint(Channel::kShell));
       control.connect(info.endpoint(Channel::kControl));
       stdin_sock.connect(info.endpoint(Channel::kStdin));
-      iopub.connect(info.endpoint(Channel::kIopub));
       open_heartbeat();
     } catch (const zmq::error_t& e) {
       return zmq_failure("connecting to the kernel's sockets", e);
@@ -148,6 +153,45 @@ struct KernelClient::Impl {
     }
     wake_fd.reset(fd);
     return {};
+  }
+
+  // The iopub SUB and the monitor that sees it disconnected (a new pair each time: see
+  // drain_iopub_monitor). Throws zmq::error_t.
+  void open_iopub() {
+    iopub = zmq::socket_t(context, zmq::socket_type::sub);
+    configure(iopub);
+    iopub.set(zmq::sockopt::subscribe, "");
+    // Few messages wait in the gateway: when it parses slower than a kernel prints, the rest
+    // waits in the kernel's own PUB queue (its cgroup's memory), so a cell printing a gigabyte
+    // in 1 MiB pieces costs the gateway tens of MiB, not the default 1000 messages' worth.
+    iopub.set(zmq::sockopt::rcvhwm, kIopubReceiveHwm);
+    const std::string monitor_endpoint =
+        "inproc://iopub-monitor-" + session.id() + "-" + std::to_string(++iopub_generation);
+    if (zmq_socket_monitor(iopub.handle(), monitor_endpoint.c_str(), ZMQ_EVENT_DISCONNECTED) !=
+        0) {
+      throw zmq::error_t();
+    }
+    iopub_monitor = zmq::socket_t(context, zmq::socket_type::pair);
+    iopub_monitor.set(zmq::sockopt::linger, 0);
+    iopub_monitor.connect(monitor_endpoint);
+    iopub.connect(info.endpoint(Channel::kIopub));
+  }
+
+  // libzmq ends an iopub session on a protocol error (an oversized frame is one) and does not
+  // reconnect it, so iopub would stay silent for the rest of the kernel's life. A disconnect()
+  // and connect() on the same socket can abort libzmq (fq.cpp `!_more`) when the cut left part
+  // of a message in its queue; a new socket has no such state.
+  void reopen_iopub() {
+    reopen_iopub_pending = false;
+    zmq_socket_monitor(iopub.handle(), nullptr, 0);
+    iopub_monitor.close();
+    iopub.close();
+    try {
+      open_iopub();
+    } catch (const zmq::error_t& e) {
+      spdlog::warn("reopening a kernel's iopub ({}) failed: {}", info.endpoint(Channel::kIopub),
+                   e.what());
+    }
   }
 
   void open_heartbeat() {
@@ -176,7 +220,7 @@ struct KernelClient::Impl {
   // ---- the loop ----
 
   void run() {
-    std::vector<zmq::pollitem_t> items(6);
+    std::vector<zmq::pollitem_t> items(7);
     for (;;) {
       items[0] = {shell.handle(), 0, ZMQ_POLLIN, 0};
       items[1] = {control.handle(), 0, ZMQ_POLLIN, 0};
@@ -184,6 +228,7 @@ struct KernelClient::Impl {
       items[3] = {iopub.handle(), 0, ZMQ_POLLIN, 0};
       items[4] = {hb.handle(), 0, ZMQ_POLLIN, 0};
       items[5] = {nullptr, wake_fd.get(), ZMQ_POLLIN, 0};
+      items[6] = {iopub_monitor.handle(), 0, ZMQ_POLLIN, 0};
       auto timeout = heartbeat_tick();
       if (awaiting_idle() && (timeout.count() < 0 || timeout > kIdleCheck)) {
         timeout = kIdleCheck;
@@ -203,10 +248,14 @@ struct KernelClient::Impl {
       if (!drain_outgoing()) {
         break;
       }
+      drain_iopub_monitor();
       drain(shell, Channel::kShell);
       drain(control, Channel::kControl);
       drain(stdin_sock, Channel::kStdin);
       drain(iopub, Channel::kIopub);
+      if (reopen_iopub_pending) {
+        reopen_iopub();  // what the old socket still held was taken just above
+      }
       drain_heartbeat();
       complete_lost_idles();
     }
@@ -267,6 +316,9 @@ struct KernelClient::Impl {
       if (!got) {
         return;
       }
+      if (channel == Channel::kIopub && iopub_drop_pending) {
+        notify_oversized();  // the kernel is alive and publishing: it was no death
+      }
       std::vector<std::string_view> views;
       views.reserve(parts.size());
       for (auto& p : parts) {
@@ -298,6 +350,10 @@ struct KernelClient::Impl {
           hb_misses = 0;  // pings lost while it ran the cell are not held against it
         }
         kernel_busy = busy;
+      }
+      if (env->header().msg_type == "status" &&
+          env->message().content.value("execution_state", "") == "busy") {
+        busy_parent = env->message().parent_header;
       }
       if (options.on_iopub) {
         options.on_iopub(env);
@@ -418,6 +474,57 @@ struct KernelClient::Impl {
     return std::max(wait, std::chrono::milliseconds(1));
   }
 
+  // ---- oversized messages ----
+
+  void drain_iopub_monitor() {
+    for (;;) {
+      std::vector<zmq::message_t> parts;
+      std::optional<size_t> got;
+      try {
+        got = zmq::recv_multipart(iopub_monitor, std::back_inserter(parts),
+                                  zmq::recv_flags::dontwait);
+      } catch (const zmq::error_t&) {
+        return;
+      }
+      if (!got) {
+        return;
+      }
+      std::uint16_t event = 0;
+      if (!parts.empty() && parts[0].size() >= sizeof event) {
+        std::memcpy(&event, parts[0].data(), sizeof event);
+      }
+      if (event == ZMQ_EVENT_DISCONNECTED && alive.load()) {
+        // A kernel that dies disconnects too: the notice waits until the kernel is heard from
+        // again (an iopub message or a heartbeat answer), so a death is never called a drop.
+        iopub_drop_pending = true;
+        reopen_iopub_pending = true;  // after this pass of the loop: reopen_iopub()
+        return;
+      }
+    }
+  }
+
+  // iopub was cut while the kernel lives: libzmq refused a frame over maxmsgsize (nothing else
+  // makes a live PUB drop its subscriber). The message, and whatever the kernel queued behind it
+  // on the cut connection, is gone; the clients are told so on iopub, as stderr of the request
+  // that was running (a notice the agent API's cell result keeps like any output).
+  void notify_oversized() {
+    iopub_drop_pending = false;
+    ++oversized_count;
+    const std::size_t limit = options.limits.max_message_bytes;
+    const std::string limit_text = limit >= (1u << 20) && limit % (1u << 20) == 0
+                                       ? std::to_string(limit >> 20) + " MiB"
+                                       : std::to_string(limit) + " bytes";
+    spdlog::warn("a kernel sent a message over {} (maxmsgsize); dropped, clients told",
+                 limit_text);
+    protocol::Message msg = session.make(
+        "stream", json{{"name", "stderr"},
+                       {"text", "[cellgate] output dropped: the kernel sent a message larger than "
+                                "the " + limit_text + " limit (--max-kernel-message-bytes); it and "
+                                "any output queued behind it were discarded\n"}});
+    msg.parent_header = busy_parent;  // the request that ran last: the likely sender
+    dispatch(Channel::kIopub, protocol::Envelope::from_message(Channel::kIopub, std::move(msg)));
+  }
+
   void drain_heartbeat() {
     for (;;) {
       zmq::message_t reply;
@@ -429,6 +536,9 @@ struct KernelClient::Impl {
       }
       if (!got) {
         return;
+      }
+      if (iopub_drop_pending) {
+        notify_oversized();
       }
       if (hb_outstanding) {
         hb_outstanding = false;

@@ -75,26 +75,27 @@ Result<ConnectionInfo> ConnectionInfo::from_json(const json& j) {
     return bad_file("connection info is not a JSON object");
   }
   ConnectionInfo info;
-  auto get_str = [&](const char* key, std::string& out, bool required) -> Result<void> {
-    auto it = j.find(key);
+  // `field`, not `key`: that would shadow ConnectionInfo::key (clang's -Wshadow says so).
+  auto get_str = [&](const char* field, std::string& out, bool required) -> Result<void> {
+    auto it = j.find(field);
     if (it == j.end()) {
-      return required ? Result<void>(bad_file(std::string("missing '") + key + "'"))
+      return required ? Result<void>(bad_file(std::string("missing '") + field + "'"))
                       : Result<void>();
     }
     if (!it->is_string()) {
-      return bad_file(std::string("'") + key + "' is not a string");
+      return bad_file(std::string("'") + field + "' is not a string");
     }
     out = it->get<std::string>();
     return {};
   };
-  auto get_port = [&](const char* key, int& out) -> Result<void> {
-    auto it = j.find(key);
+  auto get_port = [&](const char* field, int& out) -> Result<void> {
+    auto it = j.find(field);
     if (it == j.end() || !it->is_number_integer()) {
-      return bad_file(std::string("missing or non-integer '") + key + "'");
+      return bad_file(std::string("missing or non-integer '") + field + "'");
     }
     auto v = it->get<long long>();
     if (v < 0 || v > 65535) {
-      return bad_file(std::string("'") + key + "' is out of range");
+      return bad_file(std::string("'") + field + "' is out of range");
     }
     out = static_cast<int>(v);
     return {};

@@ -91,6 +91,8 @@ void KernelRegistry::adopt_kernels() {
     remove_runtime_dir(entry.path().string());
     ++cleaned;
   }
+  stats_.adopted.add(adopted);
+  stats_.cleaned_up.add(cleaned);
   if (adopted + cleaned > 0) {
     spdlog::info("state dir {}: adopted {} running kernel(s), cleaned up after {} left behind",
                  options_.state_dir, adopted, cleaned);

@@ -52,6 +52,11 @@ void KernelRegistry::monitor_once() {
 void KernelRegistry::handle_death(const std::shared_ptr<ManagedKernel>& k,
                                   const std::string& reason) {
   const auto after = k->died(reason, options_.restart_limit);
+  if (after != ManagedKernel::AfterDeath::kIgnored) {
+    // The launcher's reason word ("oom (signal 9): killed by the memory limit…" → "oom").
+    std::string kind = reason.substr(0, reason.find_first_of(" :("));
+    stats_.deaths.add(kind == "the" ? "heartbeat" : kind);
+  }
   if (after == ManagedKernel::AfterDeath::kIgnored) {
     return;
   }
@@ -73,6 +78,7 @@ void KernelRegistry::handle_death(const std::shared_ptr<ManagedKernel>& k,
     k->restart_failed(reason + "; the restart failed: " + launched.error().message);
     k->publish_status("dead", launched.error().message);
   } else {
+    stats_.restarts.add();
     spdlog::info("kernel {} restarted after: {}", k->id(), reason);
   }
 }

@@ -265,6 +265,15 @@ void KernelRegistry::pool_loop() {
   }
 }
 
+std::size_t KernelRegistry::pool_ready_total() const {
+  std::lock_guard lock(mu_);
+  std::size_t n = 0;
+  for (const auto& [name, kernels] : pool_) {
+    n += kernels.size();
+  }
+  return n;
+}
+
 void KernelRegistry::stop_pool() {
   {
     std::lock_guard lock(mu_);

@@ -271,6 +271,8 @@ Result<KernelModel> KernelRegistry::start(const std::string& name, const json& e
     // A pooled kernel started with no client env: it can only stand in for a start without one.
     if (client_env.empty()) {
       if (auto k = claim_pooled(spec_name)) {
+        stats_.starts.add();
+        stats_.pool_claims.add();
         spdlog::debug("kernel pool: hit ({}): kernel {}", spec_name, k->id());
         return k->model();
       }
@@ -313,9 +315,11 @@ Result<KernelModel> KernelRegistry::start(const std::string& name, const json& e
     }
   }
   if (!launched) {
+    stats_.start_failures.add();
     discard(k);
     return std::move(launched).error();
   }
+  stats_.starts.add();
   spdlog::info("kernel {} started ({}), uid {}", k->id(), k->spec().name, k->uid());
   return k->model();
 }

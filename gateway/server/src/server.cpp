@@ -6,8 +6,8 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
-#include <atomic>
 #include <boost/asio/thread_pool.hpp>
+#include <atomic>
 #include <cstdlib>
 #include <iostream>
 #include <optional>
@@ -27,6 +27,7 @@
 #include "cellgate/mcp/server.hpp"
 #include "cellgate/store/artifacts.hpp"
 #include "cellgate/store/audit.hpp"
+#include "metrics.hpp"
 
 namespace cellgate::server {
 namespace {
@@ -113,6 +114,8 @@ struct Server::Impl {
   std::unique_ptr<mcp::Kernels> mcp_kernels;  // the MCP server at /mcp, over the same parts
   std::unique_ptr<mcp::Server> mcp;
   std::unique_ptr<mcp::HttpEndpoint> mcp_endpoint;
+  std::shared_ptr<http::HttpStats> http_stats = std::make_shared<http::HttpStats>();
+  std::unique_ptr<MetricsEndpoint> metrics;
   http::HttpOptions http_options;
   std::shared_ptr<http::TlsContext> tls;
   std::unique_ptr<http::Listener> listener;
@@ -164,6 +167,7 @@ Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
       *impl_->registry, *impl_->artifacts, *impl_->audit, limits, *impl_->loop, impl_->offload());
 
   api::ApiOptions ao;
+  ao.stats = impl_->http_stats;
   ao.base_url = o.base_url;
   ao.token = impl_->token;
   ao.allow_origins = o.allow_origins;
@@ -198,6 +202,22 @@ Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->mcp_endpoint =
       std::make_unique<mcp::HttpEndpoint>(*impl_->mcp, impl_->offload(), std::move(mcp_http));
   impl_->api->mount("/mcp", *impl_->mcp_endpoint);
+
+  MetricsSources sources;
+  sources.registry = impl_->registry.get();
+  sources.executor = impl_->executor.get();
+  sources.http = impl_->http_stats;
+  sources.open_connections = [impl = impl_.get()] {
+    return (impl->listener ? impl->listener->open_connections() : 0) +
+           (impl->e2b_listener ? impl->e2b_listener->open_connections() : 0);
+  };
+  sources.zygote_restarts = [impl = impl_.get()] {
+    auto* zygote = impl->backend ? impl->backend->zygote() : nullptr;
+    return zygote != nullptr ? zygote->restarts() : -1;
+  };
+  impl_->metrics = std::make_unique<MetricsEndpoint>(std::move(sources));
+  impl_->api->mount("/metrics", *impl_->metrics);
+  impl_->http_options.stats = impl_->http_stats;
 
   impl_->http_options.max_body_bytes = o.max_body_bytes;
   impl_->http_options.max_header_bytes = o.max_header_bytes;

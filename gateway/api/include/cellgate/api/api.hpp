@@ -23,6 +23,7 @@
 
 #include "cellgate/execute/executor.hpp"
 #include "cellgate/http/handler.hpp"
+#include "cellgate/http/stats.hpp"
 #include "cellgate/http/router.hpp"
 #include "cellgate/kernels/registry.hpp"
 #include "cellgate/util/loop.hpp"
@@ -37,6 +38,7 @@ struct ApiOptions {
   double execute_keepalive = 3;            // seconds between keepalive events when streaming
   std::size_t max_file_bytes = 16u << 20;  // the files API and one-shot files
   bool jailed = true;                      // kernelspec display names say "(cellgate, jailed)"
+  std::shared_ptr<http::HttpStats> stats;  // refusals counted for /metrics; null: not counted
 };
 
 struct Session {

@@ -54,6 +54,7 @@
 #include "cellgate/kernels/registry.hpp"
 #include "cellgate/result.hpp"
 #include "cellgate/util/loop.hpp"
+#include "cellgate/util/metrics.hpp"
 
 namespace cellgate::store {
 class ArtifactStore;
@@ -111,6 +112,14 @@ class CellHandle {
   virtual void cancel() = 0;
 };
 
+// What the executor's cells came to (GET /metrics): agent and one-shot cells, not silent set-up.
+struct CellStats {
+  util::LabeledCounter by_status;  // ok, error, timeout, aborted, dead
+  util::Histogram duration_seconds{
+      {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300}};
+  util::Counter dropped_output_bytes;  // over the cell's stream and output caps
+};
+
 class Executor {
  public:
   // Nothing starts here. `offload` runs blocking work (kernel starts, restarts and shutdowns).
@@ -138,6 +147,7 @@ class Executor {
                                      std::chrono::milliseconds timeout);
 
   store::ArtifactStore& artifacts() { return artifacts_; }
+  const CellStats& stats() const;
   const ExecuteLimits& limits() const { return limits_; }
 
   struct Impl;

@@ -13,7 +13,9 @@
 #include <memory>
 #include <string>
 
+#include "cellgate/http/byte_budget.hpp"
 #include "cellgate/http/handler.hpp"
+#include "cellgate/http/stats.hpp"
 #include "cellgate/result.hpp"
 
 namespace boost::asio {
@@ -29,12 +31,18 @@ struct HttpOptions {
   std::size_t max_ws_message_bytes = 64u << 20;  // one inbound WebSocket message
   std::size_t max_ws_queue_bytes = 256u << 20;   // unsent outbound bytes before a client is dropped
   double ws_ping_interval = 30;                  // seconds; 0: off
+  // Shared by every WebSocket connection: bytes of unfinished inbound messages plus unsent
+  // outbound ones, across all clients; over it the connections holding the most are dropped.
+  // Null: no global cap (the per-connection limits above still hold).
+  std::shared_ptr<ByteBudget> ws_budget;
   // Open client connections; past it new ones get a 503 and are closed. 0: derived from the
   // open-file limit (3/4 of it, at most 4096).
   std::size_t max_connections = 0;
   // A request head must arrive within this while the connection has not yet had a request
   // answered with anything but 401/403 (an unauthenticated idle socket is let go early).
   int header_timeout_seconds = 10;
+  // Counts of what was accepted and turned away, for /metrics; null: not counted.
+  std::shared_ptr<HttpStats> stats;
 };
 
 // A server certificate chain and key (PEM), TLS 1.2 and later.
@@ -62,6 +70,7 @@ class Listener {
                                                 std::shared_ptr<TlsContext> tls = nullptr);
   ~Listener();
   int port() const;
+  std::size_t open_connections() const;
   void start();
   void stop();
 

@@ -54,6 +54,7 @@
 #include "cellgate/kernels/managed_kernel.hpp"
 #include "cellgate/kernels/uid_allocator.hpp"
 #include "cellgate/result.hpp"
+#include "cellgate/util/metrics.hpp"
 #include "cellgate/unique_fd.hpp"
 
 namespace cellgate::kernels {
@@ -89,6 +90,17 @@ struct RegistryOptions {
   // The uids kernels run as: this gateway's own range, leased host-wide (uid_allocator.hpp).
   // An empty fallback_lease_dir means <state_dir>/uid-ranges.
   UidRangeOptions uids;
+};
+
+// What the registry has done since it started (GET /metrics).
+struct RegistryStats {
+  util::Counter starts;          // client kernels started, pool claims included
+  util::Counter pool_claims;     // of those, from the warm pool
+  util::Counter start_failures;  // client starts that failed
+  util::Counter restarts;        // automatic restarts after a death
+  util::LabeledCounter deaths;   // by reason: oom, signaled, timeout, violation, heartbeat, exited…
+  util::Counter adopted;         // kernels of a previous gateway adopted at start
+  util::Counter cleaned_up;      // and what it left that was ended and removed
 };
 
 class KernelRegistry {
@@ -130,6 +142,10 @@ class KernelRegistry {
   // and, when culling is on and cull_interval has passed on the clock, idle kernels culled.
   // start() runs it every 250 ms (and when a connection reports a death); tests call it.
   void monitor_once();
+
+  const RegistryStats& stats() const { return stats_; }
+  // Ready pooled kernels of every pooled kernelspec.
+  std::size_t pool_ready_total() const;
 
   // Pooled kernels of kernelspec `name` ("" : the default) ready to be claimed.
   std::size_t pool_ready(const std::string& name) const;
@@ -194,6 +210,7 @@ class KernelRegistry {
   std::size_t pending_ = 0;  // client starts in flight (and claims moving), for max_kernels
   UidAllocator uids_;  // thread-safe itself
   UniqueFd state_lock_;  // <state_dir>/lock, flock()ed; under mu_
+  RegistryStats stats_;  // thread-safe itself
 
   std::vector<std::string> pool_names_;  // the pooled kernelspecs; fixed by the constructor
   // The warm pool, under mu_: ready kernels per kernelspec name (oldest first), starts in flight.

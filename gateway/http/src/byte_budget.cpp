@@ -1,0 +1,91 @@
+#include "cellgate/http/byte_budget.hpp"
+
+#include <algorithm>
+
+namespace cellgate::http {
+
+std::unique_ptr<ByteBudget::Account> ByteBudget::open(std::function<void()> on_shed) {
+  std::unique_ptr<Account> account(new Account(shared_from_this(), std::move(on_shed)));
+  std::lock_guard lock(mu_);
+  accounts_.push_back(account.get());
+  return account;
+}
+
+ByteBudget::Account::~Account() { budget_->close(*this); }
+
+void ByteBudget::Account::set(std::size_t bytes) { budget_->update(*this, bytes); }
+
+std::size_t ByteBudget::Account::held() const {
+  std::lock_guard lock(budget_->mu_);
+  return held_;
+}
+
+bool ByteBudget::Account::shed() const {
+  std::lock_guard lock(budget_->mu_);
+  return shed_;
+}
+
+std::size_t ByteBudget::used() const {
+  std::lock_guard lock(mu_);
+  return used_;
+}
+
+std::size_t ByteBudget::peak() const {
+  std::lock_guard lock(mu_);
+  return peak_;
+}
+
+std::size_t ByteBudget::shed_count() const {
+  std::lock_guard lock(mu_);
+  return shed_count_;
+}
+
+void ByteBudget::update(Account& account, std::size_t bytes) {
+  std::vector<std::function<void()>> to_call;
+  {
+    std::lock_guard lock(mu_);
+    used_ = used_ - account.held_ + bytes;
+    if (account.shed_) {
+      shed_bytes_ = shed_bytes_ - account.held_ + bytes;
+    }
+    account.held_ = bytes;
+    peak_ = std::max(peak_, used_);
+    // Shed the largest holders until what is left fits. Bytes of shed accounts are on their way
+    // out (their connections are being dropped) and count no longer, or one slow reader would
+    // make every later change shed another innocent connection.
+    while (limit_ > 0 && used_ - shed_bytes_ > limit_) {
+      Account* largest = nullptr;
+      for (Account* a : accounts_) {
+        if (!a->shed_ && a->held_ > 0 && (largest == nullptr || a->held_ > largest->held_)) {
+          largest = a;
+        }
+      }
+      if (largest == nullptr) {
+        break;
+      }
+      largest->shed_ = true;
+      shed_bytes_ += largest->held_;
+      ++shed_count_;
+      if (largest->on_shed_) {
+        // Copied: the account may be gone by the time the callback runs (it only posts).
+        to_call.push_back(std::move(largest->on_shed_));
+        largest->on_shed_ = nullptr;
+      }
+    }
+  }
+  for (auto& f : to_call) {
+    f();
+  }
+}
+
+void ByteBudget::close(Account& account) {
+  std::lock_guard lock(mu_);
+  used_ -= account.held_;
+  if (account.shed_) {
+    shed_bytes_ -= account.held_;
+  }
+  account.held_ = 0;
+  accounts_.erase(std::remove(accounts_.begin(), accounts_.end(), &account), accounts_.end());
+}
+
+}  // namespace cellgate::http

@@ -1,0 +1,132 @@
+#include "metrics.hpp"
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "cellgate/http/message.hpp"
+#include "cellgate/util/metrics.hpp"
+
+namespace cellgate::server {
+namespace {
+
+using http::Status;
+
+// Entries of a /proc directory (descriptors, threads), or 0.
+std::size_t count_entries(const char* dir) {
+  DIR* d = ::opendir(dir);
+  if (d == nullptr) {
+    return 0;
+  }
+  std::size_t n = 0;
+  while (const dirent* e = ::readdir(d)) {
+    n += e->d_name[0] != '.';
+  }
+  ::closedir(d);
+  return n;
+}
+
+// VmRSS from /proc/self/status, in bytes (0 when unreadable).
+double resident_bytes() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) {
+      return std::stod(line.substr(6)) * 1024;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::string render_metrics(const MetricsSources& s) {
+  util::PrometheusText out;
+  if (s.registry != nullptr) {
+    std::map<std::string, std::uint64_t> by_state = {
+        {"starting", 0}, {"idle", 0}, {"busy", 0}, {"restarting", 0}, {"dead", 0}};
+    for (const auto& model : s.registry->list()) {
+      ++by_state[model.execution_state];
+    }
+    out.labeled("cellgate_kernels", "Client kernels by execution state.", "gauge", "state",
+                by_state);
+    out.gauge("cellgate_pool_ready", "Pooled kernels ready to be claimed.",
+              static_cast<double>(s.registry->pool_ready_total()));
+    const auto& r = s.registry->stats();
+    out.counter("cellgate_kernel_starts_total", "Client kernels started (pool claims included).",
+                r.starts.value());
+    out.counter("cellgate_kernel_pool_claims_total", "Client kernels taken from the warm pool.",
+                r.pool_claims.value());
+    out.counter("cellgate_kernel_start_failures_total", "Client kernel starts that failed.",
+                r.start_failures.value());
+    out.counter("cellgate_kernel_restarts_total", "Automatic restarts after a kernel died.",
+                r.restarts.value());
+    auto deaths = r.deaths.snapshot();
+    out.counter("cellgate_kernel_oom_kills_total", "Kernels killed by their memory limit.",
+                deaths.count("oom") ? deaths["oom"] : 0);
+    out.labeled("cellgate_kernel_deaths_total", "Kernel deaths by reason.", "counter", "reason",
+                deaths);
+    out.counter("cellgate_kernels_adopted_total",
+                "Kernels of a previous gateway on the state dir adopted at start.",
+                r.adopted.value());
+    out.counter("cellgate_kernels_cleaned_up_total",
+                "Kernels and starts a previous gateway left that were ended and removed.",
+                r.cleaned_up.value());
+  }
+  if (s.zygote_restarts) {
+    if (const int n = s.zygote_restarts(); n >= 0) {
+      out.counter("cellgate_zygote_restarts_total", "Zygotes started after the first.",
+                  static_cast<std::uint64_t>(n));
+    }
+  }
+  if (s.executor != nullptr) {
+    const auto& c = s.executor->stats();
+    out.labeled("cellgate_cells_total", "Agent API cells by status.", "counter", "status",
+                c.by_status.snapshot());
+    out.histogram("cellgate_cell_duration_seconds", "Agent API cells' wall time.",
+                  c.duration_seconds);
+    out.counter("cellgate_cell_dropped_output_bytes_total",
+                "Output bytes cut by the cells' stream and output caps.",
+                c.dropped_output_bytes.value());
+  }
+  if (s.open_connections) {
+    out.gauge("cellgate_connections_open", "Open client connections.",
+              static_cast<double>(s.open_connections()));
+  }
+  if (s.http) {
+    out.counter("cellgate_connections_accepted_total", "Client connections accepted.",
+                s.http->accepted.value());
+    out.labeled("cellgate_rejected_total", "Connections and requests turned away, by reason.",
+                "counter", "reason", s.http->rejected.snapshot());
+    out.labeled("cellgate_websocket_dropped_total",
+                "WebSocket connections the gateway closed, by reason.", "counter", "reason",
+                s.http->ws_dropped.snapshot());
+  }
+  out.gauge("cellgate_process_resident_memory_bytes", "The gateway's resident memory.",
+            resident_bytes());
+  out.gauge("cellgate_process_open_fds", "The gateway's open descriptors.",
+            static_cast<double>(count_entries("/proc/self/fd")));
+  out.gauge("cellgate_process_threads", "The gateway's threads.",
+            static_cast<double>(count_entries("/proc/self/task")));
+  return out.text();
+}
+
+void MetricsEndpoint::handle(http::Request req, std::shared_ptr<http::Exchange> exchange) {
+  if (req.method() != http::Verb::get) {
+    exchange->reply(http::method_not_allowed(req));
+    return;
+  }
+  auto res = http::text_response(req, Status::ok, render_metrics(sources_));
+  res.set(boost::beast::http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+  exchange->reply(std::move(res));
+}
+
+http::Upgrade MetricsEndpoint::upgrade(const http::Request& req) {
+  http::Upgrade up;
+  up.refusal = http::text_response(req, Status::method_not_allowed, "no WebSocket here\n");
+  return up;
+}
+
+}  // namespace cellgate::server

@@ -1,0 +1,83 @@
+// Counters a room keeps about itself, and the Prometheus text format they are scraped in
+// (GET /metrics). Each room owns its figures (the registry its starts, the executor its cells,
+// the listener its connections); the composition root renders them, so no room knows another.
+//
+//   util::Counter starts;                 starts.add();
+//   util::LabeledCounter cells;           cells.add("ok");
+//   util::Histogram latency({0.01, 0.1, 1, 10});   latency.observe(0.042);
+//   util::PrometheusText out;
+//   out.counter("cellgate_kernel_starts_total", "Kernels started.", starts.value());
+//   out.labeled("cellgate_cells_total", "Cells by status.", "status", cells.snapshot());
+//   out.histogram("cellgate_cell_duration_seconds", "Cell wall time.", latency);
+//   std::string body = out.text();        // text/plain; version=0.0.4
+//
+// Thread-safety: Counter, LabeledCounter and Histogram may be updated from any thread at once;
+// PrometheusText is one scrape's, single-threaded.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace cellgate::util {
+
+class Counter {
+ public:
+  void add(std::uint64_t n = 1) { value_.fetch_add(n, std::memory_order_relaxed); }
+  std::uint64_t value() const { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<std::uint64_t> value_{0};
+};
+
+// A counter per label value ("ok", "error", …); label values come from the code, never from a
+// client, so the set stays small.
+class LabeledCounter {
+ public:
+  void add(const std::string& label, std::uint64_t n = 1);
+  std::map<std::string, std::uint64_t> snapshot() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, std::uint64_t> values_;
+};
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> upper_bounds);  // ascending; +Inf is implied
+  void observe(double value);
+
+  struct Snapshot {
+    std::vector<double> bounds;
+    std::vector<std::uint64_t> cumulative;  // per bound, then +Inf last
+    double sum = 0;
+    std::uint64_t count = 0;
+  };
+  Snapshot snapshot() const;
+
+ private:
+  const std::vector<double> bounds_;
+  mutable std::mutex mu_;
+  std::vector<std::uint64_t> buckets_;  // per bound, then +Inf (not cumulative)
+  double sum_ = 0;
+};
+
+class PrometheusText {
+ public:
+  void counter(const std::string& name, const std::string& help, std::uint64_t value);
+  void gauge(const std::string& name, const std::string& help, double value);
+  // One family, one sample per label value.
+  void labeled(const std::string& name, const std::string& help, const std::string& type,
+               const std::string& label, const std::map<std::string, std::uint64_t>& values);
+  void histogram(const std::string& name, const std::string& help, const Histogram& h);
+  const std::string& text() const { return text_; }
+
+ private:
+  void header(const std::string& name, const std::string& help, const std::string& type);
+  std::string text_;
+};
+
+}  // namespace cellgate::util

@@ -1,0 +1,133 @@
+#!/usr/bin/python3
+"""Writes the seed corpora of tests/fuzz/corpus/ from real sources: messages serialized and signed
+by jupyter_client's Session (the reference implementation), the ipykernel captures in
+tests/fixtures/ipykernel, WebSocket frames in both formats (legacy binary by jupyter_server's own
+serialize_binary_message), HTTP requests as clients send them, the example notebooks, a JailSpec
+as the gateway writes one, and agent / E2B request bodies as docs/agent-api.md and the E2B SDK
+send them. Run it again after changing a format: python3 tests/fuzz/make_seeds.py"""
+import base64
+import glob
+import json
+import os
+import shutil
+import struct
+
+from jupyter_client.jsonutil import json_default
+from jupyter_client.session import Session
+from jupyter_server.base.zmqhandlers import serialize_binary_message
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+CORPUS = os.path.join(HERE, "corpus")
+KEY = b"cellgate-fuzz-key"  # codec_fuzz.cpp's kKey
+SEP = b"\0\0"  # fuzz_util.hpp's kFrameSeparator
+
+
+def put(target, name, data):
+    d = os.path.join(CORPUS, target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+
+def messages():
+    s = Session(key=KEY, username="fuzz")
+    req = s.msg("execute_request", {"code": "print(1+1)", "silent": False, "store_history": True,
+                                    "user_expressions": {}, "allow_stdin": True,
+                                    "stop_on_error": True})
+    out = [("execute_request", req, [])]
+    out.append(("stream", s.msg("stream", {"name": "stdout", "text": "2\n"}, parent=req), []))
+    out.append(("execute_reply", s.msg("execute_reply", {"status": "ok", "execution_count": 1,
+                                                         "user_expressions": {}}, parent=req), []))
+    out.append(("comm_msg", s.msg("comm_msg", {"comm_id": "c1", "data": {"x": [1, 2.5, None]}},
+                                  parent=req), [b"\x00\x01\x02binary", b""]))
+    out.append(("status", s.msg("status", {"execution_state": "idle"}, parent=req), []))
+    return s, out
+
+
+def main():
+    if os.path.isdir(CORPUS):
+        shutil.rmtree(CORPUS)
+    s, msgs = messages()
+    for name, msg, buffers in msgs:
+        msg["buffers"] = buffers
+        frames = s.serialize(msg, ident=[b"client-identity"])
+        put("codec", name + ".frames", SEP.join(frames + buffers))
+        channel = "iopub" if name in ("stream", "status", "comm_msg") else "shell"
+        parts = [msg["header"], msg["parent_header"], msg["metadata"], msg["content"]]
+        jsons = [json.dumps(p, default=json_default).encode() for p in parts]
+        # v1.kernel.websocket.jupyter.org: offsets as uint64 LE, channel, 4 JSON parts, buffers.
+        chunks = [channel.encode()] + jsons + buffers
+        n = len(chunks) + 1
+        offsets, pos = [], 8 * (n + 1)
+        for c in chunks:
+            offsets.append(pos)
+            pos += len(c)
+        offsets.append(pos)
+        put("ws_frames", name + ".v1", struct.pack("<%dQ" % (n + 1), n, *offsets) + b"".join(chunks))
+        legacy = {"header": msg["header"], "parent_header": msg["parent_header"],
+                  "metadata": msg["metadata"], "content": msg["content"], "channel": channel,
+                  "msg_id": msg["header"]["msg_id"], "msg_type": msg["msg_type"], "buffers": []}
+        put("ws_frames", name + ".legacy.json", json.dumps(legacy, default=json_default))
+        if buffers:
+            legacy["buffers"] = buffers
+            put("ws_frames", name + ".legacy.bin",
+                serialize_binary_message(json.loads(json.dumps(legacy, default=json_default)) | {"buffers": buffers}))
+    for path in sorted(glob.glob(os.path.join(ROOT, "tests/fixtures/ipykernel/*.json"))):
+        capture = json.load(open(path))
+        frames = [base64.b64decode(f) for f in capture["frames_b64"]]
+        put("codec", "ipykernel-" + os.path.basename(path)[:-5] + ".frames", SEP.join(frames))
+
+    # HTTP: requests as curl, a browser and JupyterLab send them, on one connection or alone.
+    get = b"GET /api HTTP/1.1\r\nHost: 127.0.0.1:8888\r\nUser-Agent: curl/7.88.1\r\nAccept: */*\r\n\r\n"
+    body = b'{"code": "print(1)", "timeout": 5}'
+    post = (b"POST /api/kernels/k1/execute HTTP/1.1\r\nHost: 127.0.0.1:8888\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
+    start = b'{"name": "python3"}'
+    control = (b"POST /api/kernels HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n" % len(start)) + start
+    chunked = (b"POST /api/kernels/k1/execute HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+    upgrade = (b"GET /api/kernels/k/channels?session_id=s1 HTTP/1.1\r\nHost: 127.0.0.1:8888\r\n"
+               b"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+               b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: v1.kernel.websocket.jupyter.org\r\n\r\n")
+    # A masked client text frame after the handshake ("hello").
+    mask = b"\x01\x02\x03\x04"
+    frame = b"\x81\x85" + mask + bytes(c ^ mask[i % 4] for i, c in enumerate(b"hello"))
+    put("http_session", "get", get)
+    put("http_session", "post-execute", post)
+    put("http_session", "post-control", control)
+    put("http_session", "chunked", chunked)
+    put("http_session", "keep-alive", get + post + b"GET /api/kernels/k1/files/a/b.txt HTTP/1.1\r\nHost: x\r\n\r\n")
+    put("http_session", "upgrade", upgrade + frame)
+    put("http_session", "upgrade-refused", upgrade.replace(b"/k/", b"/other/"))
+    put("http_session", "http10", b"GET /api HTTP/1.0\r\n\r\n")
+    put("http_session", "put-405", b"DELETE /api HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+
+    for path in sorted(glob.glob(os.path.join(ROOT, "notebooks/examples/*.ipynb"))):
+        put("notebook", os.path.basename(path), open(path, "rb").read())
+    put("notebook", "params.yaml", "---\nalpha: 0.5\nratio: .5\nname: 'x'\nitems:\n  - 1\n  - two\nflags: {a: yes, b: ~}\n")
+
+    # JailSpec as the gateway writes it (spec_json.hpp's example, plus the keys a kernel gets).
+    put("jail_spec", "example.json", json.dumps({
+        "memory_bytes": 536870912, "pids": 64, "cpus": 1.0, "work_dir": "/var/lib/cellgate/k1/work",
+        "binds": [{"source": "/usr/local/bin/probe", "target": "/opt/probe", "writable": False}],
+        "optional": ["swap"], "uid": 60001, "gid": 60001, "name": "k1", "hostname": "jail",
+        "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}}, indent=1))
+    put("jail_spec", "minimal.json", "{}")
+
+    put("api_requests", "execute.json", '{"code": "import numpy\\nprint(numpy.arange(3))", "timeout": 30, "stdin": ["yes"]}')
+    put("api_requests", "oneshot.json", json.dumps({"code": "print(open('data/in.csv').read())", "kernel_name": "python3",
+                                                    "files": {"data/in.csv": base64.b64encode(b"a,b\n1,2\n").decode()}}))
+    put("api_requests", "e2b-execute.json", '{"code":"x = 1\\nx","context_id":"c1","env_vars":{"FOO":"bar"}}')
+    put("api_requests", "e2b-language.json", '{"code":"console.log(1)","language":"js"}')
+    put("api_requests", "e2b-context.json", '{"language":"python","cwd":"/home/user/project"}')
+
+    for name, path in [("plain", "a.txt"), ("nested", "dir/b.txt"), ("dots", "./dir//./b.txt/"),
+                       ("escape", "../outside/secret.txt"), ("via-link", "up/secret.txt"),
+                       ("abs-link", "abs/secret.txt"), ("inner-link", "in/b.txt"), ("loop", "loop/x"),
+                       ("new", "new/deep/file.txt")]:
+        put("files_path", name, path)
+
+
+main()
