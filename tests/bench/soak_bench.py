@@ -44,7 +44,8 @@ as a "LEAK?" line: a warning with --quick, exit status 1 otherwise. Exit status 
 infrastructure failure: the gateway dies, a normal request fails, a normal kernel loses its
 variables.
 
-  soak_bench.py [--minutes M] [--quick] [--interval S] [--idle-sockets N] [--bin-dir DIR] [--keep]
+  soak_bench.py [--minutes M] [--quick] [--interval S] [--idle-sockets N] [--only WORKER[,WORKER]]
+                [--bin-dir DIR] [--keep]
 
 Everything started is stopped by pid (gateway_bench.Server.stop), mounts a crash left behind are
 unmounted, the temp dir removed.
@@ -465,6 +466,7 @@ def run_slowws(soak, kid):
         # (3 s) if it kept us.
         ws.sock.settimeout(3.0)
         dropped, got, until = False, 0, time.monotonic() + 30
+        tail = b""
         try:
             while got < 512 * MIB and time.monotonic() < until:
                 chunk = ws.sock.recv(1 << 20)
@@ -472,12 +474,18 @@ def run_slowws(soak, kid):
                     dropped = True
                     break
                 got += len(chunk)
+                # The gateway's close frame (1008, "client too slow: …") after what it held: the
+                # TCP connection then waits for our close reply, which a raw reader never sends.
+                tail = (tail + chunk)[-256:]
+                if b"\x03\xf0client too slow" in tail:
+                    dropped = True
+                    break
         except socket.timeout:
             pass
         except OSError:
             dropped = True
         ws.sock.close()
-        soak.count("slowws", (f"slow reader dropped (EOF after {got / MIB:.0f} MiB read late)" if dropped else
+        soak.count("slowws", (f"slow reader dropped (close 1008 or EOF after {got / MIB:.0f} MiB read late)" if dropped else
                               f"slow reader kept ({got / MIB:.0f} MiB read late, no EOF)"))
         a = soak.execute(kid, "keep")
         if a.get("status") != "ok" or a["result"]["text/plain"] != "'slow'":
@@ -556,15 +564,15 @@ def cells_done(soak):
         return sum(n for (w, _), n in soak.counts.items() if w in NORMAL)
 
 
-def trend(values):
+def trend(values, floor=0):
     """'LEAK?' when the last third of the samples is wholly above the first third and the series
     never falls back to its start: steady growth, not load noise."""
     if len(values) < 6:
         return None
     k = len(values) // 3
     first, last = values[:k], values[-k:]
-    if min(last) > max(first) and min(values[k:]) >= values[0]:
-        return f"grew from {first[0]} to {values[-1]} (first third max {max(first)}, last third min {min(last)})"
+    if min(last) > max(first) + floor and min(values[k:]) >= values[0]:
+        return f"grew from {first[0]:g} to {values[-1]:g} (first third max {max(first)}, last third min {min(last)})"
     return None
 
 
@@ -705,7 +713,7 @@ def main():
             print(f"  {key + (' ' + unit if unit else ''):8} {fmt(min(vals))} {fmt(max(vals))} {fmt(vals[-1])}   "
                   f"{warm[-1][key] - warm[0][key]:+.1f}")
             if key in ("fds", "threads", "rss"):
-                t = trend([s[key] for s in warm])
+                t = trend([s[key] for s in warm], 4.0 if key == "rss" else 0)  # RSS: 4 MiB of noise
                 if t:
                     (leaks if key != "rss" else warnings).append(f"{key} {t}")
         if quiet_before and quiet_after:
@@ -734,8 +742,8 @@ def main():
         except OSError:
             log = ""
         print(f"\n  gateway log: {len(log) / 1024:.0f} KiB, {log.count('[error]')} error lines; slow WebSocket "
-              f"readers dropped {log.count('fell ')}, kernel messages over the cap dropped "
-              f"{log.count('(maxmsgsize)')}, OOM kills {log.count('died: oom')}")
+              f"readers dropped {log.count('fell ')}, iopub connections cut (oversized messages?) "
+              f"{log.count('maxmsgsize?')}, OOM kills {log.count('died: oom')}")
         for line in leaks + warnings:
             print(f"LEAK? {line}")
         print("load average at the end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))

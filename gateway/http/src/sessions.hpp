@@ -5,6 +5,8 @@
 // WsConnection methods may be called from any thread and post onto it.
 #pragma once
 
+#include <malloc.h>
+
 #include <spdlog/spdlog.h>
 
 #include <boost/asio/ip/tcp.hpp>
@@ -124,6 +126,18 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
         handler_(std::move(handler)),
         subprotocol_(std::move(subprotocol)),
         options_(options) {}
+  WsSession(const WsSession&) = delete;
+  WsSession& operator=(const WsSession&) = delete;
+  ~WsSession() {
+    if (dropped_for_memory_) {
+      // Tens of MiB just went back to malloc, in the arenas of whichever threads allocated
+      // them; without a trim the gateway's RSS stays at its high-water mark after the attack.
+      queue_.clear();
+      in_flight_.reset();
+      buffer_ = beast::flat_buffer();
+      ::malloc_trim(0);
+    }
+  }
 
   void hold(std::shared_ptr<void> slot) { slot_ = std::move(slot); }
 
@@ -224,6 +238,7 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
       return;
     }
     count_drop("memory_budget");
+    dropped_for_memory_ = true;
     spdlog::warn(
         "WebSocket connections hold more than the budget of {} bytes (--max-ws-total-bytes); "
         "dropping the one holding the most ({} bytes: {} unsent, {} of an unfinished message)",
@@ -259,6 +274,7 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
     if (queued_bytes_ > options_.max_ws_queue_bytes) {
       // A client that does not read must not grow the gateway's memory without bound.
       count_drop("slow_reader");
+      dropped_for_memory_ = true;
       spdlog::warn("a WebSocket client fell {} bytes behind (limit {}); disconnecting it",
                    queued_bytes_, options_.max_ws_queue_bytes);
       queued_bytes_ -= size;
@@ -267,6 +283,10 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
       }
       queue_.clear();
       begin_close(websocket::close_code::policy_error, "client too slow: output queue full");
+      // The close frame goes out after the frame being written, which this client is not
+      // reading: if it has not read that within 10 s, the connection is cut (the blocked write
+      // fails with a timeout), so a client that never reads cannot keep it, and its frame, open.
+      set_deadline(ws_.next_layer(), std::chrono::seconds(10));
       account();
       return;
     }
@@ -353,6 +373,7 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
   websocket::stream<Stream> ws_;
   beast::flat_buffer buffer_;
   std::unique_ptr<ByteBudget::Account> account_;  // in options_.ws_budget; null: none
+  bool dropped_for_memory_ = false;  // a slow reader or over the budget: trim when gone
   std::shared_ptr<WsHandler> handler_;
   std::string subprotocol_;
   const HttpOptions& options_;

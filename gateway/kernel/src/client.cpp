@@ -183,6 +183,9 @@ struct KernelClient::Impl {
   // of a message in its queue; a new socket has no such state.
   void reopen_iopub() {
     reopen_iopub_pending = false;
+    // Set only now: what the old socket still held (drained just before) was published before
+    // the cut and proves nothing; a message on the new socket means the kernel lives on.
+    iopub_drop_pending = true;
     zmq_socket_monitor(iopub.handle(), nullptr, 0);
     iopub_monitor.close();
     iopub.close();
@@ -494,9 +497,8 @@ struct KernelClient::Impl {
         std::memcpy(&event, parts[0].data(), sizeof event);
       }
       if (event == ZMQ_EVENT_DISCONNECTED && alive.load()) {
-        // A kernel that dies disconnects too: the notice waits until the kernel is heard from
-        // again (an iopub message or a heartbeat answer), so a death is never called a drop.
-        iopub_drop_pending = true;
+        // A kernel that dies disconnects too: the notice waits until the kernel publishes again
+        // on the reopened socket, so a death is never called a drop.
         reopen_iopub_pending = true;  // after this pass of the loop: reopen_iopub()
         return;
       }
@@ -514,13 +516,15 @@ struct KernelClient::Impl {
     const std::string limit_text = limit >= (1u << 20) && limit % (1u << 20) == 0
                                        ? std::to_string(limit >> 20) + " MiB"
                                        : std::to_string(limit) + " bytes";
-    spdlog::warn("a kernel sent a message over {} (maxmsgsize); dropped, clients told",
+    spdlog::warn("a kernel's iopub connection was cut while it ran on (a message over {}, "
+                 "maxmsgsize?); clients told",
                  limit_text);
     protocol::Message msg = session.make(
         "stream", json{{"name", "stderr"},
-                       {"text", "[cellgate] output dropped: the kernel sent a message larger than "
-                                "the " + limit_text + " limit (--max-kernel-message-bytes); it and "
-                                "any output queued behind it were discarded\n"}});
+                       {"text", "[cellgate] output dropped: the connection carrying the kernel's "
+                                "output was cut while the kernel ran on, most likely by a message "
+                                "over the " + limit_text + " limit (--max-kernel-message-bytes); "
+                                "that output and any queued behind it were lost\n"}});
     msg.parent_header = busy_parent;  // the request that ran last: the likely sender
     dispatch(Channel::kIopub, protocol::Envelope::from_message(Channel::kIopub, std::move(msg)));
   }
@@ -537,9 +541,8 @@ struct KernelClient::Impl {
       if (!got) {
         return;
       }
-      if (iopub_drop_pending) {
-        notify_oversized();
-      }
+      // Not a sign of life after an iopub cut: a reply the kernel sent before it died may still
+      // be on its way. Only iopub traffic on the reopened socket is (drain()).
       if (hb_outstanding) {
         hb_outstanding = false;
         hb_ever_answered = true;
