@@ -2,6 +2,8 @@
 // small subset written for parameters; values are rendered to Python text as they are read.
 #include "cellgate/notebooks/parameters.hpp"
 
+#include <regex.h>
+
 #include <algorithm>
 #include <array>
 #include <charconv>
@@ -11,7 +13,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
-#include <regex>
 
 namespace cellgate::notebooks::parameters {
 namespace {
@@ -236,6 +237,32 @@ struct NodeEntry {
   Node second;
 };
 
+// A whole-string match against a POSIX extended regular expression. Not std::regex: libstdc++'s
+// matcher recurses once per repeated character, so a long scalar or name (a 100 KB `-y` value)
+// overflows the stack; glibc's regexec walks its automaton without recursing.
+class Pattern {
+ public:
+  explicit Pattern(const char* ere) {
+    ok_ = ::regcomp(&re_, ere, REG_EXTENDED | REG_NOSUB) == 0;
+  }
+  ~Pattern() {
+    if (ok_) {
+      ::regfree(&re_);
+    }
+  }
+  Pattern(const Pattern&) = delete;
+  Pattern& operator=(const Pattern&) = delete;
+  // `s` must hold no NUL (regexec stops there): callers pass scalars and names, which cannot.
+  bool matches(const std::string& s) const {
+    return ok_ && s.find('\0') == std::string::npos &&
+           ::regexec(&re_, s.c_str(), 0, nullptr, 0) == 0;
+  }
+
+ private:
+  regex_t re_{};
+  bool ok_ = false;
+};
+
 // PyYAML's SafeLoader resolvers (yaml/resolver.py), timestamps left out as papermill does.
 enum class Tag { kNull, kBool, kInt, kFloat, kString };
 
@@ -243,26 +270,26 @@ Tag resolve(const Node& scalar) {
   if (scalar.quoted) {
     return Tag::kString;
   }
-  static const std::regex null_form("^(~|null|Null|NULL|)$");
-  static const std::regex bool_form(
+  static const Pattern null_form("^(~|null|Null|NULL|)$");
+  static const Pattern bool_form(
       "^(yes|Yes|YES|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF)$");
-  static const std::regex float_form(
+  static const Pattern float_form(
       "^([-+]?[0-9][0-9_]*\\.[0-9_]*([eE][-+][0-9]+)?|\\.[0-9][0-9_]*([eE][-+][0-9]+)?|"
       "[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+\\.[0-9_]*|[-+]?\\.(inf|Inf|INF)|\\.(nan|NaN|NAN))$");
-  static const std::regex int_form(
+  static const Pattern int_form(
       "^([-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+|"
       "[-+]?[1-9][0-9_]*(:[0-5]?[0-9])+)$");
   const std::string& s = scalar.text;
-  if (std::regex_match(s, null_form)) {
+  if (null_form.matches(s)) {
     return Tag::kNull;
   }
-  if (std::regex_match(s, bool_form)) {
+  if (bool_form.matches(s)) {
     return Tag::kBool;
   }
-  if (std::regex_match(s, float_form)) {
+  if (float_form.matches(s)) {
     return Tag::kFloat;
   }
-  if (std::regex_match(s, int_form)) {
+  if (int_form.matches(s)) {
     return Tag::kInt;
   }
   return Tag::kString;
@@ -800,9 +827,9 @@ class YamlReader {
 }  // namespace
 
 Result<void> check_name(std::string_view name) {
-  static const std::regex identifier("^[A-Za-z_][A-Za-z0-9_]*$");
+  static const Pattern identifier("^[A-Za-z_][A-Za-z0-9_]*$");
   const std::string n(name);
-  if (!std::regex_match(n, identifier) ||
+  if (!identifier.matches(n) ||
       std::find(kPythonKeywords.begin(), kPythonKeywords.end(), n) != kPythonKeywords.end()) {
     return bad("'" + n + "' is not a Python variable name");
   }

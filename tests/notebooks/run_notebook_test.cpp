@@ -143,6 +143,21 @@ std::string y(const std::string& text) {
   return out;
 }
 
+// Long values and names are matched without recursion (std::regex recursed once per character
+// and overflowed the stack on a 100 KB scalar; the fuzzer's inputs were too small to show it).
+TEST(RunNotebook, LongScalarsAndNamesDoNotOverflowTheStack) {
+  const std::string letters(200000, 'a');
+  EXPECT_EQ(y("s: " + letters + "\n"), "s = \"" + letters + "\"");
+  const std::string digits(100000, '7');
+  const std::string made = y("n: " + digits + "\n");
+  EXPECT_TRUE(made.rfind("n = ", 0) == 0 || made.rfind("error: ", 0) == 0) << made.substr(0, 80);
+  const std::string name(100000, 'v');
+  auto typed = parameters::typed(name, "1");
+  ASSERT_TRUE(typed) << typed.error().message;
+  EXPECT_EQ(typed->name, name);
+  EXPECT_FALSE(parameters::typed(name + "-", "1"));
+}
+
 TEST(RunNotebook, DashYReadsYamlAndJsonAsPyYamlDoes) {
   // JSON (a subset of YAML).
   EXPECT_EQ(y(R"({"items": [1, "a", null, true], "d": {"k": 1.5}, "s": "x\"y"})"),
