@@ -1,6 +1,9 @@
 // cellgate: the Jupyter kernel gateway. The composition root: parses the command line (flags,
 // CELLGATE_* environment variables, an optional config file) and hands each subcommand its
 // options.
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
 #include <CLI/CLI.hpp>
 
 #include "cellgate/cli/exec.hpp"
@@ -174,10 +177,14 @@ int main(int argc, char** argv) {
     // Every subcommand documents exit code 2 for usage errors (--help still exits 0).
     return code != 0 ? 2 : code;
   }
+  // exec and run write a cell's output and a notebook run's results to stdout: their log goes
+  // to stderr, so a pipe gets only what was asked for.
   if (exec_cmd->parsed()) {
+    spdlog::set_default_logger(spdlog::stderr_logger_mt("cellgate"));
     return cellgate::cli::run_exec(exec);
   }
   if (run_cmd->parsed()) {
+    spdlog::set_default_logger(spdlog::stderr_logger_mt("cellgate"));
     return cellgate::notebooks::run_notebooks(run);
   }
   if (mcp_cmd->parsed()) {
