@@ -22,19 +22,24 @@ const char* to_string(RequestEnd end) {
   return "?";
 }
 
-std::string process_start_time(pid_t pid) {
+std::string proc_stat_field(pid_t pid, int field) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string text((std::istreambuf_iterator<char>(in)), {});
   auto close = text.rfind(')');  // the command name may hold spaces and parentheses
-  if (close == std::string::npos || close + 2 > text.size()) {
+  if (field < 3 || close == std::string::npos || close + 2 > text.size()) {
     return "";
   }
   std::istringstream rest(text.substr(close + 2));
-  std::string field;
-  for (int i = 3; i <= 22 && rest >> field; ++i) {
+  std::string value;
+  for (int i = 3; i <= field; ++i) {
+    if (!(rest >> value)) {
+      return "";
+    }
   }
-  return field;
+  return value;
 }
+
+std::string process_start_time(pid_t pid) { return proc_stat_field(pid, 22); }
 
 json AdoptionFacts::to_json() const {
   return json{{"launcher_pid", launcher_pid},

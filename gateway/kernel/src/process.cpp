@@ -15,7 +15,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <sstream>
 #include <vector>
 
 #include "cellgate/launcher/spec_json.hpp"
@@ -30,6 +29,15 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kLauncherStatusFd = 3;
 constexpr std::size_t kKernelDescriptors = 32;
+
+// The end of a kernel whose launcher ended without saying how (killed, or it crashed).
+launcher::StatusEvent launcher_lost() {
+  launcher::StatusEvent lost;
+  lost.kind = launcher::StatusEvent::Kind::kExited;
+  lost.reason = launcher::ExitReason::kSetupError;
+  lost.message = "the launcher ended without a report";
+  return lost;
+}
 
 std::string env_or(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
@@ -333,11 +341,7 @@ void KernelProcess::watch_adopted(int timeout_ms) {
   }
   parse_status_lines();
   if (!exited_) {
-    launcher::StatusEvent lost;
-    lost.kind = launcher::StatusEvent::Kind::kExited;
-    lost.reason = launcher::ExitReason::kSetupError;
-    lost.message = "the launcher ended without a report";
-    exited_ = lost;
+    exited_ = launcher_lost();
   }
 }
 
@@ -362,11 +366,7 @@ void KernelProcess::read_status(int timeout_ms) {
     if (n == 0) {
       status_fd_.reset();  // the launcher is gone
       if (!exited_) {
-        launcher::StatusEvent lost;
-        lost.kind = launcher::StatusEvent::Kind::kExited;
-        lost.reason = launcher::ExitReason::kSetupError;
-        lost.message = "the launcher ended without a report";
-        exited_ = lost;
+        exited_ = launcher_lost();
       }
       break;
     }
@@ -437,17 +437,8 @@ namespace {
 
 // The parent pid of `pid` (field 4 of /proc/<pid>/stat), or -1.
 pid_t parent_of(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(in)), {});
-  const auto close = text.rfind(')');
-  if (close == std::string::npos) {
-    return -1;
-  }
-  char state = 0;
-  long ppid = -1;
-  std::istringstream rest(text.substr(close + 1));
-  rest >> state >> ppid;
-  return rest ? static_cast<pid_t>(ppid) : -1;
+  const std::string ppid = proc_stat_field(pid, 4);
+  return ppid.empty() ? -1 : static_cast<pid_t>(std::atol(ppid.c_str()));
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cellgate/http/message.hpp"
+#include "cellgate/util/descriptors.hpp"
 #include "cellgate/util/metrics.hpp"
 
 namespace cellgate::server {
@@ -15,7 +16,7 @@ namespace {
 
 using http::Status;
 
-// Entries of a /proc directory (descriptors, threads), or 0.
+// Entries of a /proc directory (the threads), or 0.
 std::size_t count_entries(const char* dir) {
   DIR* d = ::opendir(dir);
   if (d == nullptr) {
@@ -107,7 +108,7 @@ std::string render_metrics(const MetricsSources& s) {
   out.gauge("cellgate_process_resident_memory_bytes", "The gateway's resident memory.",
             resident_bytes());
   out.gauge("cellgate_process_open_fds", "The gateway's open descriptors.",
-            static_cast<double>(count_entries("/proc/self/fd")));
+            static_cast<double>(descriptors_open()));
   out.gauge("cellgate_process_threads", "The gateway's threads.",
             static_cast<double>(count_entries("/proc/self/task")));
   return out.text();

@@ -155,8 +155,9 @@ struct AdoptionFacts {
   static Result<AdoptionFacts> from_json(const nlohmann::json& j);
 };
 
-// Field 22 of /proc/<pid>/stat ("" when the process is gone): with the pid, it names one process
-// across pid reuse.
+// Field `field` (from 3, after the command name) of /proc/<pid>/stat; "" when it is gone.
+std::string proc_stat_field(pid_t pid, int field);
+// Field 22 ("" when the process is gone): with the pid, it names one process across pid reuse.
 std::string process_start_time(pid_t pid);
 
 // A started kernel process.
