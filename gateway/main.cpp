@@ -162,6 +162,12 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--cpus", serve.jail.cpus, "per-kernel CPU quota")->capture_default_str();
   serve_cmd->add_option("--pids", serve.jail.pids, "per-kernel process limit")
       ->capture_default_str();
+  serve_cmd->add_option("--cgroup-parent", serve.cgroup_parent,
+                        "cgroup v2: a cgroup delegated to the gateway (e.g. "
+                        "/system.slice/cellgate-kernels.slice) to make kernels' cgroups below; "
+                        "default: the gateway's own, moving itself into a leaf 'gateway' of it "
+                        "when systemd delegated it (Delegate=yes)")
+      ->envname("CELLGATE_CGROUP_PARENT");
   serve_cmd->add_flag("--no-jail", serve.no_jail,
                       "run kernels UNJAILED (never with untrusted code)");
   serve_cmd->add_flag("--keep-kernels", serve.keep_kernels,

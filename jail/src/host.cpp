@@ -34,8 +34,10 @@ HostSupport probe_host() {
 std::string HostSupport::describe() const {
   return "linux " + kernel_release + "; " + (root ? "running as root" : "not root") +
          "; user namespaces " + (user_namespaces ? "available" : "unavailable") +
-         "; landlock " + (landlock_abi > 0 ? "ABI " + std::to_string(landlock_abi) : "unavailable") +
-         " (not applied yet); " + cgroup + "; " + seccomp;
+         "; landlock " +
+         (landlock_abi > 0 ? "ABI " + std::to_string(landlock_abi) + " (applied to every kernel)"
+                           : "unavailable (kernels start only with \"landlock\" optional)") +
+         "; " + cgroup + "; " + seccomp;
 }
 
 }  // namespace cellgate::jail

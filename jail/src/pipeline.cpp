@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "cellgate/jail/jail.hpp"
+#include "cellgate/jail/landlock.hpp"
 #include "cellgate/jail/seccomp.hpp"
 
 namespace cellgate::jail {
@@ -35,6 +36,12 @@ Result<void> contain_kernel(const JailSpec& spec, uid_t uid, gid_t gid,
       {"rlimits", [&] { return apply_rlimits(spec); }},
       {"credentials", [&] { return drop_privileges(uid, gid); }},
       {"no_new_privs", [] { return set_no_new_privs(); }},
+      // Needs no_new_privs (or CAP_SYS_ADMIN, long dropped); closes its ruleset fd itself, and
+      // its syscalls come before the seccomp filter, which does not list them.
+      {"landlock", [&]() -> Result<void> {
+         CELLGATE_TRY(apply_landlock(spec));
+         return {};
+       }},
       {"file descriptors", settle_fds},
       // Last: after it, even the launcher's own code could not undo anything above.
       {"seccomp", [] { return apply_seccomp(default_seccomp_table()); }},

@@ -6,7 +6,8 @@
 namespace cellgate::jail {
 namespace {
 
-const std::set<std::string> kKnownOptional = {"memory", "swap", "pids", "cpu", "work_size"};
+const std::set<std::string> kKnownOptional = {"memory", "swap", "pids", "cpu",
+                                               "work_size", "landlock"};
 
 Error bad(const std::string& what) {
   return make_error(ErrorCode::kInvalidArgument, "bad_jail_spec", what);
@@ -69,11 +70,18 @@ Result<void> JailSpec::validate() const {
   for (const auto& limit : optional) {
     if (kKnownOptional.count(limit) == 0) {
       return bad("unknown optional limit '" + limit +
-                 "' (known: memory, swap, pids, cpu, work_size)");
+                 "' (known: memory, swap, pids, cpu, work_size, landlock)");
     }
   }
   if (!plain_name(cgroup_group)) {
     return bad("cgroup_group must be a plain name ([A-Za-z0-9_@-])");
+  }
+  if (!cgroup_parent.empty() &&
+      (cgroup_parent.front() != '/' || cgroup_parent.size() > 4096 ||
+       cgroup_parent.find("/../") != std::string::npos || cgroup_parent.ends_with("/..") ||
+       cgroup_parent.find("/./") != std::string::npos || cgroup_parent.ends_with("/.") ||
+       cgroup_parent.find('\0') != std::string::npos || cgroup_parent.find('\n') != std::string::npos)) {
+    return bad("cgroup_parent must be an absolute cgroup path without '.' or '..' parts");
   }
   if (!name.empty() && !plain_name(name)) {
     return bad("name must be a plain name ([A-Za-z0-9_@-])");

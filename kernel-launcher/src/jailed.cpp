@@ -585,7 +585,7 @@ int run_jailed_mode(const LaunchOptions& options) {
   std::vector<std::string> warnings;
   std::unique_ptr<jail::Cgroup> cgroup;
   {
-    auto host = jail::CgroupHost::detect_system();
+    auto host = jail::CgroupHost::detect_system(spec.cgroup_parent);
     const bool all_optional = spec.optional.count("memory") && spec.optional.count("pids") &&
                               spec.optional.count("cpu");
     if (!host && !all_optional) {

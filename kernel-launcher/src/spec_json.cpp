@@ -35,6 +35,7 @@ json spec_to_json(const jail::JailSpec& spec) {
             {"hostname", spec.hostname},
             {"name", spec.name},
             {"cgroup_group", spec.cgroup_group},
+            {"cgroup_parent", spec.cgroup_parent},
             {"work_dir", spec.work_dir},
             {"binds", binds_json},
             {"etc_binds", spec.etc_binds},
@@ -58,7 +59,7 @@ Result<jail::JailSpec> spec_from_json(const json& j) {
       "memory_bytes", "pids",       "cpus",      "tmp_bytes",      "work_bytes",
       "shm_bytes",    "tmp_inodes", "nofile",    "fsize_bytes",    "memlock_bytes",
       "time_limit_seconds", "uid", "gid",       "hostname",       "name",
-      "cgroup_group", "work_dir",   "binds",     "etc_binds",      "system_binds",
+      "cgroup_group", "cgroup_parent", "work_dir",   "binds",     "etc_binds",      "system_binds",
       "env",          "optional"};
   for (const auto& [key, value] : j.items()) {
     if (kKnownKeys.count(key) == 0) {
@@ -87,6 +88,7 @@ Result<jail::JailSpec> spec_from_json(const json& j) {
     get("hostname", spec.hostname);
     get("name", spec.name);
     get("cgroup_group", spec.cgroup_group);
+    get("cgroup_parent", spec.cgroup_parent);
     get("work_dir", spec.work_dir);
     get("etc_binds", spec.etc_binds);
     get("system_binds", spec.system_binds);

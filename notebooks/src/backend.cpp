@@ -18,6 +18,7 @@
 
 #include "backend_internal.hpp"
 #include "cellgate/execute/executor.hpp"
+#include "cellgate/jail/cgroup.hpp"
 #include "cellgate/kernel/backend.hpp"
 #include "cellgate/kernel/process.hpp"
 #include "cellgate/kernels/registry.hpp"
@@ -256,6 +257,10 @@ Result<std::unique_ptr<Backend>> make_embedded_backend(const EmbeddedSettings& s
   options.state_dir = state.path();
   options.max_kernels = std::max<std::size_t>(1, settings.kernels);
   options.no_jail = settings.no_jail;
+  if (!settings.no_jail) {
+    CELLGATE_ASSIGN_OR_RETURN(const auto placed, jail::place_kernel_cgroups({}));
+    options.jail.cgroup_parent = placed.parent;
+  }
   auto backend = std::make_unique<EmbeddedBackend>(std::move(state), std::move(options));
   CELLGATE_TRY(backend->init());
   return std::unique_ptr<Backend>(std::move(backend));

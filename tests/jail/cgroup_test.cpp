@@ -22,6 +22,7 @@
 
 #include "cellgate/jail/cgroup.hpp"
 #include "cellgate/unique_fd.hpp"
+#include "placement.hpp"
 
 namespace cellgate::jail {
 namespace {
@@ -128,7 +129,7 @@ class CgroupReal : public ::testing::Test {
     if (::geteuid() != 0) {
       GTEST_SKIP() << "cgroup tests need root to create cgroups (euid " << ::geteuid() << ")";
     }
-    auto host = CgroupHost::detect_system();
+    auto host = CgroupHost::detect_system(testing::cgroup_parent());
     ASSERT_TRUE(host) << host.error().describe();
     host_.emplace(std::move(host).value());
     if (!host_->has_controller("memory") || !host_->has_controller("pids")) {
@@ -167,7 +168,7 @@ bool memory_on_v1() {
 }
 
 TEST(CgroupHostReal, DetectSystemDescribesThisHost) {
-  auto host = CgroupHost::detect_system();
+  auto host = CgroupHost::detect_system(testing::cgroup_parent());
   ASSERT_TRUE(host) << host.error().describe();
   const std::string d = host->describe();
   if (memory_on_v1()) {
@@ -419,7 +420,7 @@ TEST(CgroupV2Real, LimitsAndCgroupKillWhereDelegated) {
       mountinfo += line + "\n";
     }
   }
-  auto host = CgroupHost::detect(cgroup, mountinfo);
+  auto host = CgroupHost::detect(cgroup, mountinfo, "", testing::cgroup_parent());
   if (!host) {
     GTEST_SKIP() << "no cgroup v2 controllers here: " << host.error().describe();
   }

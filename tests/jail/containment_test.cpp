@@ -26,6 +26,7 @@
 
 #include "cellgate/kernel/client.hpp"
 #include "cellgate/kernel/process.hpp"
+#include "placement.hpp"
 
 namespace cellgate::kernel {
 namespace {
@@ -195,6 +196,9 @@ Result<Jailed> start_jailed(jail::JailSpec spec, Mode mode = Mode::kCold) {
   req.spec = std::move(ks);
   req.launcher_path = std::string(CELLGATE_BIN_DIR) + "/cellgate-kernel";
   req.die_with_parent = true;
+  if (spec.cgroup_parent.empty()) {
+    spec.cgroup_parent = cellgate::jail::testing::cgroup_parent();
+  }
   req.jail = std::move(spec);
   req.launcher_env = {{"CELLGATE_CANARY", kCanaryValue}};
   if (mode == Mode::kZygote) {
@@ -395,6 +399,62 @@ TEST_P(JailContainment, HostFilesAreAbsentAndTheRootIsReadOnly) {
   EXPECT_EQ(out.find("WRITTEN"), std::string::npos) << out;
   EXPECT_NE(out.find("/tmp/ok ok"), std::string::npos) << out;
   EXPECT_NE(out.find("/home/kernel/ok ok"), std::string::npos) << out;
+}
+
+// Landlock (jail/include/cellgate/jail/landlock.hpp) stops what neither the mounts nor DAC stop:
+// the connection dir is a writable bind owned by the kernel's uid (ipykernel rewrites its
+// connection file there, but needs no directories, fifos or links), a process may write its own
+// /proc/self/comm, and / may be listed by anyone.
+// Without the "landlock" step every "landlock:" line below reads "ok".
+TEST_P(JailContainment, LandlockAllowsOnlyTheScratchDirsForWriting) {
+  std::string out = run(client(),
+                        "import os, errno\n"
+                        "def t(name, f):\n"
+                        "    try:\n"
+                        "        f(); print(name, 'ok')\n"
+                        "    except OSError as e:\n"
+                        "        print(name, errno.errorcode[e.errno])\n"
+                        "s = os.stat('/run/kernel')\n"
+                        "print('conn dir owned by me, writable mount:', s.st_uid == os.getuid(),"
+                        " not os.statvfs('/run/kernel').f_flag & os.ST_RDONLY)\n"
+                        "t('landlock:mkdir_in_conn', lambda: os.mkdir('/run/kernel/d'))\n"
+                        "t('landlock:mkfifo_in_conn', lambda: os.mkfifo('/run/kernel/f'))\n"
+                        "t('landlock:symlink_in_conn', lambda: os.symlink('/', '/run/kernel/l'))\n"
+                        "t('landlock:write_own_comm', lambda: open('/proc/self/comm', 'w')"
+                        ".write('x'))\n"
+                        "t('landlock:list_root', lambda: os.listdir('/'))\n"
+                        "t('landlock:list_home', lambda: os.listdir('/home'))\n"
+                        "for p in ['/run/kernel/l', '/run/kernel/f']:\n"
+                        "    try: os.remove(p)\n"
+                        "    except OSError: pass\n"
+                        "try: os.rmdir('/run/kernel/d')\n"
+                        "except OSError: pass\n"
+                        "t('allowed:read_usr', lambda: open('/usr/lib/os-release').read())\n"
+                        "t('allowed:list_usr_bin', lambda: os.listdir('/usr/bin'))\n"
+                        "t('allowed:read_via_lib_link', lambda: os.listdir('/lib'))\n"
+                        "t('allowed:read_etc', lambda: open('/etc/passwd').read())\n"
+                        "t('allowed:read_conn_file', lambda: open('/run/kernel/kernel.json').read())\n"
+                        "t('allowed:read_proc', lambda: open('/proc/self/status').read())\n"
+                        "t('allowed:dev_null', lambda: open('/dev/null', 'w').write('x'))\n"
+                        "for d in ['/home/kernel', '/tmp', '/dev/shm']:\n"
+                        "    def scratch(d=d):\n"
+                        "        os.mkdir(d + '/ll'); open(d + '/ll/f', 'w').write('x')\n"
+                        "        os.rename(d + '/ll/f', d + '/g'); os.remove(d + '/g'); os.rmdir(d + '/ll')\n"
+                        "    t('allowed:scratch_' + d, scratch)\n"
+                        "import subprocess\n"
+                        "t('allowed:exec', lambda: subprocess.run(['true'], check=True))\n");
+  EXPECT_NE(out.find("conn dir owned by me, writable mount: True True"), std::string::npos) << out;
+  for (const char* denied : {"mkdir_in_conn", "mkfifo_in_conn", "symlink_in_conn",
+                             "write_own_comm", "list_root", "list_home"}) {
+    EXPECT_NE(out.find(std::string("landlock:") + denied + " EACCES"), std::string::npos)
+        << denied << " in\n" << out;
+  }
+  for (const char* allowed :
+       {"read_usr", "list_usr_bin", "read_via_lib_link", "read_etc", "read_conn_file", "read_proc",
+        "dev_null", "scratch_/home/kernel", "scratch_/tmp", "scratch_/dev/shm", "exec"}) {
+    EXPECT_NE(out.find(std::string("allowed:") + allowed + " ok"), std::string::npos)
+        << allowed << " in\n" << out;
+  }
 }
 
 TEST_P(JailContainment, HostProcessesAreInvisible) {

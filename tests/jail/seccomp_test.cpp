@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "cellgate/jail/seccomp.hpp"
+#include "placement.hpp"
 
 namespace cellgate::jail {
 namespace {
@@ -466,7 +467,8 @@ ProbeRun run_probe_in_jail() {
   const std::string spec_path = dir + "/spec.json";
   {
     std::ofstream spec(spec_path);
-    spec << R"({"binds": [{"source": ")" << kProbe << R"(", "target": "/opt/cellgate/probe"}]})";
+    spec << R"({"binds": [{"source": ")" << kProbe << R"(", "target": "/opt/cellgate/probe"}], )"
+         << R"("cgroup_parent": ")" << testing::cgroup_parent() << R"("})";
   }
   const std::string out_path = dir + "/out";
   const std::string command = std::string(CELLGATE_BIN_DIR) + "/cellgate-kernel --spec " +

@@ -201,6 +201,9 @@ class FakeCgroupFs {
   // Names listed here become directories in new cgroups, so that writing them fails (EISDIR).
   std::vector<std::string>& broken_files() { return broken_; }
 
+  // What the kernel does on mkdir, for code that makes directories without a CgroupHost.
+  void kernel_mkdir(const std::string& dir) { on_mkdir(dir); }
+
   const std::vector<std::string>& made() const { return made_; }
   const std::vector<std::string>& removed() const { return removed_; }
 
@@ -1137,6 +1140,206 @@ TEST(CgroupRemove, RmdirFailureNamesTheDirectory) {
   EXPECT_EQ(r.error().message,
             "rmdir('" + (*cg)->paths()[0] + "'): ENOTEMPTY (Directory not empty)");
   fs::remove((*cg)->paths()[0] + "/stray");
+}
+
+// --- placement of kernels' cgroups (v2 delegation) ----------------------------------------------
+
+// The system as place_kernel_cgroups sees it, on the fake tree; `delegated` plays systemd's xattr.
+CgroupSystemView view_of(FakeCgroupFs& fake, const std::string& cgroup, bool delegated,
+                         uid_t euid = 0) {
+  CgroupSystemView v;
+  v.proc_self_cgroup = cgroup;
+  v.mountinfo = kV2Mountinfo;
+  v.root_prefix = fake.root();
+  v.self = ::getpid();
+  v.euid = euid;
+  v.delegated = [delegated](const std::string&) { return delegated; };
+  v.after_mkdir = [&fake](const std::string& d) { fake.kernel_mkdir(d); };
+  return v;
+}
+
+CgroupPlacementRequest serve_request(std::string parent = "") {
+  CgroupPlacementRequest r;
+  r.requested_parent = std::move(parent);
+  r.command_line = "cellgate serve --port 8888";
+  return r;
+}
+
+TEST(CgroupPlacement, V1HostKeepsEachLaunchersOwnCgroup) {
+  FakeCgroupFs fake;
+  fake.build_hybrid();
+  CgroupSystemView v = view_of(fake, kHybridCgroup, true);
+  v.mountinfo = kHybridMountinfo;
+  fake.writes();
+  auto placed = place_kernel_cgroups(serve_request(), v);
+  ASSERT_TRUE(placed) << placed.error().describe();
+  EXPECT_EQ(placed->parent, "");
+  EXPECT_TRUE(has(placed->summary, "cgroup v1")) << placed->summary;
+  EXPECT_TRUE(fake.made().empty());
+  EXPECT_TRUE(fake.writes().empty());
+}
+
+TEST(CgroupPlacement, V2CgroupThatAlreadyEnablesEveryControllerIsLeftAlone) {
+  FakeCgroupFs fake;
+  fake.build_v2("cpu memory pids\n");
+  fake.writes();
+  auto placed = place_kernel_cgroups(serve_request(), view_of(fake, kV2Cgroup, true));
+  ASSERT_TRUE(placed) << placed.error().describe();
+  EXPECT_EQ(placed->parent, "");
+  EXPECT_TRUE(fake.made().empty());
+  EXPECT_TRUE(fake.writes().empty());
+}
+
+TEST(CgroupPlacement, DelegatedServiceMovesEveryProcessIntoALeafAndEnablesControllers) {
+  FakeCgroupFs fake;
+  fake.build_v2("");
+  const std::string own = fake.at(kV2Own);
+  // The unit's other process (a wrapper script, say) is moved too.
+  write_text(own + "/cgroup.procs", std::to_string(::getpid()) + "\n4242\n");
+  fake.writes();
+  auto placed = place_kernel_cgroups(serve_request(), view_of(fake, kV2Cgroup, true));
+  ASSERT_TRUE(placed) << placed.error().describe();
+  EXPECT_EQ(placed->parent, "/system.slice/cellgate.service");
+  EXPECT_TRUE(has(placed->summary, own + "/gateway")) << placed->summary;
+  EXPECT_EQ(fake.made(), std::vector<std::string>{own + "/gateway"});
+  EXPECT_EQ(read_text(own + "/cgroup.subtree_control"), "+memory +pids +cpu");
+  // The processes first (ourselves, then the rest: the last write is 4242; inotify folds the
+  // repeated writes to one file into one event), then the enable.
+  EXPECT_EQ(fake.writes(), (std::vector<std::string>{own + "/gateway/cgroup.procs",
+                                                     own + "/cgroup.subtree_control"}));
+  EXPECT_EQ(read_text(own + "/gateway/cgroup.procs"), "4242");
+
+  // A launcher in the leaf, given the parent, makes the kernel's cgroup beside the gateway.
+  write_text(own + "/cgroup.subtree_control", "cpu memory pids\n");  // as the kernel shows it
+  auto host = CgroupHost::detect("0::/system.slice/cellgate.service/gateway\n", kV2Mountinfo,
+                                 fake.root(), placed->parent);
+  ASSERT_TRUE(host) << host.error().describe();
+  EXPECT_EQ(host->base_dirs(), std::vector<std::string>{own});
+  EXPECT_TRUE(host->has_controller("memory") && host->has_controller("pids") &&
+              host->has_controller("cpu"))
+      << host->describe();
+  CgroupTestPeer::set_fake_kernel(
+      *host, [&](const std::string& d) { fake.kernel_mkdir(d); }, nullptr);
+  auto cg = host->create("cellgate", "k1", standard_limits(), {}, nullptr);
+  ASSERT_TRUE(cg) << cg.error().describe();
+  EXPECT_EQ((*cg)->paths(), std::vector<std::string>{own + "/cellgate/k1"});
+  EXPECT_EQ(read_text(own + "/cellgate/k1/pids.max"), "16");
+}
+
+TEST(CgroupPlacement, LoginSessionIsRefusedNamingTheCommandToRun) {
+  FakeCgroupFs fake;
+  const std::string session = "/user.slice/user-0.slice/session-3.scope";
+  fake.add_v2("/sys/fs/cgroup", session, "cpu memory pids\n", "");
+  fake.writes();
+  auto placed = place_kernel_cgroups(serve_request(), view_of(fake, "0::" + session + "\n", false));
+  ASSERT_FALSE(placed);
+  EXPECT_EQ(placed.error().reason, "cgroup_not_delegated");
+  EXPECT_EQ(placed.error().code, ErrorCode::kFailedPrecondition);
+  const std::string& m = placed.error().message;
+  EXPECT_TRUE(has(m, session + " is not delegated")) << m;
+  EXPECT_TRUE(has(m, "Started from a login shell")) << m;
+  EXPECT_TRUE(has(m, "systemd-run --scope -p Delegate=yes --quiet -- cellgate serve --port 8888"))
+      << m;
+  EXPECT_TRUE(fake.made().empty());
+  EXPECT_TRUE(fake.writes().empty());
+
+  // Not root: the user's own manager delegates.
+  auto as_user =
+      place_kernel_cgroups(serve_request(), view_of(fake, "0::" + session + "\n", false, 1000));
+  ASSERT_FALSE(as_user);
+  EXPECT_TRUE(has(as_user.error().message, "systemd-run --user --scope -p Delegate=yes"))
+      << as_user.error().message;
+}
+
+TEST(CgroupPlacement, ServiceWithoutDelegateIsToldToAddIt) {
+  FakeCgroupFs fake;
+  fake.build_v2("");
+  auto placed = place_kernel_cgroups(serve_request(), view_of(fake, kV2Cgroup, false));
+  ASSERT_FALSE(placed);
+  EXPECT_TRUE(has(placed.error().message, "Add Delegate=yes to the unit")) << placed.error().message;
+  EXPECT_TRUE(fake.made().empty());
+}
+
+TEST(CgroupPlacement, CgroupOwnedByTheUserIsDelegatedToIt) {
+  // systemd-run --user --scope -p Delegate=yes: the scope belongs to the user.
+  FakeCgroupFs fake;
+  const std::string scope = "/user.slice/user-1000.slice/user@1000.service/app.slice/run-u7.scope";
+  fake.add_v2("/sys/fs/cgroup", scope, "cpu memory pids\n", "");
+  const std::string dir = fake.at("/sys/fs/cgroup" + scope);
+  struct stat st {};
+  ASSERT_EQ(::stat((dir + "/cgroup.procs").c_str(), &st), 0);
+  auto placed = place_kernel_cgroups(serve_request(),
+                                     view_of(fake, "0::" + scope + "\n", false, st.st_uid == 0 ? 1 : st.st_uid));
+  if (st.st_uid == 0) {
+    // Owned by root here: a user who does not own it is refused.
+    ASSERT_FALSE(placed);
+    ASSERT_EQ(::chown((dir + "/cgroup.procs").c_str(), 1, 1), 0);
+    placed = place_kernel_cgroups(serve_request(), view_of(fake, "0::" + scope + "\n", false, 1));
+  }
+  ASSERT_TRUE(placed) << placed.error().describe();
+  EXPECT_EQ(placed->parent, scope);
+  EXPECT_EQ(read_text(dir + "/cgroup.subtree_control"), "+memory +pids +cpu");
+}
+
+TEST(CgroupPlacement, ContainerNamespaceRootCountsAsDelegated) {
+  FakeCgroupFs fake;
+  fake.add_v2("/sys/fs/cgroup", "/", "cpu memory pids\n", "");
+  write_text(fake.at("/sys/fs/cgroup/cgroup.type"), "domain\n");  // not the hierarchy's root
+  auto placed = place_kernel_cgroups(serve_request(), view_of(fake, "0::/\n", false));
+  ASSERT_TRUE(placed) << placed.error().describe();
+  EXPECT_EQ(placed->parent, "/");
+  EXPECT_EQ(fake.made(), std::vector<std::string>{fake.at("/sys/fs/cgroup/gateway")});
+  EXPECT_EQ(read_text(fake.at("/sys/fs/cgroup/cgroup.subtree_control")), "+memory +pids +cpu");
+}
+
+TEST(CgroupPlacement, HierarchyRootEnablesWithoutMovingAnything) {
+  FakeCgroupFs fake;
+  fake.add_v2("/sys/fs/cgroup", "/", "cpu io memory pids\n", "io\n");  // no cgroup.type: the root
+  auto placed = place_kernel_cgroups(serve_request(), view_of(fake, "0::/\n", false));
+  ASSERT_TRUE(placed) << placed.error().describe();
+  EXPECT_EQ(placed->parent, "");
+  EXPECT_TRUE(fake.made().empty());
+  EXPECT_EQ(read_text(fake.at("/sys/fs/cgroup/cgroup.subtree_control")), "+memory +pids +cpu");
+}
+
+TEST(CgroupPlacement, RequestedParentGetsTheControllersItLacks) {
+  FakeCgroupFs fake;
+  fake.build_v2("");
+  fake.add_v2("/sys/fs/cgroup", "/cellgate.slice", "cpu memory pids\n", "pids\n");
+  const Files own_before = snapshot(fake.at(kV2Own));
+  auto placed = place_kernel_cgroups(serve_request("/cellgate.slice"), view_of(fake, kV2Cgroup, false));
+  ASSERT_TRUE(placed) << placed.error().describe();
+  EXPECT_EQ(placed->parent, "/cellgate.slice");
+  EXPECT_EQ(read_text(fake.at("/sys/fs/cgroup/cellgate.slice/cgroup.subtree_control")),
+            "+memory +cpu");
+  EXPECT_TRUE(fake.made().empty());  // the gateway stays where it is
+  EXPECT_EQ(snapshot(fake.at(kV2Own)), own_before);
+}
+
+TEST(CgroupPlacement, RequestedParentMustExistAndBeClean) {
+  FakeCgroupFs fake;
+  fake.build_v2("");
+  auto missing = place_kernel_cgroups(serve_request("/nowhere.slice"), view_of(fake, kV2Cgroup, true));
+  ASSERT_FALSE(missing);
+  EXPECT_EQ(missing.error().reason, "cgroup_unavailable") << missing.error().describe();
+  auto climbing = place_kernel_cgroups(serve_request("/system.slice/../x"), view_of(fake, kV2Cgroup, true));
+  ASSERT_FALSE(climbing);
+  EXPECT_EQ(climbing.error().reason, "bad_cgroup_parent");
+  EXPECT_TRUE(fake.made().empty());
+}
+
+TEST(CgroupPlacement, EnableFailureNamesTheProcessesLeft) {
+  FakeCgroupFs fake;
+  fake.build_v2("");
+  const std::string own = fake.at(kV2Own);
+  write_text(own + "/cgroup.procs", "4242\n");
+  // A subtree_control that cannot be written (EISDIR), as EBUSY would on a real tree.
+  fs::remove(own + "/cgroup.subtree_control");
+  fs::create_directory(own + "/cgroup.subtree_control");
+  auto placed = place_kernel_cgroups(serve_request(), view_of(fake, kV2Cgroup, true));
+  ASSERT_FALSE(placed);
+  EXPECT_EQ(placed.error().code, ErrorCode::kFailedPrecondition);
+  EXPECT_TRUE(has(placed.error().message, "could not enable")) << placed.error().message;
 }
 
 }  // namespace

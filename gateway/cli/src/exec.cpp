@@ -13,6 +13,7 @@
 #include <optional>
 #include <variant>
 
+#include "cellgate/jail/cgroup.hpp"
 #include "cellgate/jail/jail.hpp"
 #include "cellgate/kernel/client.hpp"
 #include "cellgate/kernel/process.hpp"
@@ -171,6 +172,13 @@ int run_exec(const ExecOptions& options) {
         return fail(loaded.error().describe());
       }
       jail_spec = std::move(loaded).value();
+    }
+    if (jail_spec.cgroup_parent.empty()) {
+      auto placed = jail::place_kernel_cgroups({});
+      if (!placed) {
+        return fail(placed.error().message);
+      }
+      jail_spec.cgroup_parent = placed->parent;
     }
     launch.jail = std::move(jail_spec);
   }

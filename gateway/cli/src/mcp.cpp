@@ -25,6 +25,7 @@
 
 #include "cellgate/cli/exit_codes.hpp"
 #include "cellgate/execute/executor.hpp"
+#include "cellgate/jail/cgroup.hpp"
 #include "cellgate/jail/jail.hpp"
 #include "cellgate/kernel/backend.hpp"
 #include "cellgate/kernels/registry.hpp"
@@ -53,6 +54,12 @@ int mcp_usage_error(const std::string& what) {
 class Embedded {
  public:
   static Result<std::unique_ptr<Embedded>> make(const McpOptions& o) {
+    std::string cgroup_parent;
+    if (!o.no_jail) {  // before anything is made: it can fail, and it moves this process
+      CELLGATE_ASSIGN_OR_RETURN(const auto placed, jail::place_kernel_cgroups({}));
+      spdlog::info("mcp: cgroups: {}", placed.summary);
+      cgroup_parent = placed.parent;
+    }
     std::string dir = o.state_dir;
     bool temporary = false;
     if (dir.empty()) {
@@ -67,6 +74,7 @@ class Embedded {
     r.state_dir = dir;
     r.max_kernels = o.max_kernels;
     r.no_jail = o.no_jail;
+    r.jail.cgroup_parent = cgroup_parent;
     if (o.memory_bytes != 0) {
       r.jail.memory_bytes = o.memory_bytes;
     }

@@ -18,6 +18,7 @@
 #include "cellgate/api/e2b_api.hpp"
 #include "cellgate/execute/executor.hpp"
 #include "cellgate/http/listener.hpp"
+#include "cellgate/jail/cgroup.hpp"
 #include "cellgate/jail/jail.hpp"
 #include "cellgate/kernel/backend.hpp"
 #include "cellgate/kernel/connection.hpp"
@@ -307,6 +308,18 @@ int run_serve(ServeOptions options) {
   spdlog::info("host: {}", jail::probe_host().describe());
   if (options.no_jail) {
     spdlog::warn("--no-jail: kernels run UNJAILED, as this user; do not give them untrusted code");
+  } else {
+    // Before the zygote or any kernel: on cgroup v2 the gateway may have to leave its own
+    // cgroup for a leaf so that kernels' cgroups can get the memory, pids and cpu controllers.
+    jail::CgroupPlacementRequest placement;
+    placement.requested_parent = options.cgroup_parent;
+    auto placed = jail::place_kernel_cgroups(placement);
+    if (!placed) {
+      std::cerr << "cellgate serve: " << placed.error().message << "\n";
+      return 2;
+    }
+    spdlog::info("cgroups: {}", placed->summary);
+    options.jail.cgroup_parent = placed->parent;
   }
   std::optional<Server> server_holder;
   try {

@@ -64,15 +64,20 @@ class Cgroup;
 class CgroupHost {
  public:
   // Reads /proc/self/cgroup and /proc/self/mountinfo. `root_prefix` is prepended to every
-  // filesystem path (a fake cgroupfs tree in tests; "" for the real one).
+  // filesystem path (a fake cgroupfs tree in tests; "" for the real one). `parent`, a cgroup path
+  // as /proc/self/cgroup writes them ("/system.slice/cellgate.service"), takes the place of our
+  // own cgroup in every hierarchy: kernels' cgroups go below it (JailSpec::cgroup_parent, set by a
+  // gateway that moved itself into a leaf of its delegated cgroup; see place_kernel_cgroups).
   static Result<CgroupHost> detect(std::string_view proc_self_cgroup, std::string_view mountinfo,
-                                   std::string root_prefix = "");
-  static Result<CgroupHost> detect_system();
+                                   std::string root_prefix = "", const std::string& parent = "");
+  static Result<CgroupHost> detect_system(const std::string& parent = "");
 
   CgroupVersion version() const;
   bool has_controller(std::string_view controller) const;  // "memory", "pids", "cpu"
   // One line for the start-up log: version, and where each controller is.
   std::string describe() const;
+  // The directories kernels' groups are made in (our cgroup, or the parent), one per hierarchy.
+  std::vector<std::string> base_dirs() const;
 
   Result<std::unique_ptr<Cgroup>> create(const std::string& group, const std::string& name,
                                          const CgroupLimits& limits,
@@ -109,6 +114,53 @@ class CgroupHost {
   // How long kill_all() waits for cgroup.procs to empty, and remove() for rmdir to stop EBUSY.
   std::chrono::milliseconds settle_timeout_{3000};
 };
+
+// --- where a gateway's kernels get their cgroups (cgroup v2 delegation) -------------------------
+//
+// cgroup v2 lets a cgroup enable controllers for its children only while it holds no process of
+// its own ("no internal processes"). A gateway started by systemd with Delegate=yes sits in its
+// service's cgroup D with processes in it, so kernels' cgroups below D could never get memory,
+// pids or cpu. place_kernel_cgroups() arranges it once, before any kernel starts:
+//   * v1, or v2 where D already enables memory, pids and cpu for its children: nothing to do;
+//     kernels go below each launcher's own cgroup, as always.
+//   * `requested_parent` (--cgroup-parent): an operator-delegated cgroup; the controllers it
+//     offers and lacks are enabled in it (it must hold no processes), kernels go below it.
+//   * v2 and D delegated to us (systemd's trusted.delegate / user.delegate xattr, a cgroup
+//     namespace root as in a container, or, not root, a cgroup we own): every process of D
+//     moves into the leaf D/<leaf_name>, memory/pids/cpu are enabled in D, kernels go below D,
+//     beside the leaf.
+//   * the true root of a v2 hierarchy: the controllers are enabled there; nothing moves.
+//   * otherwise (a login session's scope, a unit without Delegate=yes): kFailedPrecondition
+//     "cgroup_not_delegated", saying what to run instead (systemd-run … -p Delegate=yes).
+struct KernelCgroupPlacement {
+  std::string parent;   // for JailSpec::cgroup_parent; "" = each launcher's own cgroup
+  std::string summary;  // one line for the start-up log
+};
+
+struct CgroupPlacementRequest {
+  std::string requested_parent;  // --cgroup-parent; "" = decide from our own cgroup
+  std::string leaf_name = "gateway";
+  // The command that started us, quoted, for the "run it like this" hint.
+  std::string command_line;
+};
+
+Result<KernelCgroupPlacement> place_kernel_cgroups(const CgroupPlacementRequest& request);
+
+// The same on a given view of the system (tests: a fake cgroupfs tree under `root_prefix`).
+struct CgroupSystemView {
+  std::string proc_self_cgroup;
+  std::string mountinfo;
+  std::string root_prefix;
+  pid_t self = 0;
+  uid_t euid = 0;
+  // Whether systemd (or whoever set up the tree) delegated `dir` to us; default: the
+  // trusted.delegate / user.delegate xattr is "1".
+  std::function<bool(const std::string& dir)> delegated;
+  // Called after each mkdir (tests: the fake fills in the control files a kernel would).
+  std::function<void(const std::string& dir)> after_mkdir;
+};
+Result<KernelCgroupPlacement> place_kernel_cgroups(const CgroupPlacementRequest& request,
+                                                   const CgroupSystemView& view);
 
 // The figures of a cgroup someone else created (a kernel's, named by its launcher), read from
 // whichever of `dirs` holds each file. Only reads; kNotFound once the cgroup is gone.

@@ -11,8 +11,8 @@
 //     "cgroup namespace" → "root filesystem" → "hostname"
 //   the kernel, forked by pid 1, just before execve (or before the zygote's Python runs it),
 //   contain_kernel():
-//     "session" → "work dir" → "rlimits" → "credentials" → "no_new_privs" → "file descriptors"
-//     → "seccomp"
+//     "session" → "work dir" → "rlimits" → "credentials" → "no_new_privs" → "landlock"
+//     (landlock.hpp) → "file descriptors" → "seccomp"
 //
 //   CELLGATE_TRY(jail::contain_init(spec, paths, uid, gid));                      // in pid 1
 //   CELLGATE_TRY(jail::contain_kernel(spec, uid, gid,                              // in the kernel

@@ -13,7 +13,8 @@
 // (writable, size-capped) and its connection dir at /run/kernel (writable, noexec).
 //
 // Limits a host cannot enforce stop the kernel from starting unless named in `optional`:
-// "memory", "swap", "pids", "cpu", "work_size" (a tmpfs for the work dir).
+// "memory", "swap", "pids", "cpu", "work_size" (a tmpfs for the work dir), "landlock" (the
+// filesystem policy of landlock.hpp; required by default: Debian 12's 6.1 kernel has ABI 2).
 //
 // Thread-safety: a value type.
 #pragma once
@@ -65,6 +66,10 @@ struct JailSpec {
   std::string hostname = "jail";
   std::string name;  // the kernel's name, used for its cgroup; default "k<launcher pid>"
   std::string cgroup_group = "cellgate";
+  // The cgroup (a path as /proc/self/cgroup shows them) below which cgroup_group is made; ""
+  // = the launcher's own cgroup. A gateway on cgroup v2 sets it to its delegated cgroup after
+  // moving itself into a leaf (place_kernel_cgroups in cgroup.hpp).
+  std::string cgroup_parent;
 
   // Host directory bound at /home/kernel. "" means a private tmpfs (lost when the kernel ends).
   // When set, the launcher mounts a tmpfs of work_bytes on it (in the host's mount namespace,

@@ -68,6 +68,8 @@ struct EmbeddedSettings {
   std::size_t kernels = 1;  // kernels at once (--jobs)
   bool no_jail = false;
 };
+// Jailed, on cgroup v2 the process may first move itself into a leaf of its delegated cgroup
+// (jail::place_kernel_cgroups); an undelegated cgroup is an error saying what to run instead.
 // A temp state dir under $TMPDIR (removed when the backend is destroyed), a KernelRegistry and an
 // Executor. Server-side caps are set high enough for notebooks (64 MiB per stream and output).
 Result<std::unique_ptr<Backend>> make_embedded_backend(const EmbeddedSettings& settings);

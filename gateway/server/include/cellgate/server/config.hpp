@@ -86,6 +86,9 @@ struct ServeOptions {
   // E2B's SDK in debug mode sends no token: allow token-less E2B requests (loopback --ip only).
   bool e2b_no_token = false;
   jail::JailSpec jail;                  // limits for every kernel
+  // cgroup v2: the delegated cgroup kernels' cgroups go below ("": arranged from our own,
+  // jail::place_kernel_cgroups; run_serve fills jail.cgroup_parent from it).
+  std::string cgroup_parent;
 };
 
 }  // namespace cellgate::server

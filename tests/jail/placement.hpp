@@ -1,0 +1,13 @@
+// The cgroup the jail tests' kernels and cgroups go below: "" (each process's own cgroup) on
+// cgroup v1 and wherever the controllers are already enabled; on a delegated cgroup v2 (the
+// systemd guest of tests/vm runs this binary with Delegate=yes) the binary first moves itself
+// into a leaf, as `cellgate serve` does, and this names the delegated cgroup.
+#pragma once
+
+#include <string>
+
+namespace cellgate::jail::testing {
+
+const std::string& cgroup_parent();
+
+}  // namespace cellgate::jail::testing

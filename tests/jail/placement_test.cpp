@@ -1,0 +1,75 @@
+// The jail tests' cgroup placement (placement.hpp), done once before any test, and a test of it
+// on this host.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+#include "cellgate/jail/cgroup.hpp"
+#include "placement.hpp"
+
+namespace cellgate::jail::testing {
+namespace {
+
+std::string g_parent;
+std::string g_summary;
+
+class PlacementEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    if (::geteuid() != 0) {
+      return;
+    }
+    CgroupPlacementRequest request;
+    request.leaf_name = "jail-tests";
+    auto placed = place_kernel_cgroups(request);
+    if (!placed) {
+      // The tests that need cgroups then fail or skip with their own reasons.
+      std::cerr << "jail tests: kernels' cgroups not arranged: " << placed.error().message << "\n";
+      return;
+    }
+    g_parent = placed->parent;
+    g_summary = placed->summary;
+    std::cerr << "jail tests: cgroups: " << g_summary << "\n";
+  }
+};
+
+[[maybe_unused]] ::testing::Environment* const placement_environment =
+    ::testing::AddGlobalTestEnvironment(new PlacementEnvironment);
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(CgroupPlacementReal, KernelsCgroupsGetEveryController) {
+  if (::geteuid() != 0) {
+    GTEST_SKIP() << "needs root";
+  }
+  auto host = CgroupHost::detect_system(g_parent);
+  ASSERT_TRUE(host) << host.error().describe();
+  if (host->version() == CgroupVersion::kV1) {
+    EXPECT_EQ(g_parent, "") << "v1 needs no placement";
+    return;
+  }
+  // v2: the binary left its cgroup for a leaf if it had to, and memory, pids and cpu are enabled
+  // where the kernels' groups are made.
+  EXPECT_TRUE(host->has_controller("memory") && host->has_controller("pids") &&
+              host->has_controller("cpu"))
+      << host->describe() << "; placement: " << g_summary;
+  if (!g_parent.empty()) {
+    EXPECT_NE(read_text("/proc/self/cgroup").find(g_parent + "/jail-tests\n"), std::string::npos)
+        << read_text("/proc/self/cgroup");
+  }
+}
+
+}  // namespace
+
+const std::string& cgroup_parent() { return g_parent; }
+
+}  // namespace cellgate::jail::testing
