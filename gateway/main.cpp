@@ -162,6 +162,12 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--cpus", serve.jail.cpus, "per-kernel CPU quota")->capture_default_str();
   serve_cmd->add_option("--pids", serve.jail.pids, "per-kernel process limit")
       ->capture_default_str();
+  serve_cmd->add_option("--optional-limits", serve.jail.optional,
+                        "jail limits a kernel may start without when this host cannot enforce "
+                        "them (comma-separated: memory, swap, pids, cpu, work_size, landlock; "
+                        "default: none — a limit the host lacks stops the kernel, naming it)")
+      ->delimiter(',')
+      ->envname("CELLGATE_OPTIONAL_LIMITS");
   serve_cmd->add_option("--cgroup-parent", serve.cgroup_parent,
                         "cgroup v2: a cgroup delegated to the gateway (e.g. "
                         "/system.slice/cellgate-kernels.slice) to make kernels' cgroups below; "

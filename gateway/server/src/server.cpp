@@ -309,6 +309,14 @@ int run_serve(ServeOptions options) {
   if (options.no_jail) {
     spdlog::warn("--no-jail: kernels run UNJAILED, as this user; do not give them untrusted code");
   } else {
+    if (auto valid = options.jail.validate(); !valid) {
+      std::cerr << "cellgate serve: " << valid.error().message << "\n";
+      return 2;
+    }
+    for (const auto& limit : options.jail.optional) {
+      spdlog::warn("--optional-limits: kernels start without the {} limit where this host cannot "
+                   "enforce it", limit);
+    }
     // Before the zygote or any kernel: on cgroup v2 the gateway may have to leave its own
     // cgroup for a leaf so that kernels' cgroups can get the memory, pids and cpu controllers.
     jail::CgroupPlacementRequest placement;
