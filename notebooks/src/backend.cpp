@@ -9,6 +9,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <spdlog/spdlog.h>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
@@ -174,8 +175,10 @@ class EmbeddedSession final : public KernelSession {
 // blocking work.
 class EmbeddedBackend final : public Backend {
  public:
-  EmbeddedBackend(TempDir state, kernels::RegistryOptions options)
+  EmbeddedBackend(TempDir state, kernels::RegistryOptions options, bool zygote)
       : state_(std::move(state)),
+        zygote_(zygote),
+        process_backend_(backend_options(state_.path(), zygote)),
         registry_(std::move(options), run_kernels_),
         artifacts_(state_.path() + "/artifacts", store::ArtifactCaps{}),
         loop_(cells_) {
@@ -209,6 +212,11 @@ class EmbeddedBackend final : public Backend {
     offload_pool_.emplace(8);
     cell_thread_ = std::thread([this] { cells_.run(); });
     registry_.start();
+    if (zygote_ && !process_backend_.wait_fast(kZygoteWait)) {
+      // Kernels start cold instead (slower, the same jail): the zygote's log says why.
+      spdlog::warn("cellgate run: the zygote was not ready after {} s; kernels start cold",
+                   kZygoteWait.count());
+    }
     return ok_result();
   }
 
@@ -231,9 +239,24 @@ class EmbeddedBackend final : public Backend {
 
  private:
   static constexpr std::size_t kMaxFileBytes = 16u << 20;
+  // A batch waits for the zygote's imports (~1.5 s here) rather than start its first kernels
+  // cold beside them on the same cores.
+  static constexpr std::chrono::seconds kZygoteWait{30};
+
+  static kernel::ProcessBackendOptions backend_options(const std::string& state, bool zygote) {
+    kernel::ProcessBackendOptions b;
+    if (zygote) {
+      kernel::ZygoteOptions z;
+      z.socket_path = state + "/run/zygote.sock";
+      z.log_file = state + "/zygote.log";
+      b.zygote = std::move(z);
+    }
+    return b;
+  }
 
   TempDir state_;  // declared first, so removed after the registry has shut every kernel down
-  kernel::ProcessBackend process_backend_{{}};  // launcher only, no zygote; outlives the registry
+  bool zygote_;
+  kernel::ProcessBackend process_backend_;  // the launcher (and a zygote); outlives the registry
   RunKernels run_kernels_{process_backend_};
   kernels::KernelRegistry registry_;
   store::ArtifactStore artifacts_;
@@ -261,7 +284,8 @@ Result<std::unique_ptr<Backend>> make_embedded_backend(const EmbeddedSettings& s
     CELLGATE_ASSIGN_OR_RETURN(const auto placed, jail::place_kernel_cgroups({}));
     options.jail.cgroup_parent = placed.parent;
   }
-  auto backend = std::make_unique<EmbeddedBackend>(std::move(state), std::move(options));
+  const bool zygote = !settings.no_jail && settings.notebooks > 1;
+  auto backend = std::make_unique<EmbeddedBackend>(std::move(state), std::move(options), zygote);
   CELLGATE_TRY(backend->init());
   return std::unique_ptr<Backend>(std::move(backend));
 }

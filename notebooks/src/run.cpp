@@ -113,10 +113,14 @@ Result<std::vector<notebook::Parameter>> check_options(const NotebookRunOptions&
 }
 
 // The embedded gateway, or the one at --url; and the --kernel checked against it.
-Result<std::unique_ptr<Backend>> make_backend(const NotebookRunOptions& options) {
-  auto made = options.url.empty()
-                  ? make_embedded_backend({static_cast<std::size_t>(options.jobs), options.no_jail})
-                  : make_remote_backend(options.url, options.token);
+Result<std::unique_ptr<Backend>> make_backend(const NotebookRunOptions& options,
+                                              std::size_t notebooks) {
+  EmbeddedSettings embedded;
+  embedded.kernels = static_cast<std::size_t>(options.jobs);
+  embedded.no_jail = options.no_jail;
+  embedded.notebooks = notebooks;
+  auto made = options.url.empty() ? make_embedded_backend(embedded)
+                                  : make_remote_backend(options.url, options.token);
   if (!made) {
     return usage_error((options.url.empty() ? "cannot start the embedded gateway: "
                                             : "cannot use the gateway at " + options.url + ": ") +
@@ -193,10 +197,10 @@ int run_notebooks(const NotebookRunOptions& options) {
   const bool single = jobs.size() == 1;
   Progress progress(options.progress && ::isatty(STDERR_FILENO) == 1, jobs.size());
   std::vector<Outcome> outcomes(jobs.size());
-  bool runnable = false;
+  std::size_t runnable = 0;
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     if (jobs[i].notebook) {
-      runnable = true;
+      ++runnable;
     } else {
       outcomes[i].status = Status::kInvalid;
       outcomes[i].message = jobs[i].invalid;
@@ -206,9 +210,9 @@ int run_notebooks(const NotebookRunOptions& options) {
 
   const auto started = Clock::now();
   bool interrupted = false;
-  if (runnable) {
+  if (runnable > 0) {
     quiet_logging();
-    auto backend = make_backend(options);
+    auto backend = make_backend(options, runnable);
     if (!backend) {
       return usage(backend.error().message);
     }

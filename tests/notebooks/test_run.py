@@ -379,6 +379,24 @@ def test_a_batch_of_ten_with_two_failing(tmp_path):
     assert stdout_of(read_notebook(out / "nb05.ipynb").cells[1]) == "25\n"
 
 
+def test_a_batch_forks_its_kernels_from_a_zygote_and_one_notebook_starts_cold(tmp_path):
+    # The zygote has pandas imported (docs/zygote.md); a cold ipykernel has not, until a cell
+    # imports it. A batch waits for the zygote, so every kernel of it is forked from there.
+    probe = "import sys\nprint('pandas' in sys.modules)"
+    batch = tmp_path / "batch"
+    for i in range(4):
+        write_notebook(batch / f"nb{i}.ipynb", [probe])
+    out = tmp_path / "out"
+    proc = cellgate_run(batch, "--jobs", "2", "--output-dir", out)
+    assert proc.returncode == 0, proc.stderr
+    assert [stdout_of(read_notebook(out / f"nb{i}.ipynb").cells[0]) for i in range(4)] == \
+        ["True\n"] * 4, proc.stderr
+    single = write_notebook(tmp_path / "one.ipynb", [probe])
+    proc = cellgate_run(single, "-o", tmp_path / "one-out.ipynb")
+    assert proc.returncode == 0, proc.stderr
+    assert stdout_of(read_notebook(tmp_path / "one-out.ipynb").cells[0]) == "False\n"
+
+
 # ---- never overwrite the input -------------------------------------------------------------------
 
 def test_the_input_is_never_overwritten_without_inplace(tmp_path):

@@ -67,6 +67,10 @@ class Backend {
 struct EmbeddedSettings {
   std::size_t kernels = 1;  // kernels at once (--jobs)
   bool no_jail = false;
+  // Notebooks this run will start kernels for. Jailed, more than one forks python3 kernels from
+  // a zygote started once (as `cellgate serve` does); a single one starts cold, sooner than the
+  // zygote's imports would be done.
+  std::size_t notebooks = 1;
 };
 // Jailed, on cgroup v2 the process may first move itself into a leaf of its delegated cgroup
 // (jail::place_kernel_cgroups); an undelegated cgroup is an error saying what to run instead.
