@@ -102,22 +102,27 @@ def batch(count: int, jobs: int, env) -> None:
         print(f"{count} notebooks ({count // 2 + count % 2} copies of the examples, {count // 2} "
               f"generated) on {os.cpu_count()} CPUs")
         cellgate = str(BIN_DIR / "cellgate")
-        rows = []
-        rows.append((f"cellgate run --jobs 1 (jailed)", timed(
-            [cellgate, "run", "--no-progress", "--jobs", "1", *names], env)))
-        rows.append((f"cellgate run --jobs {jobs} (jailed)", timed(
-            [cellgate, "run", "--no-progress", "--jobs", str(jobs), *names], env)))
         nbclient_env = dict(env, PYDEVD_DISABLE_FILE_VALIDATION="1")
-        rows.append(("nbclient, one after the other", timed(
-            ["/usr/bin/python3", "-c", NBCLIENT, *names], nbclient_env)))
-        rows.append((f"nbclient, {jobs} processes", timed_parallel(
-            [["/usr/bin/python3", "-c", NBCLIENT, *names[k::jobs]] for k in range(jobs)],
-            nbclient_env)))
-        base = rows[2][1]
-        for label, seconds in rows:
-            print(f"{label:36s} {seconds:7.1f} s  {count / seconds:6.2f} notebooks/s  "
-                  f"{base / seconds:5.1f}x nbclient one after the other")
-        print(f"cellgate --jobs {jobs} vs nbclient {jobs} processes: {rows[3][1] / rows[1][1]:.1f}x")
+        runs = [
+            ("nbclient, one after the other",
+             lambda: timed(["/usr/bin/python3", "-c", NBCLIENT, *names], nbclient_env)),
+            ("cellgate run --jobs 1 (jailed)",
+             lambda: timed([cellgate, "run", "--no-progress", "--jobs", "1", *names], env)),
+            (f"cellgate run --jobs {jobs} (jailed)",
+             lambda: timed([cellgate, "run", "--no-progress", "--jobs", str(jobs), *names], env)),
+            (f"nbclient, {jobs} processes",
+             lambda: timed_parallel([["/usr/bin/python3", "-c", NBCLIENT, *names[k::jobs]]
+                                     for k in range(jobs)], nbclient_env)),
+        ]
+        seconds = {}
+        for label, run in runs:
+            seconds[label] = run()
+            base = seconds[runs[0][0]]
+            print(f"{label:36s} {seconds[label]:7.1f} s  {count / seconds[label]:6.2f} "
+                  f"notebooks/s  {base / seconds[label]:5.1f}x nbclient one after the other",
+                  flush=True)
+        print(f"cellgate --jobs {jobs} vs nbclient in {jobs} processes: "
+              f"{seconds[runs[3][0]] / seconds[runs[2][0]]:.1f}x", flush=True)
 
 
 def main() -> None:
