@@ -10,6 +10,7 @@
 #include <string>
 
 #include "cellgate/jail/jail.hpp"
+#include "cellgate/jail/userns.hpp"
 
 namespace cellgate::jail {
 namespace {
@@ -21,7 +22,10 @@ Error fail(const std::string& call) {
 }  // namespace
 
 Result<void> drop_privileges(uid_t uid, gid_t gid) {
-  if (uid == 0 || gid == 0) {
+  // Rootless (userns.hpp): the namespace maps only uid 0, which is the unprivileged user
+  // outside; it is then the kernel's uid, and what follows still strips every capability.
+  const bool rootless = in_single_uid_user_namespace();
+  if ((uid == 0 || gid == 0) && !rootless) {
     return make_error(ErrorCode::kInvalidArgument, "credentials", "refusing uid or gid 0");
   }
   // Empty the bounding set while we still hold CAP_SETPCAP: nothing exec'd later (a setuid or
@@ -38,7 +42,8 @@ Result<void> drop_privileges(uid_t uid, gid_t gid) {
     return fail("prctl(PR_SET_SECUREBITS, NOROOT|NOROOT_LOCKED|NO_SETUID_FIXUP_LOCKED|"
                 "KEEP_CAPS_LOCKED)");
   }
-  if (::setgroups(0, nullptr) != 0) {
+  // In a user namespace whose setgroups is "deny" the list is already fixed (the gateway's).
+  if (::setgroups(0, nullptr) != 0 && !(rootless && errno == EPERM)) {
     return fail("setgroups(0, NULL)");
   }
   if (::setresgid(gid, gid, gid) != 0) {
@@ -57,8 +62,17 @@ Result<void> drop_privileges(uid_t uid, gid_t gid) {
   if (::syscall(SYS_capset, &header, data) != 0) {
     return fail("capset(all empty)");
   }
-  // Check rather than trust: getting root back must fail.
-  if (::setuid(0) == 0) {
+  // Check rather than trust: no capability is left, and getting root back must fail.
+  __user_cap_data_struct now[_LINUX_CAPABILITY_U32S_3] = {};
+  if (::syscall(SYS_capget, &header, now) != 0) {
+    return fail("capget()");
+  }
+  for (const auto& d : now) {
+    if (d.effective != 0 || d.permitted != 0 || d.inheritable != 0) {
+      return make_error(ErrorCode::kInternal, "credentials", "a capability is left after the drop");
+    }
+  }
+  if (!rootless && ::setuid(0) == 0) {
     return make_error(ErrorCode::kInternal, "credentials", "setuid(0) succeeded after the drop");
   }
   return {};

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cellgate/jail/jail.hpp"
+#include "cellgate/jail/userns.hpp"
 
 namespace cellgate::jail {
 
@@ -25,7 +26,13 @@ Result<void> apply_rlimits(const JailSpec& spec) {
       {RLIMIT_MSGQUEUE, "RLIMIT_MSGQUEUE", 64 << 10},
       {RLIMIT_SIGPENDING, "RLIMIT_SIGPENDING", 4096},
   };
+  // Rootless (userns.hpp): every kernel, the zygote and the gateway share the user's one uid, so
+  // a per-uid count of processes would starve them all; the pids cgroup bounds each kernel.
+  const bool shared_uid = in_single_uid_user_namespace();
   for (const auto& l : limits) {
+    if (shared_uid && l.resource == RLIMIT_NPROC) {
+      continue;
+    }
     rlimit r{l.value, l.value};
     if (::setrlimit(l.resource, &r) != 0) {
       return errno_error(ErrorCode::kInternal, "rlimit",

@@ -37,6 +37,7 @@
 #include "cellgate/jail/cgroup.hpp"
 #include "cellgate/jail/jail.hpp"
 #include "cellgate/jail/spec.hpp"
+#include "cellgate/jail/userns.hpp"
 #include "cellgate/launcher/launcher.hpp"
 #include "cellgate/launcher/spec_json.hpp"
 #include "cellgate/launcher/zygote.hpp"
@@ -564,8 +565,9 @@ int run_jailed_mode(const LaunchOptions& options) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   }
   if (::geteuid() != 0) {
-    return fail("building the jail needs root (namespaces, cgroups, mounts); the user-namespace "
-                "mode for an unprivileged gateway is not implemented. Run as root, or pass "
+    return fail("building the jail needs root (namespaces, cgroups, mounts): run this launcher "
+                "as root, or through a gateway (cellgate serve, run, exec, mcp) started as this "
+                "user, which enters a user namespace of its own first (rootless mode); or pass "
                 "--no-jail to run the kernel unjailed, knowingly.");
   }
   jail::JailSpec spec;
@@ -577,8 +579,13 @@ int run_jailed_mode(const LaunchOptions& options) {
     spec = std::move(loaded).value();
   }
   const pid_t self = ::getpid();
-  const uid_t uid = spec.uid.value_or(jail::kUidBase + static_cast<uid_t>(self));
-  const gid_t gid = spec.gid.value_or(static_cast<gid_t>(uid));
+  uid_t uid = spec.uid.value_or(jail::kUidBase + static_cast<uid_t>(self));
+  gid_t gid = spec.gid.value_or(static_cast<gid_t>(uid));
+  if (jail::in_single_uid_user_namespace()) {
+    // Rootless (userns.hpp): the namespace maps one uid, 0, the user outside; kernels run as it.
+    uid = 0;
+    gid = 0;
+  }
   const std::string name = spec.name.empty() ? "k" + std::to_string(self) : spec.name;
 
   // The cgroup first: a limit the host cannot enforce stops us before anything else happens.

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "cellgate/jail/jail.hpp"
+#include "cellgate/jail/userns.hpp"
 #include "cellgate/jail/spec.hpp"
 #include "cellgate/launcher/spec_json.hpp"
 #include "cellgate/launcher/zygote.hpp"
@@ -340,7 +341,7 @@ Result<Request> parse_request(zygote_wire::Message message) {
   } catch (const json::exception& e) {
     return make_error(ErrorCode::kInvalidArgument, "request", std::string("bad request: ") + e.what());
   }
-  if (r.uid == 0 || r.gid == 0) {
+  if ((r.uid == 0 || r.gid == 0) && !jail::in_single_uid_user_namespace()) {
     return make_error(ErrorCode::kInvalidArgument, "request", "a kernel never runs as uid or gid 0");
   }
   r.fds = std::move(message.fds);

@@ -15,6 +15,7 @@
 
 #include "cellgate/jail/cgroup.hpp"
 #include "cellgate/jail/jail.hpp"
+#include "cellgate/jail/userns.hpp"
 #include "cellgate/kernel/client.hpp"
 #include "cellgate/kernel/process.hpp"
 #include "cellgate/launcher/spec_json.hpp"
@@ -179,6 +180,9 @@ int run_exec(const ExecOptions& options) {
         return fail(placed.error().message);
       }
       jail_spec.cgroup_parent = placed->parent;
+    }
+    if (auto userns = jail::enter_gateway_user_namespace(); !userns) {  // rootless mode
+      return fail(userns.error().message);
     }
     launch.jail = std::move(jail_spec);
   }

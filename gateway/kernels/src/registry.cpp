@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "cellgate/jail/userns.hpp"
 #include "cellgate/kernel/process.hpp"
 #include "cellgate/util/fs.hpp"
 #include "cellgate/kernels/display_formatters.hpp"
@@ -156,9 +157,9 @@ Result<std::shared_ptr<ManagedKernel>> KernelRegistry::new_kernel_locked(
     kernel::KernelSpec spec, std::map<std::string, std::string> env) {
   // Unjailed kernels run as the gateway itself: no uid of a range to draw.
   uid_t uid = ::geteuid();
-  if (!options_.no_jail) {
+  if (!options_.no_jail && !jail::in_single_uid_user_namespace()) {
     CELLGATE_ASSIGN_OR_RETURN(uid, uids_.allocate());
-  }
+  }  // rootless (jail/userns.hpp): every kernel runs as the namespace's one uid, 0
   const std::string id = protocol::new_uuid();
   return std::make_shared<ManagedKernel>(id, std::move(spec), options_.state_dir + "/kernels/" + id,
                                          uid, std::move(env), now_);
@@ -207,8 +208,10 @@ Result<ManagedKernel::Running> KernelRegistry::launch(const std::shared_ptr<Mana
   }
   if (!options_.no_jail) {
     jail::JailSpec spec = options_.jail;
-    spec.uid = k->uid();
-    spec.gid = static_cast<gid_t>(k->uid());
+    if (k->uid() != 0) {  // 0: rootless, the launcher uses the namespace's one uid
+      spec.uid = k->uid();
+      spec.gid = static_cast<gid_t>(k->uid());
+    }
     spec.name = "k-" + k->id();
     for (const auto& alias : options_.work_dir_aliases) {
       spec.binds.push_back({k->work_dir(), alias, /*writable=*/true});

@@ -20,6 +20,7 @@
 #include "cellgate/http/listener.hpp"
 #include "cellgate/jail/cgroup.hpp"
 #include "cellgate/jail/jail.hpp"
+#include "cellgate/jail/userns.hpp"
 #include "cellgate/kernel/backend.hpp"
 #include "cellgate/kernel/connection.hpp"
 #include "cellgate/kernels/registry.hpp"
@@ -328,6 +329,16 @@ int run_serve(ServeOptions options) {
     }
     spdlog::info("cgroups: {}", placed->summary);
     options.jail.cgroup_parent = placed->parent;
+    // Not root: root of a user namespace of our own from here on (rootless mode). After the
+    // cgroups (they are the user's), before any thread.
+    auto userns = jail::enter_gateway_user_namespace();
+    if (!userns) {
+      std::cerr << "cellgate serve: " << userns.error().message << "\n";
+      return 2;
+    }
+    if (userns->entered) {
+      spdlog::info("{}", userns->summary);
+    }
   }
   std::optional<Server> server_holder;
   try {
