@@ -20,6 +20,7 @@
 #include "backend_internal.hpp"
 #include "cellgate/execute/executor.hpp"
 #include "cellgate/jail/cgroup.hpp"
+#include "cellgate/jail/userns.hpp"
 #include "cellgate/kernel/backend.hpp"
 #include "cellgate/kernel/process.hpp"
 #include "cellgate/kernels/registry.hpp"
@@ -283,6 +284,7 @@ Result<std::unique_ptr<Backend>> make_embedded_backend(const EmbeddedSettings& s
   if (!settings.no_jail) {
     CELLGATE_ASSIGN_OR_RETURN(const auto placed, jail::place_kernel_cgroups({}));
     options.jail.cgroup_parent = placed.parent;
+    CELLGATE_TRY(jail::enter_gateway_user_namespace());  // not root: rootless mode
   }
   const bool zygote = !settings.no_jail && settings.notebooks > 1;
   auto backend = std::make_unique<EmbeddedBackend>(std::move(state), std::move(options), zygote);

@@ -27,6 +27,7 @@
 #include "cellgate/execute/executor.hpp"
 #include "cellgate/jail/cgroup.hpp"
 #include "cellgate/jail/jail.hpp"
+#include "cellgate/jail/userns.hpp"
 #include "cellgate/kernel/backend.hpp"
 #include "cellgate/kernels/registry.hpp"
 #include "cellgate/mcp/kernels.hpp"
@@ -59,6 +60,7 @@ class Embedded {
       CELLGATE_ASSIGN_OR_RETURN(const auto placed, jail::place_kernel_cgroups({}));
       spdlog::info("mcp: cgroups: {}", placed.summary);
       cgroup_parent = placed.parent;
+      CELLGATE_TRY(jail::enter_gateway_user_namespace());  // not root: rootless mode
     }
     std::string dir = o.state_dir;
     bool temporary = false;
