@@ -174,6 +174,12 @@ int main(int argc, char** argv) {
                         "default: the gateway's own, moving itself into a leaf 'gateway' of it "
                         "when systemd delegated it (Delegate=yes)")
       ->envname("CELLGATE_CGROUP_PARENT");
+  serve_cmd->add_option("--user", serve.user,
+                        "started as root: run everything that speaks HTTP as this user (a name, "
+                        "or uid[:gid]) with no capabilities, and start kernels in a small "
+                        "privileged broker that takes only narrow requests (privilege "
+                        "separation). The state dir then defaults to /var/lib/cellgate")
+      ->envname("CELLGATE_USER");
   serve_cmd->add_flag("--no-jail", serve.no_jail,
                       "run kernels UNJAILED (never with untrusted code)");
   serve_cmd->add_flag("--keep-kernels", serve.keep_kernels,

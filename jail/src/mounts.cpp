@@ -200,7 +200,7 @@ Result<std::string> staging_dir() {
 }
 
 Result<bool> mount_work_tmpfs(const std::string& work_dir, std::uint64_t bytes, uid_t uid,
-                              gid_t gid) {
+                              gid_t gid, std::optional<gid_t> access_gid) {
   struct stat st {};
   struct stat parent {};
   if (::lstat(work_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
@@ -213,8 +213,9 @@ Result<bool> mount_work_tmpfs(const std::string& work_dir, std::uint64_t bytes, 
     return false;  // already a mount point: a restarted kernel reuses it, files and all
   }
   CELLGATE_TRY(do_mount("cellgate-work", work_dir, "tmpfs", MS_NOSUID | MS_NODEV,
-                        "mode=0700,size=" + std::to_string(bytes) + ",uid=" +
-                            std::to_string(uid) + ",gid=" + std::to_string(gid)));
+                        std::string(access_gid ? "mode=2770" : "mode=0700") +
+                            ",size=" + std::to_string(bytes) + ",uid=" + std::to_string(uid) +
+                            ",gid=" + std::to_string(access_gid.value_or(gid))));
   return true;
 }
 

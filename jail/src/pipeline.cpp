@@ -1,4 +1,6 @@
 // The jail's two lists of steps, written once for exec mode and the zygote (order: jail.hpp).
+#include <sys/stat.h>
+
 #include <string>
 #include <utility>
 
@@ -34,6 +36,13 @@ Result<void> contain_kernel(const JailSpec& spec, uid_t uid, gid_t gid,
       {"session", [] { return new_session(); }},
       {"work dir", [] { return enter_work_dir(); }},
       {"rlimits", [&] { return apply_rlimits(spec); }},
+      // What it makes in its work and connection dirs stays usable by the access group.
+      {"umask", [&]() -> Result<void> {
+         if (spec.access_gid) {
+           ::umask(002);
+         }
+         return {};
+       }},
       {"credentials", [&] { return drop_privileges(uid, gid); }},
       {"no_new_privs", [] { return set_no_new_privs(); }},
       // Needs no_new_privs (or CAP_SYS_ADMIN, long dropped); closes its ruleset fd itself, and

@@ -67,6 +67,9 @@ Result<void> JailSpec::validate() const {
   if (gid && *gid == 0) {
     return bad("the kernel's gid must not be 0");
   }
+  if (access_gid && *access_gid == 0) {
+    return bad("the access gid must not be 0 (root's group)");
+  }
   for (const auto& limit : optional) {
     if (kKnownOptional.count(limit) == 0) {
       return bad("unknown optional limit '" + limit +

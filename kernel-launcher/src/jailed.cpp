@@ -95,7 +95,7 @@ struct Connection {
 // Reads the host connection file and writes the jail's copy: same key and port numbers,
 // transport ipc, sockets in the connection dir.
 Result<Connection> prepare_connection(const std::string& connection_file, const std::string& name,
-                                      uid_t uid, gid_t gid) {
+                                      uid_t uid, gid_t gid, std::optional<gid_t> access_gid) {
   std::ifstream in(connection_file);
   if (!in) {
     return errno_error(ErrorCode::kInvalidArgument, "connection_file",
@@ -135,7 +135,10 @@ Result<Connection> prepare_connection(const std::string& connection_file, const 
     return make_error(ErrorCode::kFailedPrecondition, "conn_dir",
                       c.conn_dir + " must be a real directory that is not world-writable");
   }
-  if (::chown(c.conn_dir.c_str(), uid, gid) != 0 || ::chmod(c.conn_dir.c_str(), 0700) != 0) {
+  // With an access group (an unprivileged gateway's) the sockets the kernel makes here take
+  // that group (setgid dir) and, with its umask 002, let the group connect.
+  if (::chown(c.conn_dir.c_str(), uid, access_gid.value_or(gid)) != 0 ||
+      ::chmod(c.conn_dir.c_str(), access_gid ? 02710 : 0700) != 0) {
     return errno_error(ErrorCode::kInternal, "conn_dir", "chown('" + c.conn_dir + "')", errno);
   }
   if (c.rewritten_from_tcp) {
@@ -617,7 +620,8 @@ int run_jailed_mode(const LaunchOptions& options) {
   }
 
   if (!spec.work_dir.empty()) {
-    auto mounted = jail::mount_work_tmpfs(spec.work_dir, spec.work_bytes, uid, gid);
+    auto mounted = jail::mount_work_tmpfs(spec.work_dir, spec.work_bytes, uid, gid,
+                                          spec.access_gid);
     if (!mounted) {
       if (spec.optional.count("work_size") == 0) {
         return fail("the work dir's size cap needs a tmpfs: " + mounted.error().message);
@@ -625,7 +629,8 @@ int run_jailed_mode(const LaunchOptions& options) {
       std::cerr << "cellgate-kernel: warning: work dir not size-capped: "
                 << mounted.error().message << "\n";
     }
-    if (::chown(spec.work_dir.c_str(), uid, gid) != 0) {
+    if (::chown(spec.work_dir.c_str(), uid, spec.access_gid.value_or(gid)) != 0 ||
+        (spec.access_gid && ::chmod(spec.work_dir.c_str(), 02770) != 0)) {
       return fail(errno_error(ErrorCode::kInternal, "", "chown('" + spec.work_dir + "')", errno)
                       .message);
     }
@@ -635,7 +640,7 @@ int run_jailed_mode(const LaunchOptions& options) {
   std::optional<Connection> conn;
   std::vector<std::string> argv = options.argv;
   if (!options.connection_file.empty()) {
-    auto prepared = prepare_connection(options.connection_file, name, uid, gid);
+    auto prepared = prepare_connection(options.connection_file, name, uid, gid, spec.access_gid);
     if (!prepared) {
       return fail(prepared.error().message);
     }

@@ -48,6 +48,9 @@ json spec_to_json(const jail::JailSpec& spec) {
   if (spec.gid) {
     j["gid"] = *spec.gid;
   }
+  if (spec.access_gid) {
+    j["access_gid"] = *spec.access_gid;
+  }
   return j;
 }
 
@@ -58,7 +61,7 @@ Result<jail::JailSpec> spec_from_json(const json& j) {
   static const std::set<std::string> kKnownKeys = {
       "memory_bytes", "pids",       "cpus",      "tmp_bytes",      "work_bytes",
       "shm_bytes",    "tmp_inodes", "nofile",    "fsize_bytes",    "memlock_bytes",
-      "time_limit_seconds", "uid", "gid",       "hostname",       "name",
+      "time_limit_seconds", "uid", "gid", "access_gid",       "hostname",       "name",
       "cgroup_group", "cgroup_parent", "work_dir",   "binds",     "etc_binds",      "system_binds",
       "env",          "optional"};
   for (const auto& [key, value] : j.items()) {
@@ -99,6 +102,9 @@ Result<jail::JailSpec> spec_from_json(const json& j) {
     }
     if (auto it = j.find("gid"); it != j.end() && !it->is_null()) {
       spec.gid = it->get<gid_t>();
+    }
+    if (auto it = j.find("access_gid"); it != j.end() && !it->is_null()) {
+      spec.access_gid = it->get<gid_t>();
     }
     if (auto it = j.find("binds"); it != j.end()) {
       for (const auto& b : *it) {

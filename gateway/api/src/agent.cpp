@@ -133,7 +133,7 @@ void Api::add_agent_routes() {
     auto reply = [ex = c.exchange](Response r) { ex->reply(std::move(r)); };
   offload(
       [this, req = std::move(c.req), k = std::move(kernel).value(), rel]() -> Response {
-        auto dir = store::files::WorkDir::open(k->work_dir(), k->uid(), k->uid());
+        auto dir = store::files::WorkDir::open(k->work_dir(), k->files_uid(), k->files_uid());
         if (!dir) {
           return error_response(req, dir.error());
         }

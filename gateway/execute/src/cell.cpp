@@ -69,7 +69,7 @@ bool is_housekeeping(const std::string& path) {
 }
 
 std::optional<files::Snapshot> snapshot_work_dir(const kernels::ManagedKernel& kernel) {
-  auto dir = files::WorkDir::open(kernel.work_dir(), kernel.uid(), kernel.uid());
+  auto dir = files::WorkDir::open(kernel.work_dir(), kernel.files_uid(), kernel.files_uid());
   if (!dir) {
     return std::nullopt;
   }

@@ -136,7 +136,7 @@ std::shared_ptr<CellHandle> Executor::run_once(OneShotRequest request, RunOption
       }
       CELLGATE_ASSIGN_OR_RETURN(auto kernel, registry.find(id));
       CELLGATE_ASSIGN_OR_RETURN(
-          auto dir, store::files::WorkDir::open(kernel->work_dir(), kernel->uid(), kernel->uid()));
+          auto dir, store::files::WorkDir::open(kernel->work_dir(), kernel->files_uid(), kernel->files_uid()));
       for (const auto& [path, bytes] : request.files) {
         CELLGATE_TRY(dir.write(path, bytes, bytes.size(), /*make_parents=*/true));
       }

@@ -1,5 +1,7 @@
 #include "cellgate/kernel/kernel.hpp"
 
+#include <sys/mount.h>
+
 #include <condition_variable>
 #include <fstream>
 #include <iterator>
@@ -125,6 +127,11 @@ Result<Collected> KernelConnection::request(Channel channel, std::string_view ms
                           std::to_string(timeout.count()) + " ms");
   }
   return std::move(shared->collected);
+}
+
+void KernelBackend::end_work_dir(const std::string& kernel_id, const std::string& work_dir) {
+  (void)kernel_id;
+  ::umount2(work_dir.c_str(), MNT_DETACH);
 }
 
 }  // namespace cellgate::kernel

@@ -121,6 +121,14 @@ Result<std::unique_ptr<KernelProcess>> KernelProcess::start(LaunchRequest reques
     return errno_error(ErrorCode::kInternal, "runtime_dir", "mkdtemp('" + templ + "')", errno);
   }
   kp->runtime_dir_ = templ;
+  if (request.jail && request.jail->access_gid) {
+    // An unprivileged gateway (the access group) reaches the connection and work dirs in it; it
+    // lists nothing and reads no file here (the connection file holds the key).
+    if (::chown(templ.c_str(), static_cast<uid_t>(-1), *request.jail->access_gid) != 0 ||
+        ::chmod(templ.c_str(), 0710) != 0) {
+      return errno_error(ErrorCode::kInternal, "runtime_dir", "chown('" + templ + "')", errno);
+    }
+  }
   if (request.work_dir.empty()) {
     kp->work_dir_ = templ + "/work";
     if (::mkdir(kp->work_dir_.c_str(), 0700) != 0) {

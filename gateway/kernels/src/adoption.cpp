@@ -16,6 +16,7 @@
 #include "cellgate/kernels/registry.hpp"
 #include "cellgate/launcher/status.hpp"
 #include "kernelspecs.hpp"
+#include "cleanup.hpp"
 #include "records.hpp"
 
 namespace cellgate::kernels {
@@ -23,36 +24,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using kernel::Channel;
-
-jail::CgroupVersion cgroup_version(const std::string& v) {
-  return v == "v2" ? jail::CgroupVersion::kV2 : jail::CgroupVersion::kV1;
-}
-
-// Kills whatever still runs in a kernel's cgroup and removes it (the launcher would have).
-void end_cgroup(const std::string& version, const std::vector<std::string>& dirs) {
-  if (!dirs.empty()) {
-    jail::Cgroup::adopt(cgroup_version(version), dirs);  // its destructor kills and removes
-  }
-}
-
-// The kernel's cgroup as its launcher reported it in the status file ("started").
-void end_cgroup_from_status(const std::string& status_file) {
-  std::ifstream in(status_file);
-  for (std::string line; std::getline(in, line);) {
-    auto ev = launcher::StatusEvent::parse_line(line);
-    if (ev && ev->kind == launcher::StatusEvent::Kind::kStarted) {
-      end_cgroup(ev->cgroup_version, ev->cgroup_paths);
-    }
-  }
-}
-
-// A runtime dir (connection key, ipc sockets, status, log), with a work dir mounted in it when
-// the kernel had no home of its own.
-void remove_runtime_dir(const std::string& dir) {
-  ::umount2((dir + "/work").c_str(), MNT_DETACH);
-  std::error_code ec;
-  fs::remove_all(dir, ec);
-}
 
 }  // namespace
 
@@ -115,9 +86,7 @@ Result<void> KernelRegistry::adopt(const Record& record) {
                       std::string("the kernel ended while no gateway ran (") +
                           launcher::to_string(ended->reason) + ")");
   }
-  auto k = std::make_shared<ManagedKernel>(record.id, *spec, options_.state_dir + "/kernels/" +
-                                                             record.id,
-                                           record.uid, record.env, now_);
+  auto k = make_kernel(record.id, *spec, record.uid, record.env);
   kernel::ClientOptions co = client_options(k);
   // kernel_info is not asked on shell: the kernel may be in the middle of a cell, and answers
   // shell requests only after it. Whether it answers heartbeats while busy follows its kind.

@@ -64,10 +64,13 @@ ProcessFacts ProcessFacts::of(const kernel::KernelProcessHandle& process) {
 }
 
 ManagedKernel::ManagedKernel(std::string id, kernel::KernelSpec spec, std::string home, uid_t uid,
-                             std::map<std::string, std::string> env, Now now)
+                             std::map<std::string, std::string> env, Now now,
+                             std::string work_dir, bool shared_files)
     : id_(std::move(id)),
       spec_(std::move(spec)),
       home_(std::move(home)),
+      work_dir_(work_dir.empty() ? home_ + "/work" : std::move(work_dir)),
+      shared_files_(shared_files),
       uid_(uid),
       env_(std::move(env)),
       now_(std::move(now)),

@@ -47,7 +47,7 @@ KernelRegistry::KernelRegistry(RegistryOptions options, kernel::KernelBackend& b
   if (options_.state_dir.empty()) {
     spdlog::error("kernel registry: no state dir configured; kernels cannot start");
   } else {
-    for (const char* sub : {"/kernels", "/run"}) {
+    for (const char* sub : {"/kernels", options_.privilege_separated ? "/kernels" : "/run"}) {
       if (auto r = make_private_dirs(options_.state_dir + sub, "state_dir"); !r) {
         spdlog::error("{}", r.error().message);
       }
@@ -161,8 +161,16 @@ Result<std::shared_ptr<ManagedKernel>> KernelRegistry::new_kernel_locked(
     CELLGATE_ASSIGN_OR_RETURN(uid, uids_.allocate());
   }  // rootless (jail/userns.hpp): every kernel runs as the namespace's one uid, 0
   const std::string id = protocol::new_uuid();
-  return std::make_shared<ManagedKernel>(id, std::move(spec), options_.state_dir + "/kernels/" + id,
-                                         uid, std::move(env), now_);
+  return make_kernel(id, std::move(spec), uid, std::move(env));
+}
+
+std::shared_ptr<ManagedKernel> KernelRegistry::make_kernel(const std::string& id,
+                                                           kernel::KernelSpec spec, uid_t uid,
+                                                           std::map<std::string, std::string> env) {
+  const bool broker = options_.privilege_separated;
+  return std::make_shared<ManagedKernel>(
+      id, std::move(spec), options_.state_dir + "/kernels/" + id, uid, std::move(env), now_,
+      broker ? options_.state_dir + "/work/" + id : std::string(), /*shared_files=*/broker);
 }
 
 kernel::ClientOptions KernelRegistry::client_options(const std::shared_ptr<ManagedKernel>& k) {
@@ -200,6 +208,7 @@ Result<ManagedKernel::Running> KernelRegistry::launch(const std::shared_ptr<Mana
   }
   kernel::LaunchRequest req;
   req.spec = k->spec();
+  req.kernel_id = k->id();
   req.runtime_parent = options_.state_dir + "/run";
   req.work_dir = k->work_dir();
   req.env = kernel::default_kernel_env(req.work_dir, !options_.no_jail);
@@ -258,8 +267,13 @@ Result<ManagedKernel::Running> KernelRegistry::launch(const std::shared_ptr<Mana
   return ManagedKernel::Running{std::move(process), std::move(connection)};
 }
 
+Result<void> KernelRegistry::make_home(const ManagedKernel& k) const {
+  // A broker makes the work dir (in a directory this gateway cannot write).
+  return make_private_dirs(options_.privilege_separated ? k.home() : k.work_dir(), "state_dir");
+}
+
 Result<void> KernelRegistry::start_fresh(const std::shared_ptr<ManagedKernel>& k) {
-  CELLGATE_TRY(make_private_dirs(k->work_dir(), "state_dir"));
+  CELLGATE_TRY(make_home(*k));
   CELLGATE_ASSIGN_OR_RETURN(auto running, launch(k));
   // Recorded as pooled: a gateway that restarts ends it rather than leaving it behind.
   CELLGATE_TRY(write_record(options_.state_dir, *k, ProcessFacts::of(*running.process),
@@ -304,7 +318,7 @@ Result<KernelModel> KernelRegistry::start(const std::string& name, const json& e
     discard(e);
   }
   auto launched = [&]() -> Result<void> {
-    CELLGATE_TRY(make_private_dirs(k->work_dir(), "state_dir"));
+    CELLGATE_TRY(make_home(*k));
     CELLGATE_ASSIGN_OR_RETURN(auto running, launch(k));
     CELLGATE_TRY(
         write_record(options_.state_dir, *k, ProcessFacts::of(*running.process), options_.jail));
@@ -381,9 +395,8 @@ Result<KernelModel> KernelRegistry::restart(const std::string& id) {
 // ---- shutting down ----------------------------------------------------------------------------
 
 void KernelRegistry::release(const ManagedKernel& k) {
-  // The launcher mounts a size-capped tmpfs on the work dir; it outlives the kernel's mount
-  // namespace in ours only when the kernel ran unjailed, but a lazy unmount is harmless.
-  ::umount2(k.work_dir().c_str(), MNT_DETACH);
+  // The launcher mounted a size-capped tmpfs on the work dir, which outlived each process.
+  backend_.end_work_dir(k.id(), k.work_dir());
   std::error_code ec;
   fs::remove_all(k.home(), ec);
   if (!options_.no_jail) {

@@ -118,7 +118,7 @@ class LocalKernels : public Kernels {
  private:
   Result<store::files::WorkDir> open(const std::string& id) {
     CELLGATE_ASSIGN_OR_RETURN(auto kernel, registry_.find(id));
-    return store::files::WorkDir::open(kernel->work_dir(), kernel->uid(), kernel->uid());
+    return store::files::WorkDir::open(kernel->work_dir(), kernel->files_uid(), kernel->files_uid());
   }
 
   kernels::KernelRegistry& registry_;

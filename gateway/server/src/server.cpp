@@ -7,6 +7,10 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <iostream>
@@ -23,13 +27,16 @@
 #include "cellgate/jail/userns.hpp"
 #include "cellgate/kernel/backend.hpp"
 #include "cellgate/kernel/connection.hpp"
+#include "cellgate/kernels/broker.hpp"
 #include "cellgate/kernels/registry.hpp"
+#include "cellgate/kernels/uid_allocator.hpp"
 #include "cellgate/mcp/http_endpoint.hpp"
 #include "cellgate/mcp/kernels.hpp"
 #include "cellgate/mcp/server.hpp"
 #include "cellgate/store/artifacts.hpp"
 #include "cellgate/store/audit.hpp"
 #include "metrics.hpp"
+#include "privsep.hpp"
 
 namespace cellgate::server {
 namespace {
@@ -53,6 +60,9 @@ std::chrono::milliseconds seconds_to_ms(double s) {
   return std::chrono::milliseconds(static_cast<long long>(s * 1000));
 }
 
+// E2B's code runs in /home/user (its contexts' default cwd) and sometimes /root: the work dir.
+std::vector<std::string> work_dir_aliases() { return {"/home/user", "/root"}; }
+
 kernels::RegistryOptions registry_options(const ServeOptions& o) {
   kernels::RegistryOptions r;
   r.state_dir = o.state_dir;
@@ -75,8 +85,7 @@ kernels::RegistryOptions registry_options(const ServeOptions& o) {
   // Agents get a figure's data and a DataFrame's columns beside the PNG and the HTML (notebook
   // runs, which build their own registry, do not: nbclient's outputs have no such MIME types).
   r.display_formatters = o.chart_data;
-  // E2B's code runs in /home/user (its contexts' default cwd) and sometimes /root: the work dir.
-  r.work_dir_aliases = {"/home/user", "/root"};
+  r.work_dir_aliases = work_dir_aliases();
   return r;
 }
 
@@ -106,7 +115,7 @@ struct Server::Impl {
   std::optional<net::thread_pool> offload_pool;  // made in start(): no thread before
 
   std::unique_ptr<util::AsioLoop> loop;
-  std::unique_ptr<kernel::ProcessBackend> backend;  // outlives the registry
+  std::unique_ptr<kernel::KernelBackend> backend;  // outlives the registry
   std::unique_ptr<kernels::KernelRegistry> registry;
   std::unique_ptr<store::ArtifactStore> artifacts;
   std::unique_ptr<store::AuditLog> audit;
@@ -128,7 +137,8 @@ struct Server::Impl {
   }
 };
 
-Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
+Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> backend)
+    : impl_(std::make_unique<Impl>()) {
   auto& o = impl_->options;
   o = std::move(options);
   if (o.token.empty() && !o.no_token) {
@@ -140,9 +150,17 @@ Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->token = o.no_token ? "" : o.token;
 
   impl_->loop = std::make_unique<util::AsioLoop>(impl_->cells);
-  impl_->backend = std::make_unique<kernel::ProcessBackend>(backend_options(o));
+  kernels::RegistryOptions ro = registry_options(o);
+  if (backend) {
+    impl_->backend = std::move(backend);
+    ro.privilege_separated = true;
+    // The range is the broker's lease (run_serve); this is the gateway's own note of it.
+    ro.uids.lease_dir = o.state_dir + "/uid-ranges";
+  } else {
+    impl_->backend = std::make_unique<kernel::ProcessBackend>(backend_options(o));
+  }
   impl_->registry = std::make_unique<kernels::KernelRegistry>(
-      registry_options(o), *impl_->backend, [loop = impl_->loop.get()] { return loop->now(); });
+      std::move(ro), *impl_->backend, [loop = impl_->loop.get()] { return loop->now(); });
 
   store::ArtifactCaps caps;
   caps.count = o.artifacts_per_kernel;
@@ -214,7 +232,9 @@ Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>()) {
            (impl->e2b_listener ? impl->e2b_listener->open_connections() : 0);
   };
   sources.zygote_restarts = [impl = impl_.get()] {
-    auto* zygote = impl->backend ? impl->backend->zygote() : nullptr;
+    // A broker's zygote is the broker's: not counted here.
+    auto* own = dynamic_cast<kernel::ProcessBackend*>(impl->backend.get());
+    auto* zygote = own != nullptr ? own->zygote() : nullptr;
     return zygote != nullptr ? zygote->restarts() : -1;
   };
   impl_->metrics = std::make_unique<MetricsEndpoint>(std::move(sources));
@@ -305,6 +325,74 @@ void Server::run() {
 
 void Server::stop() { impl_->network.stop(); }
 
+namespace {
+
+// `serve --user`: forks the privileged broker and becomes the gateway's user. Before any thread.
+// `lease` holds the kernels' uid range for both processes' lifetimes.
+Result<std::unique_ptr<kernel::KernelBackend>> split_privileges(
+    ServeOptions& o, std::optional<kernels::UidAllocator>& lease, pid_t& broker_pid) {
+  if (::geteuid() != 0) {
+    return make_error(ErrorCode::kFailedPrecondition, "user",
+                      "--user splits a gateway started as root; started as an ordinary user it "
+                      "already is one (rootless mode), so leave --user out");
+  }
+  if (o.no_jail) {
+    return make_error(ErrorCode::kInvalidArgument, "user",
+                      "--user and --no-jail do not combine: the broker starts jailed kernels only");
+  }
+  CELLGATE_ASSIGN_OR_RETURN(GatewayUser user, resolve_gateway_user(o.user));
+  if (o.state_dir.empty()) {
+    const char* d = std::getenv("CELLGATE_STATE_DIR");
+    o.state_dir = d != nullptr && *d != '\0' ? d : "/var/lib/cellgate";
+  }
+  CELLGATE_TRY(prepare_state_dir(o.state_dir, user));
+  if (o.audit_log.empty()) {
+    o.audit_log = o.state_dir + "/audit/audit.log";  // rotated in a directory the gateway owns
+  }
+  kernels::UidRangeOptions u;
+  u.base = o.kernel_uid_base;
+  u.range_size = o.kernel_uid_range_size;
+  u.ranges = o.kernel_uid_ranges;
+  u.fallback_lease_dir = o.state_dir + "/run/uid-ranges";
+  lease.emplace(u);
+  CELLGATE_TRY(lease->lease());
+  const auto range = *lease->range();
+
+  kernels::BrokerPolicy policy;
+  policy.state_dir = o.state_dir;
+  policy.jail = o.jail;
+  policy.work_dir_aliases = work_dir_aliases();
+  policy.first_uid = range.first;
+  policy.last_uid = range.last;
+  policy.access_gid = user.gid;
+  policy.backend = backend_options(o);
+  CELLGATE_ASSIGN_OR_RETURN(auto channel, kernels::broker_channel());
+  std::cout << std::flush;
+  std::cerr << std::flush;
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    return errno_error(ErrorCode::kInternal, "broker", "fork()", errno);
+  }
+  if (pid == 0) {
+    channel.first.reset();
+    ::prctl(PR_SET_NAME, "cellgate-broker", 0, 0, 0);
+    ::_exit(kernels::serve_broker(std::move(channel.second), std::move(policy)));
+  }
+  broker_pid = pid;
+  channel.second.reset();
+  CELLGATE_TRY(become_gateway_user(user));
+  o.kernel_uid_base = range.first;
+  o.kernel_uid_range_size = range.last - range.first + 1;
+  o.kernel_uid_ranges = 1;
+  spdlog::info("privilege separation: this gateway runs as {} (uid {}, gid {}) with no "
+               "capabilities; kernels start in the broker, pid {} (root), as uids {}-{}",
+               user.name, user.uid, user.gid, pid, range.first, range.last);
+  return std::unique_ptr<kernel::KernelBackend>(
+      std::make_unique<kernels::BrokerBackend>(std::move(channel.first)));
+}
+
+}  // namespace
+
 int run_serve(ServeOptions options) {
   spdlog::info("host: {}", jail::probe_host().describe());
   if (options.no_jail) {
@@ -340,9 +428,29 @@ int run_serve(ServeOptions options) {
       spdlog::info("{}", userns->summary);
     }
   }
+  std::optional<kernels::UidAllocator> broker_uids;
+  pid_t broker_pid = -1;
+  std::unique_ptr<kernel::KernelBackend> backend;
+  if (!options.user.empty()) {
+    auto split = split_privileges(options, broker_uids, broker_pid);
+    if (!split) {
+      std::cerr << "cellgate serve: " << split.error().message << "\n";
+      return 2;  // a broker already forked ends as its channel closes
+    }
+    backend = std::move(split).value();
+  }
+  // The broker ends once the gateway has closed its channel (the server's backend).
+  struct ReapBroker {
+    pid_t pid;
+    ~ReapBroker() {
+      int status = 0;
+      while (pid > 0 && ::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+    }
+  } reap_broker{broker_pid};
   std::optional<Server> server_holder;
   try {
-    server_holder.emplace(std::move(options));
+    server_holder.emplace(std::move(options), std::move(backend));
   } catch (const std::invalid_argument& e) {
     std::cerr << "cellgate serve: " << e.what() << "\n";
     return 2;

@@ -493,7 +493,8 @@ Result<UniqueFd> WorkDir::make_parents(const std::string& dir) const {
         if (!next) {
           return path_error(errno, open_call(prefix), prefix);
         }
-        if (::fchown(next.get(), uid_, gid_) != 0 || ::fchmod(next.get(), 0755) != 0) {
+        if (::fchown(next.get(), uid_, gid_) != 0 ||
+            ::fchmod(next.get(), shared() ? 0777 : 0755) != 0) {
           return errno_error(ErrorCode::kInternal, "io_error",
                              "fchown/fchmod(" + quote_rel(prefix) + ")", errno);
         }
@@ -530,7 +531,7 @@ Result<FileInfo> WorkDir::write(std::string_view rel_path, std::string_view data
   if (::fchown(temp.fd(), uid_, gid_) != 0) {
     return errno_error(ErrorCode::kInternal, "io_error", "fchown(" + quote_rel(rel) + " temp)", errno);
   }
-  if (::fchmod(temp.fd(), 0644) != 0) {
+  if (::fchmod(temp.fd(), shared() ? 0666 : 0644) != 0) {
     return errno_error(ErrorCode::kInternal, "io_error", "fchmod(" + quote_rel(rel) + " temp)", errno);
   }
   struct stat st {};

@@ -208,6 +208,10 @@ class KernelBackend {
     return make_error(ErrorCode::kFailedPrecondition, "cannot_adopt",
                       "this kernel backend cannot adopt kernels");
   }
+  // A kernel is gone for good (not restarting): its work dir's tmpfs, which outlives each
+  // process so that a restarted kernel finds its files, is unmounted (lazily). The directory
+  // itself stays for the caller to remove.
+  virtual void end_work_dir(const std::string& kernel_id, const std::string& work_dir);
 };
 
 }  // namespace cellgate::kernel

@@ -34,6 +34,8 @@ namespace cellgate::kernel {
 
 struct LaunchRequest {
   KernelSpec spec;
+  // The registry's id for the kernel ("" outside one): a broker names its work dir after it.
+  std::string kernel_id;
   // Path of cellgate-kernel; "" means the one beside the running binary.
   std::string launcher_path;
   // Parent of the per-kernel runtime directory; "" means $TMPDIR or /tmp.

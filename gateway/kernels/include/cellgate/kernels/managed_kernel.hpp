@@ -111,8 +111,11 @@ class ManagedKernel {
 
   // A kernel in state starting. `home` is state_dir/kernels/<id> (its work dir lives there);
   // `env` is the client's env, already filtered.
+  // `work_dir` "" is home/work; `shared_files`: the gateway is not root and cannot give files
+  // to the kernel's uid (files_uid() is WorkDir::kSharedOwner).
   ManagedKernel(std::string id, kernel::KernelSpec spec, std::string home, uid_t uid,
-                std::map<std::string, std::string> env, Now now);
+                std::map<std::string, std::string> env, Now now, std::string work_dir = {},
+                bool shared_files = false);
   ~ManagedKernel();  // stops the connection, then the process
   ManagedKernel(const ManagedKernel&) = delete;
   ManagedKernel& operator=(const ManagedKernel&) = delete;
@@ -121,8 +124,10 @@ class ManagedKernel {
   const kernel::KernelSpec& spec() const { return spec_; }
   const std::string& home() const { return home_; }
   // The kernel's work dir on the host (kept across restarts) and the uid/gid its files belong to.
-  std::string work_dir() const { return home_ + "/work"; }
+  const std::string& work_dir() const { return work_dir_; }
   uid_t uid() const { return uid_; }
+  // The owner the files API gives the files it writes in the work dir.
+  uid_t files_uid() const { return shared_files_ ? static_cast<uid_t>(-1) : uid_; }
   const std::map<std::string, std::string>& env() const { return env_; }
 
   KernelState state() const;
@@ -200,6 +205,8 @@ class ManagedKernel {
   const std::string id_;
   const kernel::KernelSpec spec_;
   const std::string home_;
+  const std::string work_dir_;
+  const bool shared_files_;
   const uid_t uid_;
   const std::map<std::string, std::string> env_;
   const Now now_;

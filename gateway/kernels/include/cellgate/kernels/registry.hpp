@@ -65,6 +65,9 @@ struct Record;  // records.hpp
 // options).
 struct RegistryOptions {
   std::string state_dir;         // kernels/<id>.json records, work dirs, run/ (required)
+  // The backend is a privileged broker (broker.hpp) and this gateway is not root: kernels' work
+  // dirs are the broker's, <state_dir>/work/<id>, and the files API cannot chown.
+  bool privilege_separated = false;
   std::size_t max_kernels = 64;  // live kernels, pooled ones included
   double cull_idle_timeout = 0;  // seconds; 0: never cull
   double cull_interval = 300;
@@ -166,6 +169,10 @@ class KernelRegistry {
   // Makes the work dir, launches, and moves `k` to idle (no state record).
   Result<void> start_fresh(const std::shared_ptr<ManagedKernel>& k);
   // A new kernel in state starting, with its uid; mu_ held. Fails when no uid is free.
+  Result<void> make_home(const ManagedKernel& k) const;
+  // A ManagedKernel with the work dir and file ownership of this gateway's mode.
+  std::shared_ptr<ManagedKernel> make_kernel(const std::string& id, kernel::KernelSpec spec,
+                                             uid_t uid, std::map<std::string, std::string> env);
   Result<std::shared_ptr<ManagedKernel>> new_kernel_locked(
       kernel::KernelSpec spec, std::map<std::string, std::string> env);
   // Ends a kernel no client ever saw (a failed start, a pooled one): no shutdown_request.

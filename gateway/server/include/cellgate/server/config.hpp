@@ -89,6 +89,10 @@ struct ServeOptions {
   // cgroup v2: the delegated cgroup kernels' cgroups go below ("": arranged from our own,
   // jail::place_kernel_cgroups; run_serve fills jail.cgroup_parent from it).
   std::string cgroup_parent;
+  // Started as root: everything that speaks HTTP and WebSocket runs as this user (a name, or
+  // uid[:gid]) with no capabilities and no_new_privs, and kernels start in a privileged broker
+  // (kernels/broker.hpp). "": one process, as started.
+  std::string user;
 };
 
 }  // namespace cellgate::server

@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 
+#include "cellgate/kernel/kernel.hpp"
 #include "cellgate/result.hpp"
 #include "cellgate/server/config.hpp"
 
@@ -25,7 +26,9 @@ namespace cellgate::server {
 
 class Server {
  public:
-  explicit Server(ServeOptions options);
+  // `backend`: where kernels start (a privileged broker's BrokerBackend); nullptr: launchers
+  // of our own (kernel::ProcessBackend).
+  explicit Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> backend = nullptr);
   ~Server();
   Result<int> start();
   void run();

@@ -123,6 +123,10 @@ std::vector<Change> diff(const Snapshot& before, const Snapshot& after);
 class WorkDir {
  public:
   // host_path is trusted (the gateway made it); files written get owner_uid/owner_gid.
+  // kSharedOwner for both (an unprivileged gateway, which cannot chown): files and dirs stay
+  // the gateway's, made 0666/0777 so that the kernel can change them; the work dir itself
+  // (2770, the kernel's and the gateway group's) keeps everyone else out.
+  static constexpr uid_t kSharedOwner = static_cast<uid_t>(-1);
   static Result<WorkDir> open(const std::string& host_path, uid_t owner_uid, gid_t owner_gid);
 
   // The whole content of a regular file; "too_large" if it has more than max_bytes.
@@ -145,6 +149,7 @@ class WorkDir {
 
  private:
   WorkDir(UniqueFd root, uid_t uid, gid_t gid) : root_(std::move(root)), uid_(uid), gid_(gid) {}
+  bool shared() const { return uid_ == kSharedOwner; }
 
   Result<UniqueFd> open_beneath(const std::string& rel, int flags) const;
   Result<UniqueFd> make_parents(const std::string& dir) const;
