@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <cstdlib>
 #include <iostream>
 #include <optional>
@@ -344,6 +345,10 @@ Result<std::unique_ptr<kernel::KernelBackend>> split_privileges(
   if (o.state_dir.empty()) {
     const char* d = std::getenv("CELLGATE_STATE_DIR");
     o.state_dir = d != nullptr && *d != '\0' ? d : "/var/lib/cellgate";
+  }
+  o.state_dir = std::filesystem::absolute(o.state_dir).lexically_normal().string();
+  while (o.state_dir.size() > 1 && o.state_dir.back() == '/') {
+    o.state_dir.pop_back();
   }
   CELLGATE_TRY(prepare_state_dir(o.state_dir, user));
   if (o.audit_log.empty()) {
