@@ -213,7 +213,7 @@ Result<bool> mount_work_tmpfs(const std::string& work_dir, std::uint64_t bytes, 
     return false;  // already a mount point: a restarted kernel reuses it, files and all
   }
   CELLGATE_TRY(do_mount("cellgate-work", work_dir, "tmpfs", MS_NOSUID | MS_NODEV,
-                        std::string(access_gid ? "mode=2770" : "mode=0700") +
+                        std::string(access_gid ? "mode=0770" : "mode=0700") +
                             ",size=" + std::to_string(bytes) + ",uid=" + std::to_string(uid) +
                             ",gid=" + std::to_string(access_gid.value_or(gid))));
   return true;

@@ -2,14 +2,19 @@
 #include "cellgate/jail/userns.hpp"
 
 #include <fcntl.h>
+#include <pwd.h>
 #include <sched.h>
 #include <sys/mount.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include <cerrno>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "cellgate/unique_fd.hpp"
 
@@ -46,7 +51,106 @@ int threads_of_self() {
   return -1;
 }
 
+std::string user_name(uid_t uid) {
+  passwd pw{};
+  passwd* found = nullptr;
+  char buf[4096];
+  if (::getpwuid_r(uid, &pw, buf, sizeof buf, &found) == 0 && found != nullptr) {
+    return found->pw_name;
+  }
+  return "";
+}
+
+// Runs a program and waits for it; its exit status, or -1.
+int run_and_wait(const std::vector<std::string>& argv) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    std::vector<char*> args;
+    for (const auto& a : argv) {
+      args.push_back(const_cast<char*>(a.c_str()));
+    }
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  if (pid < 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) {
+    return -1;
+  }
+  return WEXITSTATUS(status);
+}
+
+constexpr const char* kNewUidMap = "/usr/bin/newuidmap";
+constexpr const char* kNewGidMap = "/usr/bin/newgidmap";
+
+// The subordinate ranges newuidmap and newgidmap would map for us, with the count both allow;
+// count 0 when there is none or the helpers are not installed.
+struct HelperMapping {
+  SubordinateRange uids;
+  SubordinateRange gids;
+  std::uint64_t count = 0;
+};
+
+HelperMapping helper_mapping(uid_t uid) {
+  HelperMapping m;
+  if (::access(kNewUidMap, X_OK) != 0 || ::access(kNewGidMap, X_OK) != 0) {
+    return m;
+  }
+  const std::string name = user_name(uid);
+  m.uids = find_subordinate_range(read_trimmed("/etc/subuid"), name, uid);
+  m.gids = find_subordinate_range(read_trimmed("/etc/subgid"), name, uid);
+  // Namespace ids 1..count; kept below 2^31 so that every id stays a plain positive number.
+  m.count = std::min<std::uint64_t>({m.uids.count, m.gids.count, 1u << 30});
+  return m;
+}
+
 }  // namespace
+
+SubordinateRange find_subordinate_range(const std::string& text, const std::string& name,
+                                        std::uint64_t id) {
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    const auto a = line.find(':');
+    const auto b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) {
+      continue;
+    }
+    const std::string who = line.substr(0, a);
+    if (who != name && who != std::to_string(id)) {
+      continue;
+    }
+    const std::string start = line.substr(a + 1, b - a - 1);
+    const std::string count = line.substr(b + 1);
+    auto digits = [](const std::string& v) {
+      return !v.empty() && v.size() < 12 && v.find_first_not_of("0123456789") == std::string::npos;
+    };
+    if (digits(start) && digits(count) && std::stoull(count) > 0) {
+      return {std::stoull(start), std::stoull(count)};
+    }
+  }
+  return {};
+}
+
+KernelUidRange kernel_uid_range_of_map(const std::string& uid_map) {
+  std::istringstream in(uid_map);
+  unsigned long long inside = 0, outside = 0, count = 0;
+  bool zero = false;
+  KernelUidRange range;
+  while (in >> inside >> outside >> count) {
+    zero = zero || (inside == 0 && count >= 1);
+    if (inside == 1 && count > 0 && count < (1ull << 31)) {
+      range = {1, static_cast<uid_t>(count)};
+    }
+  }
+  return zero ? range : KernelUidRange{};
+}
+
+KernelUidRange kernel_uid_range() {
+  if (::geteuid() != 0) {
+    return {};
+  }
+  return kernel_uid_range_of_map(read_trimmed("/proc/self/uid_map"));
+}
 
 std::string user_namespace_blocker(const std::string& proc_sys) {
   if (read_trimmed(proc_sys + "/kernel/unprivileged_userns_clone") == "0") {
@@ -92,21 +196,74 @@ Result<UserNamespace> enter_gateway_user_namespace() {
     return make_error(ErrorCode::kInternal, "userns",
                       "a user namespace can be entered only by a single-threaded process");
   }
-  if (::unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) {
-    const int err = errno;
+  // With a subordinate range, the setuid helpers write our maps from outside the namespace: a
+  // child forked before the unshare, told to go once it is made.
+  const HelperMapping helpers = helper_mapping(ns.outer_uid);
+  int go[2] = {-1, -1};
+  pid_t helper = -1;
+  if (helpers.count > 0 && ::pipe2(go, O_CLOEXEC) == 0) {
+    const pid_t gateway = ::getpid();
+    helper = ::fork();
+    if (helper == 0) {
+      ::close(go[1]);
+      char c = 0;
+      if (::read(go[0], &c, 1) != 1) {
+        ::_exit(1);  // the unshare failed
+      }
+      const std::string pid = std::to_string(gateway);
+      const std::string count = std::to_string(helpers.count);
+      if (run_and_wait({kNewUidMap, pid, "0", std::to_string(ns.outer_uid), "1", "1",
+                        std::to_string(helpers.uids.start), count}) != 0) {
+        ::_exit(2);
+      }
+      ::_exit(run_and_wait({kNewGidMap, pid, "0", std::to_string(ns.outer_gid), "1", "1",
+                            std::to_string(helpers.gids.start), count}) == 0
+                  ? 0
+                  : 3);
+    }
+    ::close(go[0]);
+  }
+  const bool unshared = ::unshare(CLONE_NEWUSER | CLONE_NEWNS) == 0;
+  const int unshare_errno = errno;
+  int helper_status = -1;
+  if (helper > 0) {
+    if (unshared) {
+      [[maybe_unused]] ssize_t n = ::write(go[1], "x", 1);
+    }
+    ::close(go[1]);
+    int status = 0;
+    if (::waitpid(helper, &status, 0) == helper && WIFEXITED(status)) {
+      helper_status = WEXITSTATUS(status);
+    }
+  }
+  if (!unshared) {
     Error e = errno_error(ErrorCode::kFailedPrecondition, "userns",
-                          "unshare(CLONE_NEWUSER|CLONE_NEWNS)", err);
+                          "unshare(CLONE_NEWUSER|CLONE_NEWNS)", unshare_errno);
     const std::string why = user_namespace_blocker();
     e.message = "rootless mode needs an unprivileged user namespace, and " +
                 (why.empty() ? e.message : why + " (" + e.message + ")") +
                 "; or run cellgate as root";
     return e;
   }
-  // user_namespaces(7): an unprivileged process maps only its own ids, and must deny setgroups
-  // before it may write a gid_map.
-  CELLGATE_TRY(write_proc("/proc/self/setgroups", "deny"));
-  CELLGATE_TRY(write_proc("/proc/self/uid_map", "0 " + std::to_string(ns.outer_uid) + " 1"));
-  CELLGATE_TRY(write_proc("/proc/self/gid_map", "0 " + std::to_string(ns.outer_gid) + " 1"));
+  std::string mapping_note;
+  if (helper_status == 0) {
+    ns.kernel_uid_count = static_cast<uid_t>(helpers.count);
+  } else {
+    if (helper > 0) {
+      if (!read_trimmed("/proc/self/uid_map").empty()) {
+        return make_error(ErrorCode::kFailedPrecondition, "userns",
+                          "newgidmap failed after newuidmap mapped our uids (see its message "
+                          "above); check the user's line in /etc/subgid");
+      }
+      mapping_note = "; newuidmap failed (see its message above), so only the user's own uid is "
+                     "mapped";
+    }
+    // user_namespaces(7): an unprivileged process maps only its own ids, and must deny setgroups
+    // before it may write a gid_map.
+    CELLGATE_TRY(write_proc("/proc/self/setgroups", "deny"));
+    CELLGATE_TRY(write_proc("/proc/self/uid_map", "0 " + std::to_string(ns.outer_uid) + " 1"));
+    CELLGATE_TRY(write_proc("/proc/self/gid_map", "0 " + std::to_string(ns.outer_gid) + " 1"));
+  }
   // Nothing mounted from here on is seen outside, and the capabilities of this namespace must
   // be real: under AppArmor's restriction the namespace is made but mounting fails.
   if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
@@ -119,9 +276,19 @@ Result<UserNamespace> enter_gateway_user_namespace() {
                        err);
   }
   ns.entered = true;
-  ns.summary = "rootless: uid " + std::to_string(ns.outer_uid) + " is root of the gateway's own "
-               "user namespace (kernels run as uid " + std::to_string(ns.outer_uid) +
-               " outside, every capability dropped); a private /run";
+  if (ns.kernel_uid_count > 0) {
+    ns.summary = "rootless: uid " + std::to_string(ns.outer_uid) + " is root of the gateway's "
+                 "own user namespace; kernels run as uids of its subordinate range (" +
+                 std::to_string(helpers.uids.start) + "-" +
+                 std::to_string(helpers.uids.start + helpers.count - 1) +
+                 " outside, from /etc/subuid through newuidmap), every capability dropped; a "
+                 "private /run";
+  } else {
+    ns.summary = "rootless: uid " + std::to_string(ns.outer_uid) + " is root of the gateway's "
+                 "own user namespace (kernels run as uid " + std::to_string(ns.outer_uid) +
+                 " outside, every capability dropped: no subordinate range in /etc/subuid with "
+                 "newuidmap installed" + mapping_note + "); a private /run";
+  }
   return ns;
 }
 

@@ -135,10 +135,10 @@ Result<Connection> prepare_connection(const std::string& connection_file, const 
     return make_error(ErrorCode::kFailedPrecondition, "conn_dir",
                       c.conn_dir + " must be a real directory that is not world-writable");
   }
-  // With an access group (an unprivileged gateway's) the sockets the kernel makes here take
-  // that group (setgid dir) and, with its umask 002, let the group connect.
-  if (::chown(c.conn_dir.c_str(), uid, access_gid.value_or(gid)) != 0 ||
-      ::chmod(c.conn_dir.c_str(), access_gid ? 02710 : 0700) != 0) {
+  // With an access group (an unprivileged gateway's, then also the kernel's gid) the group may
+  // enter, and the sockets the kernel makes here (umask 002) let it connect.
+  if (::chown(c.conn_dir.c_str(), uid, gid) != 0 ||
+      ::chmod(c.conn_dir.c_str(), access_gid ? 0710 : 0700) != 0) {
     return errno_error(ErrorCode::kInternal, "conn_dir", "chown('" + c.conn_dir + "')", errno);
   }
   if (c.rewritten_from_tcp) {
@@ -588,6 +588,14 @@ int run_jailed_mode(const LaunchOptions& options) {
     // Rootless (userns.hpp): the namespace maps one uid, 0, the user outside; kernels run as it.
     uid = 0;
     gid = 0;
+  } else if (const auto range = jail::kernel_uid_range(); range.count > 0 && !spec.uid) {
+    // Rootless with a subordinate range: a uid of it, chosen as kUidBase + pid is as root.
+    uid = range.first + static_cast<uid_t>(self) % range.count;
+    gid = spec.gid.value_or(static_cast<gid_t>(uid));
+  }
+  if (spec.access_gid) {
+    // Shared with an unprivileged gateway: what the kernel makes is that group's.
+    gid = *spec.access_gid;
   }
   const std::string name = spec.name.empty() ? "k" + std::to_string(self) : spec.name;
 
@@ -609,10 +617,16 @@ int run_jailed_mode(const LaunchOptions& options) {
       limits.pids = spec.pids;
       limits.cpus = spec.cpus;
       auto created = host->create(spec.cgroup_group, name, limits, spec.optional, &warnings);
-      if (!created) {
+      if (created) {
+        cgroup = std::move(created).value();
+      } else if (all_optional) {
+        // No cgroup of our own here (an ordinary user on cgroup v1): every limit it would hold
+        // was made optional by the operator.
+        warnings.push_back("no cgroup for this kernel, so no memory, pids or cpu limit: " +
+                           created.error().message);
+      } else {
         return fail(created.error().message);
       }
-      cgroup = std::move(created).value();
     }
   }
   for (const auto& w : warnings) {
@@ -629,8 +643,8 @@ int run_jailed_mode(const LaunchOptions& options) {
       std::cerr << "cellgate-kernel: warning: work dir not size-capped: "
                 << mounted.error().message << "\n";
     }
-    if (::chown(spec.work_dir.c_str(), uid, spec.access_gid.value_or(gid)) != 0 ||
-        (spec.access_gid && ::chmod(spec.work_dir.c_str(), 02770) != 0)) {
+    if (::chown(spec.work_dir.c_str(), uid, gid) != 0 ||
+        (spec.access_gid && ::chmod(spec.work_dir.c_str(), 0770) != 0)) {
       return fail(errno_error(ErrorCode::kInternal, "", "chown('" + spec.work_dir + "')", errno)
                       .message);
     }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `cellgate serve --user` (privilege separation), end to end as root: the process that speaks
 # HTTP runs as the given user with no capabilities and no_new_privs; kernels start in the root
-# broker and work as usual (state across cells, files both ways, interrupt, restart keeping the
+# broker (cold: no zygote, the path where ipykernel binds some sockets after it chmods the
+# connection dir) and work as usual (state across cells, files both ways, interrupt, restart keeping the
 # work dir, shutdown); on SIGTERM the broker ends too and leaves nothing behind. Wrong --user
 # uses are usage errors (exit 2) that name the problem. Exit 77 (skipped) when not root.
 set -uo pipefail
@@ -29,7 +30,7 @@ out=$("$BIN/cellgate" serve --port 0 --state-dir "$WORK/bad" --user 64000 --no-j
 
 STATE="$WORK/state"
 "$BIN/cellgate" serve --ip 127.0.0.1 --port 0 --state-dir "$STATE" --user 64001:64002 \
-  --token t --pool-size 1 > "$WORK/log" 2>&1 &
+  --token t --pool-size 1 --no-zygote > "$WORK/log" 2>&1 &
 pid=$!
 for _ in $(seq 1 200); do grep -q "listening on" "$WORK/log" && break; sleep 0.1; done
 URL=$(grep -o "listening on http://[0-9.:]*" "$WORK/log" | sed 's/listening on //')

@@ -58,5 +58,32 @@ TEST_F(Sysctls, NamesTheSettingThatForbidsUserNamespaces) {
             std::string::npos);
 }
 
+TEST(SubordinateRanges, TheFirstLineNamingTheUserByNameOrUid) {
+  const std::string subuid =
+      "alice:100000:65536\n"
+      "bob:165536:0\n"       // a zero count grants nothing
+      "bob:x:5\n"            // nor does a malformed line
+      "1001:231072:1000\n"
+      "bob:300000:4096\n";
+  EXPECT_EQ(find_subordinate_range(subuid, "alice", 1000).start, 100000u);
+  EXPECT_EQ(find_subordinate_range(subuid, "alice", 1000).count, 65536u);
+  EXPECT_EQ(find_subordinate_range(subuid, "carol", 1001).start, 231072u);  // by uid
+  EXPECT_EQ(find_subordinate_range(subuid, "bob", 1002).start, 300000u);
+  EXPECT_EQ(find_subordinate_range(subuid, "dave", 1003).count, 0u);
+  EXPECT_EQ(find_subordinate_range("", "alice", 1000).count, 0u);
+}
+
+TEST(SubordinateRanges, KernelUidsAreTheRangeMappedBesideTheGateway) {
+  // newuidmap's two lines: the user as 0, the subordinate range from 1.
+  auto r = kernel_uid_range_of_map("         0       1000          1\n"
+                                   "         1     100000      65536\n");
+  EXPECT_EQ(r.first, 1u);
+  EXPECT_EQ(r.count, 65536u);
+  // The single mapping and real root map no range for kernels.
+  EXPECT_EQ(kernel_uid_range_of_map("0 1000 1\n").count, 0u);
+  EXPECT_EQ(kernel_uid_range_of_map("0 0 4294967295\n").count, 0u);
+  EXPECT_EQ(kernel_uid_range_of_map("").count, 0u);
+}
+
 }  // namespace
 }  // namespace cellgate::jail

@@ -31,6 +31,13 @@ Error no_such_kernel(const std::string& id) {
 
 UidRangeOptions uid_options(const RegistryOptions& o) {
   UidRangeOptions u = o.uids;
+  if (const auto range = jail::kernel_uid_range(); range.count > 0) {
+    // Rootless with a subordinate range (jail/userns.hpp): the namespace's uids 1..count are
+    // all this gateway's (its /run, where the lease dir is, is its own).
+    u.base = range.first;
+    u.range_size = range.count;
+    u.ranges = 1;
+  }
   if (u.fallback_lease_dir.empty() && !o.state_dir.empty()) {
     u.fallback_lease_dir = o.state_dir + "/uid-ranges";
   }

@@ -77,7 +77,7 @@ Result<void> close_inherited_fds(int keep = -1);
 
 // Host side: a size-capped tmpfs on the host's work dir unless it already is a mount point.
 // Returns true when it mounted one. With an access gid (JailSpec::access_gid) its root is
-// uid:access_gid 2770, else uid:gid 0700.
+// uid:access_gid 0770, else uid:gid 0700.
 Result<bool> mount_work_tmpfs(const std::string& work_dir, std::uint64_t bytes, uid_t uid,
                               gid_t gid, std::optional<gid_t> access_gid = std::nullopt);
 // The staging directory for new roots (/run/cellgate/root), checked to be a root-owned real

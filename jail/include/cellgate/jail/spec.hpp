@@ -63,10 +63,12 @@ struct JailSpec {
 
   std::optional<uid_t> uid;  // default kUidBase + launcher pid
   std::optional<gid_t> gid;  // default = uid
-  // The group of an unprivileged gateway (serve --user): the kernel's connection dir (0710)
-  // and work dir (a 2770 tmpfs) get it, and the kernel's umask is 002, so that gateway can
-  // use the kernel's sockets and read and write its files without being root. It is not one
-  // of the kernel's own groups. nullopt: both stay the kernel's alone (0700).
+  // The group of an unprivileged gateway (serve --user): it becomes the kernel's gid (in place
+  // of `gid`), the kernel's connection dir (0710) and work dir (a 0770 tmpfs) are that group's,
+  // and the kernel's umask is 002, so that gateway can use the kernel's sockets and read and
+  // write its files without being root. Its supplementary groups stay empty. The kernels of one
+  // gateway share the gid (their uids and namespaces keep them apart). nullopt: the conn and work
+  // dirs stay the kernel's alone (0700).
   std::optional<gid_t> access_gid;
   std::string hostname = "jail";
   std::string name;  // the kernel's name, used for its cgroup; default "k<launcher pid>"
