@@ -61,7 +61,7 @@ class TestZygote {
     z->dir_ = pattern;
     z->socket_ = z->dir_ + "/z.sock";
     const std::string log = z->dir_ + "/zygote.log";
-    const std::string launcher = std::string(CELLGATE_BIN_DIR) + "/cellgate-kernel";
+    const std::string launcher = cellgate::jail::testing::bin_dir() + "/cellgate-kernel";
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) {
       return errno_error(ErrorCode::kInternal, "zygote", "pipe2()", errno);
@@ -194,7 +194,7 @@ Result<Jailed> start_jailed(jail::JailSpec spec, Mode mode = Mode::kCold) {
   CELLGATE_ASSIGN_OR_RETURN(KernelSpec ks, find_kernelspec("python3"));
   LaunchRequest req;
   req.spec = std::move(ks);
-  req.launcher_path = std::string(CELLGATE_BIN_DIR) + "/cellgate-kernel";
+  req.launcher_path = cellgate::jail::testing::bin_dir() + "/cellgate-kernel";
   req.die_with_parent = true;
   if (spec.cgroup_parent.empty()) {
     spec.cgroup_parent = cellgate::jail::testing::cgroup_parent();

@@ -10,4 +10,12 @@ namespace cellgate::jail::testing {
 
 const std::string& cgroup_parent();
 
+// True when the binary, started by an ordinary user, entered a user namespace of its own
+// (rootless mode) before main.
+bool rootless();
+
+// Where the launcher and the probes are: $CELLGATE_TEST_BIN_DIR (the guest copies them where a
+// non-root user can run them), else the build's bin dir.
+const std::string& bin_dir();
+
 }  // namespace cellgate::jail::testing

@@ -3,12 +3,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
 
 #include "cellgate/jail/cgroup.hpp"
+#include "cellgate/jail/userns.hpp"
 #include "placement.hpp"
 
 namespace cellgate::jail::testing {
@@ -17,10 +19,35 @@ namespace {
 std::string g_parent;
 std::string g_summary;
 
+// Not root: the binary does what a rootless gateway does (jail/README.md, "Rootless mode"),
+// before main, while it has one thread: places the kernels' cgroups as the user, then enters a
+// user namespace of its own, where it is root and every test runs as under real root.
+const bool g_rootless = [] {
+  if (::geteuid() == 0) {
+    return false;
+  }
+  CgroupPlacementRequest request;
+  request.leaf_name = "jail-tests";
+  if (auto placed = place_kernel_cgroups(request); placed) {
+    g_parent = placed->parent;
+    g_summary = placed->summary;
+    std::cerr << "jail tests: cgroups: " << g_summary << "\n";
+  } else {
+    std::cerr << "jail tests: kernels' cgroups not arranged: " << placed.error().message << "\n";
+  }
+  auto ns = enter_gateway_user_namespace();
+  if (!ns) {
+    std::cerr << "jail tests: not rootless: " << ns.error().message << "\n";
+    return false;
+  }
+  std::cerr << "jail tests: " << ns->summary << "\n";
+  return true;
+}();
+
 class PlacementEnvironment : public ::testing::Environment {
  public:
   void SetUp() override {
-    if (::geteuid() != 0) {
+    if (::geteuid() != 0 || g_rootless) {
       return;
     }
     CgroupPlacementRequest request;
@@ -71,5 +98,15 @@ TEST(CgroupPlacementReal, KernelsCgroupsGetEveryController) {
 }  // namespace
 
 const std::string& cgroup_parent() { return g_parent; }
+
+bool rootless() { return g_rootless; }
+
+const std::string& bin_dir() {
+  static const std::string dir = [] {
+    const char* env = std::getenv("CELLGATE_TEST_BIN_DIR");
+    return std::string(env != nullptr && *env != '\0' ? env : CELLGATE_BIN_DIR);
+  }();
+  return dir;
+}
 
 }  // namespace cellgate::jail::testing

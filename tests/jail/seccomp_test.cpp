@@ -44,7 +44,7 @@
 namespace cellgate::jail {
 namespace {
 
-constexpr const char* kProbe = CELLGATE_BIN_DIR "/cellgate_seccomp_probe";
+const std::string kProbe = cellgate::jail::testing::bin_dir() + "/cellgate_seccomp_probe";
 constexpr int kApplyFailedExit = 120;
 constexpr int kExecFailedExit = 121;
 constexpr auto kProbeDeadline = std::chrono::seconds(60);
@@ -163,7 +163,7 @@ ProbeRun run_probe(const std::vector<SeccompRow>* table, const char* mode = null
     return run;
   }
   // Built before fork: the child only calls apply_seccomp and async-signal-safe functions.
-  std::vector<char*> argv = {const_cast<char*>(kProbe)};
+  std::vector<char*> argv = {const_cast<char*>(kProbe.c_str())};
   if (mode != nullptr) {
     argv.push_back(const_cast<char*>(mode));
   }
@@ -200,7 +200,7 @@ ProbeRun run_probe(const std::vector<SeccompRow>* table, const char* mode = null
         _exit(kApplyFailedExit);
       }
     }
-    execve(kProbe, argv.data(), env.data());
+    execve(kProbe.c_str(), argv.data(), env.data());
     _exit(kExecFailedExit);
   }
   close(out[1]);
@@ -471,7 +471,7 @@ ProbeRun run_probe_in_jail() {
          << R"("cgroup_parent": ")" << testing::cgroup_parent() << R"("})";
   }
   const std::string out_path = dir + "/out";
-  const std::string command = std::string(CELLGATE_BIN_DIR) + "/cellgate-kernel --spec " +
+  const std::string command = cellgate::jail::testing::bin_dir() + "/cellgate-kernel --spec " +
                               spec_path + " -- /opt/cellgate/probe > " + out_path + " 2>&1";
   run.status = std::system(command.c_str());
   std::ifstream in(out_path);
