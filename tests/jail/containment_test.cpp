@@ -318,8 +318,14 @@ TEST_P(JailContainment, RunsAsAnUnprivilegedUidWithNoCapabilities) {
   long uid = 0, gid = 0;
   std::string groups, cap_eff, cap_bnd, nnp, seccomp;
   in >> uid >> gid >> groups >> cap_eff >> cap_bnd >> nnp >> seccomp;
-  EXPECT_GE(uid, 1000000) << out;
-  EXPECT_GE(gid, 1000000) << out;
+  if (cellgate::jail::testing::rootless()) {
+    // A uid of the user's subordinate range (namespace uids 1…count), or the user's own (0 of
+    // the namespace) without one; never the namespace's root with a capability (checked below).
+    EXPECT_GE(uid, 0) << out;
+  } else {
+    EXPECT_GE(uid, 1000000) << out;
+    EXPECT_GE(gid, 1000000) << out;
+  }
   EXPECT_EQ(groups, "[]") << out;
   EXPECT_EQ(cap_eff, "0000000000000000") << out;
   EXPECT_EQ(cap_bnd, "0000000000000000") << out;
@@ -369,8 +375,16 @@ TEST_P(JailContainment, SecretsInTheEnvironmentAreUnreadable) {
   if (GetParam() == Mode::kZygote) {
     // The zygote re-exec'd itself with an empty environment: every kernel copies its memory.
     ASSERT_NE(g_zygote, nullptr);
-    std::ifstream in("/proc/" + std::to_string(g_zygote->pid()) + "/environ");
-    ASSERT_TRUE(in) << "the zygote is gone: " << g_zygote->log();
+    const std::string path = "/proc/" + std::to_string(g_zygote->pid()) + "/environ";
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && errno == EACCES) {
+      // Another process's environ needs CAP_SYS_PTRACE unless it is dumpable: a container
+      // without it (docs/containers.md) cannot look; the kernel's own view was checked above.
+      GTEST_SKIP() << "cannot read the zygote's environ here (no CAP_SYS_PTRACE)";
+    }
+    ASSERT_GE(fd, 0) << "the zygote is gone: " << g_zygote->log();
+    ::close(fd);
+    std::ifstream in(path);
     const std::string environ((std::istreambuf_iterator<char>(in)), {});
     EXPECT_EQ(environ, "") << "the zygote kept an environment";
   }

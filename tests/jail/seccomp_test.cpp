@@ -493,8 +493,9 @@ TEST(SeccompProbe, EveryRowGivesItsErrnoInsideTheJail) {
 // Without the filter (as root, so permission checks pass) each denied probe must get something
 // other than the row's errno, or its passing above proves nothing.
 TEST(SeccompProbe, ProbesGetAnotherAnswerWithoutTheFilter) {
-  if (geteuid() != 0) {
-    GTEST_SKIP() << "needs root: unprivileged, many calls fail with EPERM anyway";
+  if (geteuid() != 0 || cellgate::jail::testing::rootless()) {
+    GTEST_SKIP() << "needs real root: unprivileged (or root of a user namespace only), many "
+                    "calls fail with EPERM anyway, so the comparison shows nothing";
   }
   if (already_filtered()) {
     GTEST_SKIP() << "this process already runs under a seccomp filter (a container?)";
