@@ -203,22 +203,24 @@ TEST_F(KernelClientTest, SigintInterruptsALoopAndStateSurvives) {
     done = true;
     cv.notify_all();
   };
-  kernel_.client->send(Channel::kShell, "execute_request", execute_content("while True: pass"),
+  kernel_.client->send(Channel::kShell, "execute_request",
+                       execute_content("print('looping', flush=True)\nwhile True: pass"),
                        std::move(h));
-  // ipykernel ignores SIGINT between cells: signal only once the cell is running (its
-  // execute_input is out), then a little later so the loop is entered.
+  // ipykernel ignores SIGINT between cells: signal only once the cell's own code runs (its
+  // first line printed; a fixed delay after execute_input was not enough on a loaded machine).
   {
     std::unique_lock lock(mu);
     ASSERT_TRUE(cv.wait_for(lock, 20s, [&] {
       for (const auto& [ch, msg] : collected.messages) {
-        if (msg.msg_type() == "execute_input") {
+        if (msg.msg_type() == "stream" && msg.content.value("text", "").find("looping") !=
+                                              std::string::npos) {
           return true;
         }
       }
       return done;
     })) << "the cell never started";
   }
-  std::this_thread::sleep_for(300ms);
+  std::this_thread::sleep_for(50ms);
   {
     std::lock_guard lock(mu);
     EXPECT_FALSE(done) << "the loop ended by itself";
