@@ -54,7 +54,12 @@ KernelRegistry::KernelRegistry(RegistryOptions options, kernel::KernelBackend& b
   if (options_.state_dir.empty()) {
     spdlog::error("kernel registry: no state dir configured; kernels cannot start");
   } else {
-    for (const char* sub : {"/kernels", options_.privilege_separated ? "/kernels" : "/run"}) {
+    // With a broker, run/ is the broker's (made before the split, not ours to make).
+    std::vector<std::string> subs = {"/kernels"};
+    if (!options_.privilege_separated) {
+      subs.emplace_back("/run");
+    }
+    for (const auto& sub : subs) {
       if (auto r = make_private_dirs(options_.state_dir + sub, "state_dir"); !r) {
         spdlog::error("{}", r.error().message);
       }
