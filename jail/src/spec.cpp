@@ -13,8 +13,9 @@ Error bad(const std::string& what) {
   return make_error(ErrorCode::kInvalidArgument, "bad_jail_spec", what);
 }
 
-// A name that is one path component of a cgroup and nothing more.
-bool plain_name(const std::string& s) {
+}  // namespace
+
+bool is_plain_name(const std::string& s) {
   if (s.empty() || s == "." || s == ".." || s.size() > 128) {
     return false;
   }
@@ -25,6 +26,8 @@ bool plain_name(const std::string& s) {
   }
   return true;
 }
+
+namespace {
 
 // A system bind is a plain absolute path ("/a/b": no "", "." or ".." components) outside what
 // the jail builds itself (/proc, /dev, /tmp, /run, /home) or names one by one (/etc), and
@@ -76,7 +79,7 @@ Result<void> JailSpec::validate() const {
                  "' (known: memory, swap, pids, cpu, work_size, landlock)");
     }
   }
-  if (!plain_name(cgroup_group)) {
+  if (!is_plain_name(cgroup_group)) {
     return bad("cgroup_group must be a plain name ([A-Za-z0-9_@-])");
   }
   if (!cgroup_parent.empty() &&
@@ -86,7 +89,7 @@ Result<void> JailSpec::validate() const {
        cgroup_parent.find('\0') != std::string::npos || cgroup_parent.find('\n') != std::string::npos)) {
     return bad("cgroup_parent must be an absolute cgroup path without '.' or '..' parts");
   }
-  if (!name.empty() && !plain_name(name)) {
+  if (!name.empty() && !is_plain_name(name)) {
     return bad("name must be a plain name ([A-Za-z0-9_@-])");
   }
   for (const auto& b : binds) {

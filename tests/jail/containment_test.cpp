@@ -24,6 +24,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cellgate/jail/userns.hpp"
 #include "cellgate/kernel/client.hpp"
 #include "cellgate/kernel/process.hpp"
 #include "placement.hpp"
@@ -319,9 +320,15 @@ TEST_P(JailContainment, RunsAsAnUnprivilegedUidWithNoCapabilities) {
   std::string groups, cap_eff, cap_bnd, nnp, seccomp;
   in >> uid >> gid >> groups >> cap_eff >> cap_bnd >> nnp >> seccomp;
   if (cellgate::jail::testing::rootless()) {
-    // A uid of the user's subordinate range (namespace uids 1…count), or the user's own (0 of
-    // the namespace) without one; never the namespace's root with a capability (checked below).
-    EXPECT_GE(uid, 0) << out;
+    // A uid of the user's subordinate range (namespace uids 1…count), or, without one, the
+    // user's own (namespace uid 0, with no capability: checked below).
+    if (jail::kernel_uid_range().count > 0) {
+      EXPECT_GE(uid, 1) << out;
+      EXPECT_GE(gid, 1) << out;
+    } else {
+      EXPECT_EQ(uid, 0) << out;
+      EXPECT_EQ(gid, 0) << out;
+    }
   } else {
     EXPECT_GE(uid, 1000000) << out;
     EXPECT_GE(gid, 1000000) << out;

@@ -1,6 +1,5 @@
 #include "cellgate/kernel/backend.hpp"
 
-#include "cellgate/kernel/client.hpp"
 #include "cellgate/kernel/process.hpp"
 
 namespace cellgate::kernel {
@@ -46,13 +45,6 @@ Result<std::unique_ptr<KernelProcessHandle>> ProcessBackend::launch(LaunchReques
 Result<std::unique_ptr<KernelProcessHandle>> ProcessBackend::adopt(const AdoptionFacts& facts) {
   CELLGATE_ASSIGN_OR_RETURN(auto process, KernelProcess::adopt(facts));
   return std::unique_ptr<KernelProcessHandle>(std::move(process));
-}
-
-Result<std::unique_ptr<KernelConnection>> ProcessBackend::connect(
-    const KernelProcessHandle& process, ClientOptions options) {
-  CELLGATE_ASSIGN_OR_RETURN(auto client,
-                            KernelClient::connect(process.connection(), std::move(options)));
-  return std::unique_ptr<KernelConnection>(std::move(client));
 }
 
 }  // namespace cellgate::kernel

@@ -8,6 +8,8 @@
 #include <mutex>
 #include <sstream>
 
+#include "cellgate/kernel/client.hpp"
+
 namespace cellgate::kernel {
 
 using nlohmann::json;
@@ -127,6 +129,13 @@ Result<Collected> KernelConnection::request(Channel channel, std::string_view ms
                           std::to_string(timeout.count()) + " ms");
   }
   return std::move(shared->collected);
+}
+
+Result<std::unique_ptr<KernelConnection>> KernelBackend::connect(const KernelProcessHandle& process,
+                                                                 ClientOptions options) {
+  CELLGATE_ASSIGN_OR_RETURN(auto client, KernelClient::connect(process.connection(),
+                                                               std::move(options)));
+  return std::unique_ptr<KernelConnection>(std::move(client));
 }
 
 void KernelBackend::end_work_dir(const std::string& kernel_id, const std::string& work_dir) {

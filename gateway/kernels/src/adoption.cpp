@@ -51,17 +51,7 @@ void KernelRegistry::adopt_kernels() {
   // Runtime dirs no adopted kernel uses: a start the previous gateway did not finish, or a
   // kernel whose record is gone. What ran there is ended through the cgroup its launcher
   // reported.
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(options_.state_dir + "/run", ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("cellgate-", 0) != 0 || !entry.is_directory(ec) ||
-        kept_runtime_dirs.count(entry.path().string()) != 0) {
-      continue;
-    }
-    end_cgroup_from_status(entry.path().string() + "/status");
-    remove_runtime_dir(entry.path().string());
-    ++cleaned;
-  }
+  cleaned += end_runtime_dirs(options_.state_dir + "/run", kept_runtime_dirs);
   stats_.adopted.add(adopted);
   stats_.cleaned_up.add(cleaned);
   if (adopted + cleaned > 0) {

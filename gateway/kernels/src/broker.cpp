@@ -20,10 +20,10 @@
 #include <thread>
 
 #include "cellgate/jail/cgroup.hpp"
-#include "cellgate/kernel/client.hpp"
 #include "cellgate/kernel/process.hpp"
 #include "cellgate/launcher/status.hpp"
 #include "cleanup.hpp"
+#include "kernel_jail.hpp"
 #include "kernelspecs.hpp"
 
 namespace cellgate::kernels {
@@ -88,7 +88,8 @@ Error refused(const std::string& message) {
   return make_error(ErrorCode::kInvalidArgument, "broker_refused", message);
 }
 
-bool plain_name(const std::string& s, std::size_t max) {
+// A connection-dir file's name: one path component, with dots ("cellgate_display.py").
+bool plain_file_name(const std::string& s, std::size_t max) {
   if (s.empty() || s.size() > max || s == "." || s == "..") {
     return false;
   }
@@ -269,7 +270,7 @@ class Broker {
       if (op == "release_work") {
         CELLGATE_TRY(only_fields(req, {"kernel_id"}));
         const auto kernel_id = req.at("kernel_id").get<std::string>();
-        if (!plain_name(kernel_id, 64)) {
+        if (!jail::is_plain_name(kernel_id)) {
           return refused("a kernel id is a plain name");
         }
         {
@@ -297,8 +298,9 @@ class Broker {
   Result<json> launch(const json& req) {
     CELLGATE_TRY(only_fields(req, {"kernel_id", "kernelspec", "uid", "env", "conn_files"}));
     const auto kernel_id = req.at("kernel_id").get<std::string>();
-    if (!plain_name(kernel_id, 64)) {
-      return refused("a kernel id is a plain name of at most 64 letters, digits, '-', '_', '.'");
+    // It names the kernel's cgroup ("k-<id>") and work dir: the jail's rule for such names.
+    if (!jail::is_plain_name(kernel_id)) {
+      return refused("a kernel id is a plain name of letters, digits, '-', '_' and '@'");
     }
     const auto uid = req.at("uid").get<uid_t>();
     if (uid == 0 || uid < policy_.first_uid || uid > policy_.last_uid) {
@@ -320,7 +322,7 @@ class Broker {
     std::map<std::string, std::string> conn_files;
     if (auto it = req.find("conn_files"); it != req.end()) {
       for (const auto& [name, content] : it->items()) {
-        if (!plain_name(name, 100) || name == "connection.json" || name == "kernel.json" ||
+        if (!plain_file_name(name, 100) || name == "connection.json" || name == "kernel.json" ||
             name == "host-connection.json") {
           return refused("connection-dir file '" + name + "' needs another plain name");
         }
@@ -388,15 +390,8 @@ class Broker {
     req.work_dir = work_dir;
     req.env = std::move(env);
     req.conn_files = std::move(conn_files);
-    jail::JailSpec jail = policy_.jail;
-    jail.uid = uid;
-    jail.gid = static_cast<gid_t>(uid);
-    jail.access_gid = policy_.access_gid;
-    jail.name = "k-" + kernel_id;
-    for (const auto& alias : policy_.work_dir_aliases) {
-      jail.binds.push_back({work_dir, alias, /*writable=*/true});
-    }
-    req.jail = std::move(jail);
+    req.jail = kernel_jail(policy_.jail, kernel_id, uid, work_dir, policy_.work_dir_aliases);
+    req.jail->access_gid = policy_.access_gid;  // the kernel's gid then (the launcher sees to it)
     return backend_.launch(std::move(req));
   }
 
@@ -414,16 +409,8 @@ class Broker {
   // What a previous broker on this state dir left: it ended with its gateway, so nothing here
   // is anyone's.
   void clean_up_left_behind() {
+    const std::size_t cleaned = end_runtime_dirs(policy_.state_dir + "/run");
     std::error_code ec;
-    std::size_t cleaned = 0;
-    for (const auto& entry : fs::directory_iterator(policy_.state_dir + "/run", ec)) {
-      const std::string name = entry.path().filename().string();
-      if (name.rfind("cellgate-", 0) == 0 && entry.is_directory(ec)) {
-        end_cgroup_from_status(entry.path().string() + "/status");
-        remove_runtime_dir(entry.path().string());
-        ++cleaned;
-      }
-    }
     for (const auto& entry : fs::directory_iterator(policy_.state_dir + "/work", ec)) {
       end_work(entry.path().filename().string());
     }
@@ -745,13 +732,6 @@ Result<std::unique_ptr<kernel::KernelProcessHandle>> BrokerBackend::launch(
   } catch (const json::exception& e) {
     return make_error(ErrorCode::kInternal, "broker", std::string("a bad launch reply: ") + e.what());
   }
-}
-
-Result<std::unique_ptr<kernel::KernelConnection>> BrokerBackend::connect(
-    const kernel::KernelProcessHandle& process, kernel::ClientOptions options) {
-  CELLGATE_ASSIGN_OR_RETURN(auto client,
-                            kernel::KernelClient::connect(process.connection(), std::move(options)));
-  return std::unique_ptr<kernel::KernelConnection>(std::move(client));
 }
 
 Result<std::unique_ptr<kernel::KernelProcessHandle>> BrokerBackend::adopt(

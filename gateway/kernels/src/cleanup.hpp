@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,26 @@ inline void remove_runtime_dir(const std::string& dir) {
   ::umount2((dir + "/work").c_str(), MNT_DETACH);
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
+}
+
+// Every runtime dir (cellgate-*) in `run_dir` but those in `keep`, with what still runs in the
+// cgroup its launcher reported: a start cut short, or a kernel nothing supervises any more.
+// Returns how many were removed.
+inline std::size_t end_runtime_dirs(const std::string& run_dir,
+                                    const std::set<std::string>& keep = {}) {
+  std::size_t ended = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(run_dir, ec)) {
+    const std::string path = entry.path().string();
+    if (entry.path().filename().string().rfind("cellgate-", 0) != 0 ||
+        !entry.is_directory(ec) || keep.count(path) != 0) {
+      continue;
+    }
+    end_cgroup_from_status(path + "/status");
+    remove_runtime_dir(path);
+    ++ended;
+  }
+  return ended;
 }
 
 }  // namespace cellgate::kernels

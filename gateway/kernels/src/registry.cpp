@@ -16,6 +16,7 @@
 #include "cellgate/kernels/display_formatters.hpp"
 #include "env.hpp"
 #include "kernelspecs.hpp"
+#include "kernel_jail.hpp"
 #include "records.hpp"
 
 namespace cellgate::kernels {
@@ -228,16 +229,8 @@ Result<ManagedKernel::Running> KernelRegistry::launch(const std::shared_ptr<Mana
     req.env[key] = value;
   }
   if (!options_.no_jail) {
-    jail::JailSpec spec = options_.jail;
-    if (k->uid() != 0) {  // 0: rootless, the launcher uses the namespace's one uid
-      spec.uid = k->uid();
-      spec.gid = static_cast<gid_t>(k->uid());
-    }
-    spec.name = "k-" + k->id();
-    for (const auto& alias : options_.work_dir_aliases) {
-      spec.binds.push_back({k->work_dir(), alias, /*writable=*/true});
-    }
-    req.jail = std::move(spec);
+    req.jail = kernel_jail(options_.jail, k->id(), k->uid(), k->work_dir(),
+                           options_.work_dir_aliases);
   }
   if (options_.display_formatters) {
     add_display_formatters(req);

@@ -24,8 +24,10 @@ Error bad_user(const std::string& message) {
   return make_error(ErrorCode::kInvalidArgument, "bad_user", message);
 }
 
+// A uid or gid: digits, below 2^32 - 1 ((uid_t)-1 means "unchanged" to the kernel).
 bool all_digits(const std::string& s) {
-  return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+  return !s.empty() && s.size() <= 10 && s.find_first_not_of("0123456789") == std::string::npos &&
+         std::stoull(s) < 0xffffffffull;
 }
 
 Result<void> make_dir(const std::string& path, mode_t mode) {

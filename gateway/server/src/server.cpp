@@ -354,10 +354,7 @@ Result<std::unique_ptr<kernel::KernelBackend>> split_privileges(
   if (o.audit_log.empty()) {
     o.audit_log = o.state_dir + "/audit/audit.log";  // rotated in a directory the gateway owns
   }
-  kernels::UidRangeOptions u;
-  u.base = o.kernel_uid_base;
-  u.range_size = o.kernel_uid_range_size;
-  u.ranges = o.kernel_uid_ranges;
+  kernels::UidRangeOptions u = registry_options(o).uids;
   u.fallback_lease_dir = o.state_dir + "/run/uid-ranges";
   lease.emplace(u);
   CELLGATE_TRY(lease->lease());

@@ -111,4 +111,8 @@ struct JailSpec {
   Result<void> validate() const;
 };
 
+// A name that is one path component of a cgroup and nothing more: 1-128 of [A-Za-z0-9_@-].
+// What JailSpec::validate() asks of `name` and `cgroup_group`.
+bool is_plain_name(const std::string& s);
+
 }  // namespace cellgate::jail

@@ -34,8 +34,6 @@ class ProcessBackend : public KernelBackend {
   // True once the zygote is ready; false at once without one (or once it failed for good).
   bool wait_fast(std::chrono::milliseconds timeout) override;
   Result<std::unique_ptr<KernelProcessHandle>> launch(LaunchRequest request) override;
-  Result<std::unique_ptr<KernelConnection>> connect(const KernelProcessHandle& process,
-                                                    ClientOptions options) override;
   Result<std::unique_ptr<KernelProcessHandle>> adopt(const AdoptionFacts& facts) override;
 
   // The zygote's handle (null without one, or before start()), for tests.

@@ -198,8 +198,9 @@ class KernelBackend {
   virtual bool wait_fast(std::chrono::milliseconds timeout) { return timeout.count() >= 0; }
   // Blocking: returns once the launcher reports the kernel started (or failed).
   virtual Result<std::unique_ptr<KernelProcessHandle>> launch(LaunchRequest request) = 0;
+  // Its channels: by default the ZeroMQ KernelClient on the process's connection info.
   virtual Result<std::unique_ptr<KernelConnection>> connect(const KernelProcessHandle& process,
-                                                            ClientOptions options) = 0;
+                                                            ClientOptions options);
   // Takes over a kernel a previous gateway started, whose launcher still runs (kNotFound when it
   // does not: gone, or its pid now names another process). The handle supervises it as one of
   // its own; ending the handle ends the kernel.

@@ -67,8 +67,6 @@ class BrokerBackend : public kernel::KernelBackend {
   // Sends the kernelspec's name, the kernel id, the jail's uid, the environment and the
   // connection-dir files; everything else in `request` is the broker's to decide.
   Result<std::unique_ptr<kernel::KernelProcessHandle>> launch(kernel::LaunchRequest request) override;
-  Result<std::unique_ptr<kernel::KernelConnection>> connect(const kernel::KernelProcessHandle& process,
-                                                            kernel::ClientOptions options) override;
   // Kernels are not adopted across gateways here: the broker ended them when its gateway went.
   Result<std::unique_ptr<kernel::KernelProcessHandle>> adopt(const kernel::AdoptionFacts& facts) override;
   void end_work_dir(const std::string& kernel_id, const std::string& work_dir) override;
