@@ -203,9 +203,12 @@ TEST_F(KernelClientTest, SigintInterruptsALoopAndStateSurvives) {
     done = true;
     cv.notify_all();
   };
-  kernel_.client->send(Channel::kShell, "execute_request",
-                       execute_content("print('looping', flush=True)\nwhile True: pass"),
-                       std::move(h));
+  // stop_on_error off, as the agent API sends it: with it on, ipykernel 6 aborts whatever shell
+  // request reaches it before its abort window closes, and on a loaded machine that was the next
+  // cell below (sent as soon as this one's reply arrived), which then printed nothing.
+  json loop = execute_content("print('looping', flush=True)\nwhile True: pass");
+  loop["stop_on_error"] = false;
+  kernel_.client->send(Channel::kShell, "execute_request", std::move(loop), std::move(h));
   // ipykernel ignores SIGINT between cells: signal only once the cell's own code runs (its
   // first line printed; a fixed delay after execute_input was not enough on a loaded machine).
   {
@@ -237,7 +240,10 @@ TEST_F(KernelClientTest, SigintInterruptsALoopAndStateSurvives) {
     }
   }
   EXPECT_EQ(ename, "KeyboardInterrupt");
-  EXPECT_EQ(stdout_of(run(*kernel_.client, "print(kept)")), "still here\n");
+  const auto next = run(*kernel_.client, "print(kept)");
+  ASSERT_TRUE(next.reply);
+  EXPECT_EQ(next.reply->content.value("status", ""), "ok");
+  EXPECT_EQ(stdout_of(next), "still here\n");
   EXPECT_TRUE(kernel_.client->is_alive());
 }
 
