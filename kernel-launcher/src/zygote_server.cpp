@@ -114,10 +114,84 @@ if "matplotlib" in sys.modules:
         import matplotlib_inline.backend_inline
     except ImportError:
         pass
+
+
+def _build_shell():
+    """The kernel's InteractiveShell, built here once instead of in every kernel (~15 ms and some
+    hundreds of copied pages each). Its history is in memory (no thread, no file) and its IPython
+    dir in the zygote's /tmp; a kernel adopts it in CellgateKernelApp.init_kernel and gives it what
+    depends on the kernel itself: its kernel, profile, history, home and environment."""
+    from IPython.core.history import HistoryManager
+    from IPython.core.interactiveshell import InteractiveShell
+    from ipykernel.compiler import XCachingCompiler
+    from ipykernel.zmqshell import ZMQInteractiveShell
+
+    def history_in_memory(self):
+        self.history_manager = HistoryManager(shell=self, parent=self, hist_file=":memory:")
+        self.configurables.append(self.history_manager)
+
+    init_history = InteractiveShell.init_history
+    InteractiveShell.init_history = history_in_memory
+    try:
+        return ZMQInteractiveShell.instance(ipython_dir="/tmp/ipython",
+                                            compiler_class=XCachingCompiler)
+    finally:
+        InteractiveShell.init_history = init_history
+
+
+def _adopt_shell(shell, app):
+    """What IPythonKernel would have passed the shell, and what the shell computed from the
+    zygote's state rather than the kernel's, as a shell built in the kernel has them."""
+    from IPython.utils.path import get_home_dir
+    from pickleshare import PickleShareDB
+    shell.kernel = app.kernel
+    shell.parent = app.kernel
+    shell.profile_dir = app.profile_dir
+    shell.ipython_dir = app.ipython_dir
+    shell.home_dir = get_home_dir()
+    shell.starting_dir = os.getcwd()
+    shell.init_environment()
+    shell.db = PickleShareDB(os.path.join(app.profile_dir.location, "db"))
+    shell.configurables.remove(shell.history_manager)
+    shell.init_history()  # the profile's history.sqlite and its saving thread, as usual
+    history = shell.history_manager
+    names = {"_ih": history.input_hist_parsed, "_oh": history.output_hist,
+             "_dh": history.dir_hist, "In": history.input_hist_parsed,
+             "Out": history.output_hist}
+    shell.user_ns_hidden.update(names)
+    shell.user_ns.update(names)
+
+
+_shell = None
+CellgateKernelApp = None  # defined below when the preload has ipykernel
+_parsed_argv = None  # the command line the prepared CellgateKernelApp instance has parsed
+
 if "ipykernel" in sys.modules:
     import ipykernel.kernelapp, ipykernel.ipkernel, ipykernel.zmqshell
     # What IPKernelApp.initialize() would still import in every kernel.
-    import faulthandler, IPython.core.completerlib
+    import faulthandler, IPython.core.completerlib, pickleshare
+
+    class CellgateKernelApp(ipykernel.kernelapp.IPKernelApp):
+        """IPKernelApp with two steps already done in the zygote: the command line parsed (by
+        prepare_kernel_app, for the next kernel) and the shell built (by _build_shell)."""
+
+        def parse_command_line(self, argv=None):
+            if _parsed_argv is None or list(argv or []) != _parsed_argv:
+                super().parse_command_line(argv)
+
+        def init_kernel(self):
+            global _shell
+            shell, _shell = _shell, None
+            if shell is not None and set(self.config) - {"IPKernelApp", type(self).__name__}:
+                # Configured beyond the app's own options (a profile's config file): the shell
+                # is built here, from that configuration.
+                type(shell).clear_instance()
+                shell = None
+            super().init_kernel()
+            if shell is not None and self.kernel.shell is shell:
+                _adopt_shell(shell, self)
+
+    _shell = _build_shell()
 os.environ.clear()
 
 if threading.active_count() != 1:
@@ -158,11 +232,30 @@ def start_kernel(args, env):
     # As `python -m ipykernel_launcher` would: the work dir first on sys.path, argv set.
     sys.path.insert(0, os.getcwd())
     sys.argv = ["ipykernel_launcher"] + list(args)
-    from ipykernel.kernelapp import IPKernelApp
-    extra = ["--matplotlib=inline"] if "matplotlib.pyplot" in sys.modules else []
-    app = IPKernelApp.instance()
-    app.initialize(list(args) + extra)
+    if CellgateKernelApp is None:
+        from ipykernel.kernelapp import IPKernelApp as app_class
+    else:
+        app_class = CellgateKernelApp
+    app = app_class.instance()
+    app.initialize(_kernel_argv(args))
     app.start()
+
+
+def _kernel_argv(args):
+    return list(args) + (["--matplotlib=inline"] if "matplotlib.pyplot" in sys.modules else [])
+
+
+def prepare_kernel_app(args):
+    """Run by the zygote after each fork: the next kernel with the same arguments finds its
+    command line parsed (~8 ms and ~1,000 copied pages less)."""
+    global _parsed_argv
+    argv = _kernel_argv(args)
+    if argv == _parsed_argv or CellgateKernelApp is None:
+        return
+    _parsed_argv = None
+    CellgateKernelApp.clear_instance()
+    CellgateKernelApp.instance().parse_command_line(argv)
+    _parsed_argv = argv
 )PY";
 
 void log_line(const std::string& text) {
@@ -348,6 +441,17 @@ Result<Request> parse_request(zygote_wire::Message message) {
   return r;
 }
 
+// A new reference to a Python list of the strings.
+PyObject* py_string_list(const std::vector<std::string>& strings) {
+  PyObject* list = PyList_New(0);
+  for (const auto& a : strings) {
+    PyObject* s = PyUnicode_FromString(a.c_str());
+    PyList_Append(list, s);
+    Py_DECREF(s);
+  }
+  return list;
+}
+
 [[noreturn]] void die_with(int fd, const std::string& message) {
   write_all(fd, "E" + message + "\n");
   ::_exit(127);
@@ -374,13 +478,8 @@ Result<Request> parse_request(zygote_wire::Message message) {
 
   PyObject* module = PyImport_AddModule("_cellgate_zygote");
   PyObject* start = module ? PyObject_GetAttrString(module, "start_kernel") : nullptr;
-  PyObject* args = PyList_New(0);
+  PyObject* args = py_string_list(r.args);
   PyObject* env = PyDict_New();
-  for (const auto& a : r.args) {
-    PyObject* s = PyUnicode_FromString(a.c_str());
-    PyList_Append(args, s);
-    Py_DECREF(s);
-  }
   for (const auto& [k, v] : r.env) {
     PyObject* s = PyUnicode_FromString(v.c_str());
     PyDict_SetItemString(env, k.c_str(), s);
@@ -487,6 +586,22 @@ Result<Request> parse_request(zygote_wire::Message message) {
   ::_exit(127);
 }
 
+// While the jail just cloned starts: the next kernel's command line parsed in advance (see
+// prepare_kernel_app in the preload). A failure is logged; that kernel then parses its own.
+void prepare_next_kernel(const std::vector<std::string>& args) {
+  PyObject* module = PyImport_AddModule("_cellgate_zygote");  // borrowed
+  PyObject* prepare = module ? PyObject_GetAttrString(module, "prepare_kernel_app") : nullptr;
+  PyObject* list = py_string_list(args);
+  PyObject* result = prepare ? PyObject_CallOneArg(prepare, list) : nullptr;
+  if (result == nullptr) {
+    log_line("preparing the next kernel's command line failed:");
+    PyErr_Print();
+  }
+  Py_XDECREF(result);
+  Py_DECREF(list);
+  Py_XDECREF(prepare);
+}
+
 // Clones the jail's pid 1 for one request and answers on `conn`.
 void serve(int conn, int listen_fd, int signal_fd, int reaper_fd) {
   timeval tv{2, 0};
@@ -532,7 +647,9 @@ void serve(int conn, int listen_fd, int signal_fd, int reaper_fd) {
   if (!sent) {
     ::kill(static_cast<pid_t>(pid), SIGKILL);  // nobody supervises it: it must not run
     log_line("reply lost: " + sent.error().message);
+    return;
   }
+  prepare_next_kernel(r.args);
 }
 
 }  // namespace

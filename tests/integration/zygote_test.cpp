@@ -254,5 +254,45 @@ TEST_F(ZygoteGatewayTest, ADeadPooledKernelIsReplacedFromTheZygote) {
   EXPECT_EQ(zygote_pid(), zygote) << "the zygote was replaced meanwhile";
 }
 
+// The zygote builds the InteractiveShell and parses the kernel's command line ahead of the fork
+// (kernel-launcher/src/zygote_server.cpp): a kernel forked that way has its own shell state, and
+// a profile's configuration still reaches a shell (a restarted kernel builds its own then).
+TEST_F(ZygoteGatewayTest, AForkedKernelsShellIsItsOwnAndAProfileConfigReachesIt) {
+  KernelRegistry& km = make_manager(0);
+  ASSERT_TRUE(wait_until([&] { return zygotes_ready() == 1; }, kFillTimeout))
+      << read_file(km.state_dir() + "/zygote.log");
+  // The first start parses its command line itself; the second finds it parsed.
+  auto first = km.start("python3", json{{"KERNEL_N", "1"}});
+  ASSERT_TRUE(first) << first.error().describe();
+  auto second = km.start("python3", json{{"KERNEL_N", "2"}});
+  ASSERT_TRUE(second) << second.error().describe();
+  const std::string state =
+      "import os, pathlib, sys\n"
+      "ip = get_ipython()\n"
+      "print(ip.kernel is not None and ip.parent is ip.kernel,\n"
+      "      _dh == [pathlib.Path.cwd()], ip.starting_dir == os.getcwd(),\n"
+      "      str(ip.history_manager.hist_file).startswith(ip.profile_dir.location + '/'),\n"
+      "      ip.history_manager.save_thread is not None, ip.db.root.is_dir(),\n"
+      "      os.environ.get('PAGER'), os.environ['KERNEL_N'], 'pandas' in sys.modules)\n";
+  EXPECT_EQ(output_of(km, first->id, state), "True True True True True True cat 1 True\n");
+  EXPECT_EQ(output_of(km, second->id, state), "True True True True True True cat 2 True\n");
+  EXPECT_EQ(output_of(km, second->id, "x = 6 * 7"), "");
+  EXPECT_EQ(output_of(km, second->id, "print(In[-2], Out.get(1), len(In))"), "x = 6 * 7 None 4\n");
+  EXPECT_EQ(output_of(km, first->id, "print('x' in dir(), len(In))"), "False 3\n");
+
+  EXPECT_EQ(output_of(km, second->id, "print(get_ipython().ast_node_interactivity)"),
+            "last_expr\n");
+  EXPECT_EQ(output_of(km, second->id,
+                      "import os\n"
+                      "p = os.path.join(get_ipython().profile_dir.location, "
+                      "'ipython_kernel_config.py')\n"
+                      "open(p, 'w').write(\"c.InteractiveShell.ast_node_interactivity = 'all'\\n\")"),
+            "");
+  auto restarted = km.restart(second->id);
+  ASSERT_TRUE(restarted) << restarted.error().describe();
+  EXPECT_EQ(output_of(km, second->id, "print(get_ipython().ast_node_interactivity)"), "all\n");
+  EXPECT_EQ(output_of(km, second->id, kPandasPreloaded), "True\n") << "restarted cold";
+}
+
 }  // namespace
 }  // namespace cellgate::kernels
