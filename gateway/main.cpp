@@ -104,6 +104,10 @@ int main(int argc, char** argv) {
                         "ready kernels kept per pooled kernelspec, claimed by new kernels that "
                         "ask for no env (0: off; they count towards --max-kernels)")
       ->envname("CELLGATE_POOL_SIZE")->check(CLI::NonNegativeNumber)->capture_default_str();
+  serve_cmd->add_option("--pool-parallel", serve.pool_parallel,
+                        "pool kernels started at once to refill it, at most (0: one per CPU; "
+                        "one fewer for each client start in flight, never below 1)")
+      ->envname("CELLGATE_POOL_PARALLEL")->check(CLI::NonNegativeNumber)->capture_default_str();
   serve_cmd->add_option("--pool-kernel", serve.pool_kernels,
                         "a kernelspec to pool (repeat; default: the default kernelspec)");
   serve.zygote = true;  // off in ServeOptions, like the pool

@@ -2,12 +2,14 @@
 // filter, state records, interrupts, restarts and deaths, the warm pool, culling on a clock the
 // test moves, and the WebSocket bridge's routing. No root, no Python, no ZeroMQ.
 #include <gtest/gtest.h>
+
 #include <stdlib.h>
 #include <sys/stat.h>
 
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <mutex>
 #include <thread>
 
@@ -533,6 +535,35 @@ TEST_F(KernelsTest, PooledKernelsMakeRoomUnderMaxKernels) {
   // The pool stays empty: no room.
   std::this_thread::sleep_for(50ms);
   EXPECT_EQ(fake_.launches(), 4);
+}
+
+TEST_F(KernelsTest, PoolRefillsInParallelUpToItsBudget) {
+  options_.pool_size = 4;
+  options_.pool_parallel = 3;
+  fake_.set_launch_delay(150ms);
+  registry().start();
+  ASSERT_TRUE(eventually([&] { return registry().pool_ready("python3") == 4; }, 5s));
+  EXPECT_EQ(fake_.most_concurrent_launches(), 3);
+  EXPECT_EQ(fake_.launches(), 4);
+}
+
+TEST_F(KernelsTest, PoolStartsGiveWayToClientStarts) {
+  options_.pool_size = 3;
+  options_.pool_parallel = 2;
+  registry().start();
+  ASSERT_TRUE(eventually([&] { return registry().pool_ready("python3") == 3; }));
+  fake_.set_launch_delay(400ms);
+  fake_.reset_most_concurrent_launches();
+  // A client start in flight (env: not from the pool) leaves the pool one start at a time.
+  auto client = std::async(std::launch::async,
+                           [&] { return registry().start("python3", json{{"KERNEL_X", "1"}}); });
+  ASSERT_TRUE(eventually([&] { return fake_.launches() == 4; }));
+  ASSERT_TRUE(registry().start("python3", json::object()).ok());  // two claims: two refills
+  ASSERT_TRUE(registry().start("python3", json::object()).ok());
+  ASSERT_TRUE(client.get().ok());
+  ASSERT_TRUE(eventually([&] { return registry().pool_ready("python3") == 3; }, 5s));
+  EXPECT_EQ(fake_.launches(), 6);
+  EXPECT_EQ(fake_.most_concurrent_launches(), 2);  // the client's and one pool start
 }
 
 TEST_F(KernelsTest, PoolWaitsForFastLaunchesUnlessTheyWillNeverBe) {

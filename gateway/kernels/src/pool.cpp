@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <thread>
 
 #include "cellgate/kernels/registry.hpp"
 #include "kernelspecs.hpp"
@@ -30,6 +31,18 @@ std::size_t KernelRegistry::pool_total_locked() const {
     n += starting;
   }
   return n;
+}
+
+std::size_t KernelRegistry::pool_parallel() const {
+  if (options_.pool_parallel > 0) {
+    return static_cast<std::size_t>(options_.pool_parallel);
+  }
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+std::size_t KernelRegistry::pool_budget_locked() const {
+  const std::size_t most = pool_parallel();
+  return most > pending_ ? most - pending_ : 1;
 }
 
 std::size_t KernelRegistry::pool_ready(const std::string& name) const {
@@ -201,8 +214,6 @@ void KernelRegistry::reap_dead_pooled() {
 void KernelRegistry::pool_loop() {
   constexpr auto kFirstBackoff = std::chrono::seconds(1);
   constexpr auto kMaxBackoff = std::chrono::seconds(60);
-  std::map<std::string, Clock::time_point> retry_at;
-  std::map<std::string, Clock::duration> backoff;
   // Pool kernels forked from the zygote share its pages; cold ones would each hold their own.
   // So the first fill waits a while for launches to become fast (the zygote's preload).
   // wait_fast answers false at once when launches will never be fast (no zygote, or it failed
@@ -235,9 +246,14 @@ void KernelRegistry::pool_loop() {
         return;
       }
       const auto now = Clock::now();
-      if (kernels_.size() + pending_ + pool_total_locked() < options_.max_kernels) {
+      std::size_t starting = 0;
+      for (const auto& [n, count] : pool_starting_) {
+        starting += count;
+      }
+      if (kernels_.size() + pending_ + pool_total_locked() < options_.max_kernels &&
+          starting < pool_budget_locked()) {
         for (const auto& n : pool_names_) {
-          if (now >= retry_at[n] &&
+          if (now >= pool_retry_at_[n] &&
               pool_[n].size() + pool_starting_[n] < static_cast<std::size_t>(options_.pool_size)) {
             name = n;
             ++pool_starting_[n];
@@ -250,15 +266,16 @@ void KernelRegistry::pool_loop() {
         continue;
       }
     }
-    // One start at a time: a refill never competes with more than one client start for CPU.
-    if (refill(name)) {
-      backoff.erase(name);
-      retry_at.erase(name);
+    const bool started = refill(name);
+    std::lock_guard lock(mu_);  // the backoff is shared by the fillers
+    if (started) {
+      pool_backoff_.erase(name);
+      pool_retry_at_.erase(name);
     } else {
-      auto& b = backoff[name];
+      auto& b = pool_backoff_[name];
       b = b == Clock::duration::zero() ? Clock::duration(kFirstBackoff)
                                        : std::min<Clock::duration>(b * 2, kMaxBackoff);
-      retry_at[name] = Clock::now() + b;
+      pool_retry_at_[name] = Clock::now() + b;
       spdlog::warn("kernel pool: next '{}' start in {} s", name,
                    std::chrono::duration_cast<std::chrono::seconds>(b).count());
     }
@@ -280,8 +297,10 @@ void KernelRegistry::stop_pool() {
     pool_stopping_ = true;
   }
   pool_cv_.notify_all();
-  if (pool_thread_.joinable() && pool_thread_.get_id() != std::this_thread::get_id()) {
-    pool_thread_.join();  // waits for a start in flight
+  for (auto& t : pool_threads_) {
+    if (t.joinable() && t.get_id() != std::this_thread::get_id()) {
+      t.join();  // waits for a start in flight
+    }
   }
   std::vector<std::shared_ptr<ManagedKernel>> ready;
   {

@@ -137,8 +137,10 @@ void KernelRegistry::start() {
   if (!monitor_.joinable()) {
     monitor_ = std::thread([this] { monitor_loop(); });
   }
-  if (!pool_names_.empty() && !pool_thread_.joinable()) {
-    pool_thread_ = std::thread([this] { pool_loop(); });
+  if (!pool_names_.empty() && pool_threads_.empty()) {
+    for (std::size_t i = 0; i < pool_parallel(); ++i) {
+      pool_threads_.emplace_back([this] { pool_loop(); });
+    }
   }
 }
 
@@ -336,6 +338,7 @@ Result<KernelModel> KernelRegistry::start(const std::string& name, const json& e
       kernels_[k->id()] = k;
     }
   }
+  pool_cv_.notify_all();  // one client start fewer: the pool may start one more at once
   if (!launched) {
     stats_.start_failures.add();
     discard(k);

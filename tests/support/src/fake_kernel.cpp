@@ -1,5 +1,6 @@
 #include "cellgate/testing/fake_kernel.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -966,6 +967,7 @@ Result<std::unique_ptr<kernel::KernelProcessHandle>> FakeBackend::launch(
   {
     std::lock_guard lock(mu_);
     ++launches_;
+    most_launching_ = std::max(most_launching_, ++launching_);
     delay = launch_delay_;
   }
   if (delay.count() > 0) {
@@ -974,6 +976,7 @@ Result<std::unique_ptr<kernel::KernelProcessHandle>> FakeBackend::launch(
   std::shared_ptr<FakeKernel> k;
   {
     std::lock_guard lock(mu_);
+    --launching_;
     if (fail_count_ > 0) {
       --fail_count_;
       return make_error(ErrorCode::kInternal, "kernel_start_failed", fail_message_);
@@ -1042,6 +1045,16 @@ void FakeBackend::set_responder(Responder responder) {
 int FakeBackend::launches() const {
   std::lock_guard lock(mu_);
   return launches_;
+}
+
+int FakeBackend::most_concurrent_launches() const {
+  std::lock_guard lock(mu_);
+  return most_launching_;
+}
+
+void FakeBackend::reset_most_concurrent_launches() {
+  std::lock_guard lock(mu_);
+  most_launching_ = launching_;
 }
 
 int FakeBackend::connects() const {

@@ -17,7 +17,7 @@
 // managed_kernel.cpp (one kernel's state machine and its listeners), uid_allocator.cpp (the
 // gateway's kernel uid range, leased host-wide; no uid handed out while a process runs as it).
 //
-// The warm pool (pool_size, pool_kernels): per pooled kernelspec, a thread keeps that many
+// The warm pool (pool_size, pool_kernels): per pooled kernelspec, filler threads keep that many
 // kernels fully started (kernel_info answered, one silent cell run) but invisible to clients.
 // start() with no client env claims one at once; it is then an ordinary kernel and never goes
 // back. A pooled kernel that dies is dropped and replaced, never restarted; ready ones are given
@@ -81,6 +81,9 @@ struct RegistryOptions {
   std::size_t max_kernel_message_bytes = 64u << 20;
   bool no_jail = false;                   // run kernels unjailed (explicit only)
   int pool_size = 0;                      // ready kernels per pooled kernelspec (0: off)
+  // Pool starts at once, at most (0: one per CPU); fewer while clients' starts are in flight, so
+  // a refill after a burst takes the idle CPUs and never more than one from a client start.
+  int pool_parallel = 0;
   std::vector<std::string> pool_kernels;  // kernelspecs pooled; empty: the default one
   jail::JailSpec jail;                    // limits for every kernel
   // ipykernels load cellgate's display formatters (a figure's chart, a DataFrame's data, PIL's
@@ -197,6 +200,10 @@ class KernelRegistry {
   std::vector<std::shared_ptr<ManagedKernel>> evict_pooled_locked();
   std::size_t pool_total_locked() const;
   void pool_loop();
+  std::size_t pool_parallel() const;  // options_.pool_parallel, or the CPUs
+  // Pool starts allowed at once now: pool_parallel() less the client starts in flight, at
+  // least 1; mu_ held.
+  std::size_t pool_budget_locked() const;
   // Starts one kernel for the pool of `name`; false when it failed.
   bool refill(const std::string& name);
   void reap_dead_pooled();
@@ -223,6 +230,9 @@ class KernelRegistry {
   // The warm pool, under mu_: ready kernels per kernelspec name (oldest first), starts in flight.
   std::map<std::string, std::vector<std::shared_ptr<ManagedKernel>>> pool_;
   std::map<std::string, std::size_t> pool_starting_;
+  // After a failed start, no start of that kernelspec before retry_at (the backoff doubles).
+  std::map<std::string, util::Clock::time_point> pool_retry_at_;
+  std::map<std::string, util::Clock::duration> pool_backoff_;
   std::condition_variable pool_cv_;  // with mu_; wakes pool_loop: a claim, a death, stopping
   bool pool_stopping_ = false;       // under mu_: no more refills
 
@@ -232,7 +242,7 @@ class KernelRegistry {
   std::mutex pass_mu_;                   // one monitor pass at a time
   util::Clock::time_point next_cull_{};  // under pass_mu_
   std::thread monitor_;
-  std::thread pool_thread_;
+  std::vector<std::thread> pool_threads_;  // the fillers, pool_parallel of them
 };
 
 }  // namespace cellgate::kernels

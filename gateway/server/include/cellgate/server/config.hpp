@@ -61,6 +61,7 @@ struct ServeOptions {
   // code and tests start nothing unasked; `cellgate serve` defaults to 2 (gateway/main.cpp).
   int pool_size = 0;
   std::vector<std::string> pool_kernels;  // kernelspecs pooled; empty: the default one
+  int pool_parallel = 0;  // pool starts at once, at most (0: one per CPU; RegistryOptions)
   // The zygote (fork server) python3 ipykernels are started from, jailed kernels only. Off here
   // for the same reason as the pool; `cellgate serve` turns it on (gateway/main.cpp).
   bool zygote = false;

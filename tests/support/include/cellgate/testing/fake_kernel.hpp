@@ -246,6 +246,9 @@ class FakeBackend : public kernel::KernelBackend {
 
   // ---- what happened ----
   int launches() const;  // launch() calls, failed ones included
+  // The most launch() calls in progress at once (with a launch delay), since the last reset.
+  int most_concurrent_launches() const;
+  void reset_most_concurrent_launches();
   int connects() const;
   int ticks() const;
   bool started() const;
@@ -261,6 +264,8 @@ class FakeBackend : public kernel::KernelBackend {
   Responder responder_;
   std::vector<std::shared_ptr<FakeKernel>> kernels_;
   int launches_ = 0;
+  int launching_ = 0;
+  int most_launching_ = 0;
   int connects_ = 0;
   int ticks_ = 0;
   bool started_ = false;
