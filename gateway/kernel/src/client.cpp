@@ -2,9 +2,11 @@
 
 #include <spdlog/spdlog.h>
 
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <condition_variable>
@@ -222,51 +224,179 @@ struct KernelClient::Impl {
 
   // ---- the loop ----
 
-  void run() {
-    std::vector<zmq::pollitem_t> items(7);
-    for (;;) {
-      items[0] = {shell.handle(), 0, ZMQ_POLLIN, 0};
-      items[1] = {control.handle(), 0, ZMQ_POLLIN, 0};
-      items[2] = {stdin_sock.handle(), 0, ZMQ_POLLIN, 0};
-      items[3] = {iopub.handle(), 0, ZMQ_POLLIN, 0};
-      items[4] = {hb.handle(), 0, ZMQ_POLLIN, 0};
-      items[5] = {nullptr, wake_fd.get(), ZMQ_POLLIN, 0};
-      items[6] = {iopub_monitor.handle(), 0, ZMQ_POLLIN, 0};
-      auto timeout = heartbeat_tick();
-      if (awaiting_idle() && (timeout.count() < 0 || timeout > kIdleCheck)) {
-        timeout = kIdleCheck;
+  // The loop waits in epoll on each socket's ZMQ_FD and the wake fd, not in zmq::poll: zmq::poll
+  // asks every socket for its events before and after it sleeps, and each ask is a poll and a
+  // getpid system call (libzmq's mailbox check), ~14 per wakeup for six sockets. Here a socket
+  // is asked only when its fd fired, or after something that may have taken its notification
+  // without reading its messages: a send on it, or the socket being new. A socket read until
+  // EAGAIN signals its fd again when more arrives.
+  enum Sock : std::size_t { kShellSock, kControlSock, kStdinSock, kIopubSock, kHbSock, kMonitorSock,
+                            kSockCount };
+
+  zmq::socket_t& sock(std::size_t i) {
+    switch (i) {
+      case kShellSock:
+        return shell;
+      case kControlSock:
+        return control;
+      case kStdinSock:
+        return stdin_sock;
+      case kIopubSock:
+        return iopub;
+      case kHbSock:
+        return hb;
+      default:
+        return iopub_monitor;
+    }
+  }
+
+  static std::size_t sock_of(Channel channel) {
+    switch (channel) {
+      case Channel::kShell:
+        return kShellSock;
+      case Channel::kControl:
+        return kControlSock;
+      case Channel::kStdin:
+        return kStdinSock;
+      case Channel::kIopub:
+        return kIopubSock;
+      case Channel::kHeartbeat:
+        return kHbSock;
+    }
+    return kShellSock;
+  }
+
+  // Keeps the epoll set on the current sockets (iopub and its monitor are replaced on a cut).
+  // Returns false when the context is gone.
+  bool sync_epoll(int ep, std::array<void*, kSockCount>& registered, std::array<int, kSockCount>& fds,
+                  std::array<bool, kSockCount>& dirty) {
+    for (std::size_t i = 0; i < kSockCount; ++i) {
+      void* handle = sock(i).handle();
+      if (handle == registered[i]) {
+        continue;
+      }
+      if (fds[i] >= 0) {
+        ::epoll_ctl(ep, EPOLL_CTL_DEL, fds[i], nullptr);  // gone already if libzmq closed it
+        fds[i] = -1;
+      }
+      registered[i] = handle;
+      dirty[i] = true;
+      if (handle == nullptr) {
+        continue;
       }
       try {
-        zmq::poll(items.data(), items.size(), timeout);
-      } catch (const zmq::error_t& e) {
-        if (e.num() == EINTR) {
-          continue;
+        fds[i] = sock(i).get(zmq::sockopt::fd);
+      } catch (const zmq::error_t&) {
+        return false;
+      }
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.u64 = i;
+      if (::epoll_ctl(ep, EPOLL_CTL_ADD, fds[i], &ev) != 0) {
+        spdlog::warn("kernel client: epoll_ctl(ADD) failed: {}", std::strerror(errno));
+      }
+    }
+    return true;
+  }
+
+  bool readable(std::size_t i) {
+    if (sock(i).handle() == nullptr) {
+      return false;
+    }
+    return (sock(i).get(zmq::sockopt::events) & ZMQ_POLLIN) != 0;
+  }
+
+  void run() {
+    UniqueFd ep(::epoll_create1(EPOLL_CLOEXEC));
+    if (ep.get() < 0) {
+      spdlog::error("kernel client: epoll_create1 failed: {}", std::strerror(errno));
+      end_all(RequestEnd::kCancelled);
+      return;
+    }
+    {
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.u64 = kSockCount;
+      ::epoll_ctl(ep.get(), EPOLL_CTL_ADD, wake_fd.get(), &ev);
+    }
+    std::array<void*, kSockCount> registered{};
+    std::array<int, kSockCount> fds;
+    fds.fill(-1);
+    std::array<bool, kSockCount> dirty{};
+    std::array<epoll_event, kSockCount + 1> events{};
+    try {
+      for (;;) {
+        if (!sync_epoll(ep.get(), registered, fds, dirty)) {
+          break;
         }
-        break;  // the context is gone; nothing more can be done on these sockets
+        const bool hb_was_outstanding = hb_outstanding;
+        auto timeout = heartbeat_tick();
+        if (hb_outstanding && !hb_was_outstanding) {
+          dirty[kHbSock] = true;  // the ping's send may have taken the reply's notification
+        }
+        if (awaiting_idle() && (timeout.count() < 0 || timeout > kIdleCheck)) {
+          timeout = kIdleCheck;
+        }
+        std::array<bool, kSockCount> ready{};
+        bool any = false;
+        for (std::size_t i = 0; i < kSockCount; ++i) {
+          if (dirty[i]) {
+            dirty[i] = false;
+            ready[i] = readable(i);
+            any = any || ready[i];
+          }
+        }
+        const int n = ::epoll_wait(ep.get(), events.data(), static_cast<int>(events.size()),
+                                   any ? 0 : static_cast<int>(timeout.count()));
+        if (n < 0 && errno != EINTR) {
+          spdlog::error("kernel client: epoll_wait failed: {}", std::strerror(errno));
+          break;
+        }
+        for (int e = 0; e < n; ++e) {
+          const std::size_t i = events[e].data.u64;
+          if (i == kSockCount) {
+            uint64_t value = 0;
+            [[maybe_unused]] ssize_t got = ::read(wake_fd.get(), &value, sizeof value);
+          } else if (!ready[i]) {
+            ready[i] = readable(i);  // also takes the notification that fired the fd
+          }
+        }
+        if (!drain_outgoing(dirty)) {
+          break;
+        }
+        if (ready[kMonitorSock]) {
+          drain_iopub_monitor();
+        }
+        if (ready[kShellSock]) {
+          drain(shell, Channel::kShell);
+        }
+        if (ready[kControlSock]) {
+          drain(control, Channel::kControl);
+        }
+        if (ready[kStdinSock]) {
+          drain(stdin_sock, Channel::kStdin);
+        }
+        if (ready[kIopubSock] || reopen_iopub_pending) {
+          drain(iopub, Channel::kIopub);
+        }
+        if (reopen_iopub_pending) {
+          reopen_iopub();  // what the old socket still held was taken just above
+        }
+        if (ready[kHbSock]) {
+          drain_heartbeat();
+        }
+        complete_lost_idles();
       }
-      if ((items[5].revents & ZMQ_POLLIN) != 0) {
-        uint64_t value = 0;
-        [[maybe_unused]] ssize_t n = ::read(wake_fd.get(), &value, sizeof value);
-      }
-      if (!drain_outgoing()) {
-        break;
-      }
-      drain_iopub_monitor();
-      drain(shell, Channel::kShell);
-      drain(control, Channel::kControl);
-      drain(stdin_sock, Channel::kStdin);
-      drain(iopub, Channel::kIopub);
-      if (reopen_iopub_pending) {
-        reopen_iopub();  // what the old socket still held was taken just above
-      }
-      drain_heartbeat();
-      complete_lost_idles();
+    } catch (const zmq::error_t&) {
+      // the context is gone; nothing more can be done on these sockets
     }
     end_all(RequestEnd::kCancelled);
   }
 
   // Sends what callers queued. Returns false when the client is stopping.
-  bool drain_outgoing() {
+  // A socket sent on is marked in `dirty` (a send may take the notification of a message
+  // that arrived meanwhile).
+  bool drain_outgoing(std::array<bool, kSockCount>& dirty) {
     std::deque<Outgoing> batch;
     bool stop = false;
     {
@@ -297,6 +427,7 @@ struct KernelClient::Impl {
       try {
         // DEALER queues while the peer is away (up to the high-water mark); dontwait keeps a
         // full queue from blocking the loop.
+        dirty[sock_of(out.channel)] = true;
         if (!multipart.send(socket_for(out.channel), ZMQ_DONTWAIT)) {
           fail_route(id, RequestEnd::kKernelDead);
         }
