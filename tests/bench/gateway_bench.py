@@ -1386,9 +1386,21 @@ def measure_busy(server, args, r, cellgate):
             kc.close()
         return kid
 
+    def ready_retried(keep_ws):
+        # The reference's kernels sometimes die at start when another socket took one of the ports
+        # jupyter_client picked (see burst): its busy figure is about requests while cells sleep,
+        # so a kernel lost that way is replaced (at most twice) and the loss printed.
+        for attempt in range(3):
+            try:
+                return ready(keep_ws)
+            except InfraError as e:
+                if cellgate or attempt == 2:
+                    raise
+                print(f"  warning: {server.name}: a kernel for `busy` failed ({e}); starting another")
+
     def start_many(k, keep_ws=False):
         with concurrent.futures.ThreadPoolExecutor(10) as ex:
-            return list(ex.map(lambda _: ready(keep_ws), range(k)))
+            return list(ex.map(lambda _: ready_retried(keep_ws), range(k)))
 
     try:
         get_kid = start_many(1)[0]
