@@ -171,6 +171,19 @@ Result<void> build_dev(const JailSpec& spec, const std::string& root) {
       return fail(std::string("symlink('") + to + "', '" + dev + "/" + name + "')");
     }
   }
+  // A private devpts instance: the pseudo-terminals IPython's `!cmd` and pexpect open (without
+  // one every shell escape fails with "out of pty devices"). It holds only the ptys this jail
+  // makes; the host's are not in it. A host that refuses the mount (a container without
+  // CAP_SYS_ADMIN for it) leaves the jail without ptys: a missing convenience, not a weaker jail.
+  CELLGATE_TRY(make_dir(dev + "/pts"));
+  if (::mount("devpts", (dev + "/pts").c_str(), "devpts", MS_NOSUID | MS_NOEXEC,
+              "newinstance,ptmxmode=0666,mode=0620") == 0) {
+    if (::symlink("pts/ptmx", (dev + "/ptmx").c_str()) != 0) {
+      return fail("symlink('pts/ptmx', '" + dev + "/ptmx')");
+    }
+  } else if (errno != EPERM && errno != EACCES) {
+    return fail("mount('devpts', '" + dev + "/pts')");
+  }
   CELLGATE_TRY(make_dir(dev + "/shm", 01777));
   CELLGATE_TRY(do_mount("tmpfs", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
                         "mode=1777,size=" + std::to_string(spec.shm_bytes)));

@@ -177,3 +177,16 @@ class JailedIPyKernelTests(jkt.KernelTests):
                 "        print(family.name, 'allowed')\n")
         self.assertEqual(self.stdout_of(code).splitlines(),
                          ["AF_INET PermissionError", "AF_INET6 PermissionError"])
+
+    def test_shell_escape_runs_on_a_private_pty(self):
+        # IPython runs `!cmd` on a pseudo-terminal; the jail mounts its own devpts instance, which
+        # holds the jail's ptys only: a pty the host has open now is not in it.
+        host_master, host_slave = os.openpty()
+        try:
+            host_pty = os.path.basename(os.ttyname(host_slave))
+            self.assertIn("cellgate-pty-ok", self.stdout_of("!echo cellgate-pty-ok"))
+            listed = self.stdout_of("import os; print(' '.join(sorted(os.listdir('/dev/pts'))))")
+            self.assertEqual(listed.split(), ["ptmx"], f"the host's pts/{host_pty} is open")
+        finally:
+            os.close(host_master)
+            os.close(host_slave)
