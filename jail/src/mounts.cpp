@@ -173,11 +173,13 @@ Result<void> build_dev(const JailSpec& spec, const std::string& root) {
   }
   // A private devpts instance: the pseudo-terminals IPython's `!cmd` and pexpect open (without
   // one every shell escape fails with "out of pty devices"). It holds only the ptys this jail
-  // makes; the host's are not in it. A host that refuses the mount (a container without
-  // CAP_SYS_ADMIN for it) leaves the jail without ptys: a missing convenience, not a weaker jail.
+  // makes; the host's are not in it. At most 64 at once: the kernel's pty count (pty/max) is
+  // shared by every instance but the host's own reserve, so one jail must not take them all. A
+  // host that refuses the mount (a container without CAP_SYS_ADMIN for it) leaves the jail
+  // without ptys: a missing convenience, not a weaker jail.
   CELLGATE_TRY(make_dir(dev + "/pts"));
   if (::mount("devpts", (dev + "/pts").c_str(), "devpts", MS_NOSUID | MS_NOEXEC,
-              "newinstance,ptmxmode=0666,mode=0620") == 0) {
+              "newinstance,ptmxmode=0666,mode=0620,max=64") == 0) {
     if (::symlink("pts/ptmx", (dev + "/ptmx").c_str()) != 0) {
       return fail("symlink('pts/ptmx', '" + dev + "/ptmx')");
     }

@@ -10,6 +10,7 @@ into the jail.
 Needs root (the jail does); skips with a reason otherwise.
 """
 
+import errno
 import json
 import os
 import shutil
@@ -187,6 +188,17 @@ class JailedIPyKernelTests(jkt.KernelTests):
             self.assertIn("cellgate-pty-ok", self.stdout_of("!echo cellgate-pty-ok"))
             listed = self.stdout_of("import os; print(' '.join(sorted(os.listdir('/dev/pts'))))")
             self.assertEqual(listed.split(), ["ptmx"], f"the host's pts/{host_pty} is open")
+            # Capped per jail: pty/max is shared by all instances but the host's reserve.
+            code = ("import os\n"
+                    "ptys = []\n"
+                    "try:\n"
+                    "    for _ in range(200):\n"
+                    "        ptys.append(os.openpty())\n"
+                    "except OSError as e:\n"
+                    "    print(len(ptys), e.errno)\n"
+                    "for fds in ptys:\n"
+                    "    os.close(fds[0]); os.close(fds[1])\n")
+            self.assertEqual(self.stdout_of(code).split(), ["64", str(errno.ENOSPC)])
         finally:
             os.close(host_master)
             os.close(host_slave)
