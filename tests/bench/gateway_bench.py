@@ -857,7 +857,8 @@ def kernel_pss(server, count, cellgate):
         nprocs += 1
         if not cellgate:
             role = "kernel processes"
-        elif ppid == gw and "--zygote" in cmdline(pid).split():
+        elif ppid == gw and ("--zygote" in cmdline(pid).split()
+                             or os.path.basename((cmdline(pid).split() or [""])[0]) == "cellgate-zygote"):
             role = "zygote"
         elif ppid == gw:
             role = "launchers"
