@@ -266,22 +266,30 @@ struct KernelClient::Impl {
     return kShellSock;
   }
 
-  // Keeps the epoll set on the current sockets (iopub and its monitor are replaced on a cut).
-  // Returns false when the context is gone.
+  // Keeps the epoll set on the current sockets: iopub and its monitor are replaced on a cut,
+  // which open_iopub counts in iopub_generation (a new socket may reuse the old one's address,
+  // so the handle alone does not tell). Returns false when the context is gone.
   bool sync_epoll(int ep, std::array<void*, kSockCount>& registered, std::array<int, kSockCount>& fds,
-                  std::array<bool, kSockCount>& dirty) {
+                  std::array<bool, kSockCount>& dirty, int& registered_generation) {
+    const bool replaced = registered_generation != iopub_generation;
+    registered_generation = iopub_generation;
+    std::array<bool, kSockCount> changed{};
+    // Every old fd out first: a closed one's number may already belong to a new socket.
     for (std::size_t i = 0; i < kSockCount; ++i) {
-      void* handle = sock(i).handle();
-      if (handle == registered[i]) {
-        continue;
-      }
-      if (fds[i] >= 0) {
+      changed[i] = sock(i).handle() != registered[i] ||
+                   (replaced && (i == kIopubSock || i == kMonitorSock));
+      if (changed[i] && fds[i] >= 0) {
         ::epoll_ctl(ep, EPOLL_CTL_DEL, fds[i], nullptr);  // gone already if libzmq closed it
         fds[i] = -1;
       }
-      registered[i] = handle;
+    }
+    for (std::size_t i = 0; i < kSockCount; ++i) {
+      if (!changed[i]) {
+        continue;
+      }
+      registered[i] = sock(i).handle();
       dirty[i] = true;
-      if (handle == nullptr) {
+      if (registered[i] == nullptr) {
         continue;
       }
       try {
@@ -323,10 +331,11 @@ struct KernelClient::Impl {
     std::array<int, kSockCount> fds;
     fds.fill(-1);
     std::array<bool, kSockCount> dirty{};
+    int registered_generation = -1;
     std::array<epoll_event, kSockCount + 1> events{};
     try {
       for (;;) {
-        if (!sync_epoll(ep.get(), registered, fds, dirty)) {
+        if (!sync_epoll(ep.get(), registered, fds, dirty, registered_generation)) {
           break;
         }
         const bool hb_was_outstanding = hb_outstanding;
