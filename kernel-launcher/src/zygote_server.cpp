@@ -193,6 +193,37 @@ def _skip_empty_flushes():
     OutStream.flush, OutStream._flush = quick_flush, counted_flush
 
 
+def _coalesce_iopub_wakes():
+    """ipykernel 6's IOPubThread.schedule() sends a wake-up over a ZeroMQ pipe for every iopub
+    message; the IO thread runs every queued event on each wake-up anyway. A wake-up is sent now
+    only when none is pending: the IO thread clears the mark before it counts the queue, so an
+    event queued after the count sees the mark cleared and sends its own."""
+    from ipykernel.iostream import IOPubThread
+    if not all(hasattr(IOPubThread, a) for a in ("schedule", "_handle_event", "_event_pipe")):
+        return
+    handle_event = IOPubThread._handle_event
+    IOPubThread._cellgate_wake_pending = False
+
+    def schedule(self, f):
+        if self.thread.is_alive():
+            self._events.append(f)
+            if not self._cellgate_wake_pending:
+                self._cellgate_wake_pending = True  # before the send: the IO thread may run first
+                try:
+                    self._event_pipe.send(b"")
+                except BaseException:
+                    self._cellgate_wake_pending = False
+                    raise
+        else:
+            f()
+
+    def counted_handle_event(self, msg):
+        self._cellgate_wake_pending = False
+        return handle_event(self, msg)
+
+    IOPubThread.schedule, IOPubThread._handle_event = schedule, counted_handle_event
+
+
 _shell = None
 CellgateKernelApp = None  # defined below when the preload has ipykernel
 _parsed_argv = None  # the command line the prepared CellgateKernelApp instance has parsed
@@ -236,6 +267,7 @@ if "ipykernel" in sys.modules:
                 self.kernel._execute_sleep = 0
 
     _skip_empty_flushes()
+    _coalesce_iopub_wakes()
     _shell = _build_shell()
 os.environ.clear()
 
