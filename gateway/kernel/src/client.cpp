@@ -104,22 +104,6 @@ struct KernelClient::Impl {
     hb_while_busy.store(options.heartbeat_while_busy.value_or(false));
   }
 
-  zmq::socket_t& socket_for(Channel channel) {
-    switch (channel) {
-      case Channel::kShell:
-        return shell;
-      case Channel::kControl:
-        return control;
-      case Channel::kStdin:
-        return stdin_sock;
-      case Channel::kIopub:
-        return iopub;
-      case Channel::kHeartbeat:
-        return hb;
-    }
-    return shell;
-  }
-
   void configure(zmq::socket_t& s) {
     s.set(zmq::sockopt::linger, 0);
     s.set(zmq::sockopt::reconnect_ivl, kReconnectIvlMs);
@@ -436,8 +420,9 @@ struct KernelClient::Impl {
       try {
         // DEALER queues while the peer is away (up to the high-water mark); dontwait keeps a
         // full queue from blocking the loop.
-        dirty[sock_of(out.channel)] = true;
-        if (!multipart.send(socket_for(out.channel), ZMQ_DONTWAIT)) {
+        const std::size_t i = sock_of(out.channel);
+        dirty[i] = true;
+        if (!multipart.send(sock(i), ZMQ_DONTWAIT)) {
           fail_route(id, RequestEnd::kKernelDead);
         }
       } catch (const zmq::error_t&) {

@@ -22,13 +22,18 @@ bool KernelRegistry::is_pooled(const std::string& name) const {
   return std::find(pool_names_.begin(), pool_names_.end(), name) != pool_names_.end();
 }
 
-std::size_t KernelRegistry::pool_total_locked() const {
+std::size_t KernelRegistry::pool_starting_locked() const {
   std::size_t n = 0;
-  for (const auto& [name, ready] : pool_) {
-    n += ready.size();
-  }
   for (const auto& [name, starting] : pool_starting_) {
     n += starting;
+  }
+  return n;
+}
+
+std::size_t KernelRegistry::pool_total_locked() const {
+  std::size_t n = pool_starting_locked();
+  for (const auto& [name, ready] : pool_) {
+    n += ready.size();
   }
   return n;
 }
@@ -246,12 +251,8 @@ void KernelRegistry::pool_loop() {
         return;
       }
       const auto now = Clock::now();
-      std::size_t starting = 0;
-      for (const auto& [n, count] : pool_starting_) {
-        starting += count;
-      }
       if (kernels_.size() + pending_ + pool_total_locked() < options_.max_kernels &&
-          starting < pool_budget_locked()) {
+          pool_starting_locked() < pool_budget_locked()) {
         for (const auto& n : pool_names_) {
           if (now >= pool_retry_at_[n] &&
               pool_[n].size() + pool_starting_[n] < static_cast<std::size_t>(options_.pool_size)) {

@@ -198,7 +198,8 @@ class KernelRegistry {
   std::shared_ptr<ManagedKernel> claim_pooled(const std::string& name);
   // Ready pooled kernels given up so live + pending + pool fits max_kernels again; mu_ held.
   std::vector<std::shared_ptr<ManagedKernel>> evict_pooled_locked();
-  std::size_t pool_total_locked() const;
+  std::size_t pool_total_locked() const;     // ready and starting, every kernelspec
+  std::size_t pool_starting_locked() const;  // starts in flight, every kernelspec
   void pool_loop();
   std::size_t pool_parallel() const;  // options_.pool_parallel, or the CPUs
   // Pool starts allowed at once now: pool_parallel() less the client starts in flight, at
