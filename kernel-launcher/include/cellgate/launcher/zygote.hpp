@@ -36,9 +36,9 @@
 // generator and runs IPKernelApp on the request's connection file: skipping the parse when the
 // zygote did it, and adopting the zygote's shell (its kernel, profile, history file and thread,
 // home and environment are then the kernel's own) unless a profile config file configures more
-// than the app. Together ~25 ms less per start here, half of it copy-on-write page faults. The child then execs the
-// static cellgate-reaper as the jail's pid 1 (a Python copy as pid 1 would cost megabytes per
-// kernel). Both report on the report pipe exactly as exec mode's init does ("R", "E…", "X…"), so
+// than the app. Together ~25 ms less per start here, half of it copy-on-write page faults. The
+// child then execs the static cellgate-reaper as the jail's pid 1 (a Python copy as pid 1 would
+// cost megabytes per kernel). Both report on the report pipe exactly as exec mode's init does ("R", "E…", "X…"), so
 // the launcher supervises a zygote kernel the same way, through the pidfd. The zygote is out of
 // the loop once it answered: when it dies, its kernels run on.
 //
