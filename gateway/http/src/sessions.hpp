@@ -192,7 +192,23 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
   // A message is read a piece at a time, so that the bytes of an unfinished one are counted in
   // the shared budget as they arrive (a whole-message read would hold up to the per-message
   // limit on every connection before anything could be counted).
+  //
+  // The buffer is grown here, not by the read: a read doubles it, and the doubling would only be
+  // counted after it happened, so connections growing at once overshot the budget by their
+  // doublings (and the copies they left in malloc's arenas). Here it grows by a quarter, and the
+  // shared budget is told before the memory is taken; a connection it sheds reads no more.
   void do_read() {
+    if (buffer_.capacity() - buffer_.size() < kReadPiece) {
+      const std::size_t want = buffer_.size() + std::max(kReadPiece, buffer_.size() / 4);
+      if (account_) {
+        account_->set(queued_bytes_ + want);
+        if (account_->shed()) {
+          return on_shed();
+        }
+      }
+      buffer_.max_size(want);  // the cap makes flat_buffer allocate exactly `want`, no doubling
+      buffer_.reserve(want);
+    }
     ws_.async_read_some(buffer_, kReadPiece,
                         beast::bind_front_handler(&WsSession::on_read, this->shared_from_this()));
   }
@@ -234,7 +250,7 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
 
   // The shared budget is over its limit and this connection holds the most: let go of it all.
   void on_shed() {
-    if (finished_) {
+    if (finished_ || dropped_for_memory_) {  // (do_read may have run it before the posted call)
       return;
     }
     count_drop("memory_budget");
