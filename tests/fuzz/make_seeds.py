@@ -129,5 +129,86 @@ def main():
                        ("new", "new/deep/file.txt")]:
         put("files_path", name, path)
 
+    content_paths()
+
+
+# The content paths (cell_output, result_mapping, audit_redact): what kernels really send (the
+# ipykernel captures), and the worst of what they can send: the _render_traceback_ line that
+# crashed the gateway, every shape the traceback scan matches at 200 KB, a bundle of many MIME
+# types, a long display id, deep JSON.
+CELL_TYPES = ["execute_input", "stream", "stream-dom", "execute_result", "display_data",
+              "update_display_data", "error", "clear_output"]  # cell_output_fuzz.cpp's kTypes
+
+
+def cell(*messages, tight=False):
+    """A cell_output input: the limits byte, then (type, content) messages split by SEP."""
+    parts = [bytes([CELL_TYPES.index(t)]) + (c if isinstance(c, bytes) else json.dumps(c).encode())
+             for t, c in messages]
+    return bytes([1 if tight else 0]) + SEP.join(parts)
+
+
+def content_paths():
+    captured = []
+    for name in ("stream", "display_data", "execute_result", "error"):
+        fixture = json.load(open(os.path.join(ROOT, "tests/fixtures/ipykernel", name + ".json")))
+        frames = [base64.b64decode(f) for f in fixture["frames_b64"]]
+        content = frames[frames.index(b"<IDS|MSG>") + 5]
+        captured.append(("stream-dom" if name == "stream" else name, content))
+    put("cell_output", "ipykernel", cell(*captured))
+    put("cell_output", "ipykernel-tight", cell(*captured, tight=True))
+    n = 200000
+    for name, line in [("dashes", "-" * n), ("arrow", "-" * n + "> 3 x = 1"),
+                       ("cell-in", "Cell In [" + "1" * n + "], line 3"),
+                       ("line-number", "Cell In[4], line " + "9" * n),
+                       ("many-cell-in", "Cell In[" * (n // 8))]:
+        put("cell_output", "traceback-" + name, cell(
+            ("execute_input", {"code": "raise E()", "execution_count": 1}),
+            ("error", {"ename": "E", "evalue": "", "traceback": [line]})))
+    put("cell_output", "long-ename", cell(("error", {"ename": "E" * n, "evalue": "v" * 20000,
+                                                     "traceback": ["x" * 1000] * 50})))
+    put("cell_output", "mime-types", cell(("display_data", {
+        "data": {"application/x-t%d" % i: "v" for i in range(2000)}, "metadata": {}})))
+    display_id = "d" * 20000
+    put("cell_output", "display-id", cell(
+        ("display_data", {"data": {"text/plain": "0"}, "metadata": {},
+                          "transient": {"display_id": display_id}}),
+        *[("update_display_data", {"data": {"text/plain": str(i)}, "metadata": {},
+                                   "transient": {"display_id": display_id}}) for i in range(5)]))
+    deep = b'{"data":{"application/json":' + b"[" * 1000 + b"]" * 1000 + b'},"metadata":{}}'
+    put("cell_output", "deep-json", cell(("display_data", deep)))
+    put("cell_output", "stdout-no-newline", cell(("stream", {"name": "stdout", "text": "x" * n}),
+                                                 tight=True))
+
+    answer = {"status": "error", "execution_count": 3, "stdout": "hi\n", "stderr": "",
+              "outputs": [{"output_type": "stream", "name": "stdout", "text": "hi\n"},
+                          {"output_type": "display_data", "data": {
+                              "image/png": "iVBORw0KGgo=", "text/plain": "<Figure>",
+                              "application/vnd.cellgate.chart+json": {"type": "line",
+                                                                      "elements": []}},
+                           "metadata": {}},
+                          {"output_type": "error", "ename": "E", "evalue": "v",
+                           "traceback": ["-" * 1000]}],
+              "result": None, "error": {"ename": "E", "evalue": "v", "traceback": ["----> 3 x"],
+                                        "line": 3},
+              "artifacts": [{"sha256": "ab" * 32, "mime_type": "image/png", "size": 8}],
+              "charts": [], "data": [{"columns": ["a"], "rows": [[1]]}],
+              "notices": ["stdout is over the per-cell limit"],
+              "truncated": {"stdout": False, "stderr": False, "outputs": False, "dropped_bytes": 0}}
+    events = [{"type": "stream", "name": "stdout", "text": "hi\n"},
+              {"type": "display_data", "data": {"text/plain": "x", "text/html": "<b>x</b>",
+                                                "application/x-t1": "v"}, "metadata": {}},
+              {"type": "error", "ename": "E", "evalue": "v", "traceback": ["-" * n]},
+              {"type": "notice", "message": "cut"}, {"type": "keepalive"},
+              {"type": "end", "answer": answer}]
+    put("result_mapping", "answer", "\n".join(json.dumps(e) for e in events) + "\n")
+    put("result_mapping", "deep", "[" * 2000 + "]" * 2000 + "\n" + json.dumps(answer))
+
+    secrets = ("token = 'abc'\nAuthorization: Bearer abc.def\nAKIAIOSFODNN7EXAMPLE "
+               "ghp_" + "q" * 36 + " sk-" + "w" * 30 + "\n-----BEGIN RSA PRIVATE KEY-----\nMII\n")
+    put("audit_redact", "defaults", b"\0" + secrets.encode())
+    put("audit_redact", "custom", b"\1user=alice internal-42 abcy x")
+    put("audit_redact", "own-pattern", b"\2(?i)(key=)[a-z]+\nKEY=abc key=" + b"a" * 100000)
+    put("audit_redact", "long-ename", b"\0" + b"E" * n)
+
 
 main()

@@ -198,6 +198,40 @@ TEST(AuditLogTest, CustomPatterns) {
   EXPECT_EQ(both->redact("AKIAIOSFODNN7EXAMPLE internal-1"), "[REDACTED] [REDACTED]");
 }
 
+// A custom pattern is tried at every position. libstdc++'s std::regex searched from each one to
+// the end of the text (quadratic: hours on this MiB); RE2 is one pass.
+TEST(AuditLogTest, CustomPatternsAreLinearInTheText) {
+  auto log = make_log({.path = "", .redact = {"[a-z]+y", "(?i)(x=)[0-9]+"}, .max_string_bytes = 0});
+  ASSERT_TRUE(log);
+  const std::string huge(1u << 20, 'a');
+  EXPECT_EQ(log->redact(huge), huge);
+  EXPECT_EQ(log->redact(huge + "y"), "[REDACTED]");
+  EXPECT_EQ(log->redact("X=" + std::string(1u << 20, '7') + " z"), "X=[REDACTED] z");
+  // Bytes that are not UTF-8 are matched as they are.
+  EXPECT_EQ(log->redact("\xff\xfe abcy \xff"), "\xff\xfe [REDACTED] \xff");
+}
+
+// A record whose values nest deep (what a kernel sent, put in a record) is walked without
+// recursion.
+TEST(AuditLogTest, DeepRecordsAreRedacted) {
+  TempDir tmp;
+  const std::string path = tmp.path() + "/audit.jsonl";
+  auto log = make_log({.path = path});
+  ASSERT_TRUE(log);
+  json deep = "token=abc";
+  for (int i = 0; i < 500; ++i) {
+    deep = json::array({deep});
+  }
+  log->write({{"deep", deep}});
+  const auto lines = read_lines(path);
+  ASSERT_EQ(lines.size(), 1u);
+  const json* v = &lines[0]["deep"];
+  while (v->is_array()) {
+    v = &(*v)[0];
+  }
+  EXPECT_EQ(*v, "token=[REDACTED]");
+}
+
 TEST(AuditLogTest, InvalidPatternsAreErrors) {
   for (const char* bad : {"([a-z", "a{2,1}", "*x", "a*", "x|", "(a)\\1"}) {
     auto log = AuditLog::create({.path = "", .redact = {"fine", bad}});

@@ -260,6 +260,140 @@ TEST_F(ExecutorTest, StreamsAndOutputsAreCappedWithNotices) {
   EXPECT_EQ(out->count("stream"), 1u) << "only what is kept is sent on";
 }
 
+// IPython takes a traceback from the exception's _render_traceback_(): the cell chooses the
+// text. libstdc++'s std::regex recursed once per character over these and overflowed the stack
+// (the gateway died of SIGSEGV); the scan is one pass now, whatever the length.
+TEST(FailingLine, MegabyteLinesOfEveryShapeTheScanMatches) {
+  const std::size_t mib = 1u << 20;
+  EXPECT_EQ(failing_line({std::string(mib, '-')}), 0);
+  EXPECT_EQ(failing_line({std::string(mib, '-') + "> 3 x = 1"}), 3);
+  EXPECT_EQ(failing_line({std::string(mib, '-') + ">" + std::string(mib, ' ') + "7"}), 7);
+  EXPECT_EQ(failing_line({"Cell In [" + std::string(mib, '1') + "], line 3"}), 3);
+  EXPECT_EQ(failing_line({"Cell In[4], line " + std::string(mib, '9')}), 0);  // over an int
+  EXPECT_EQ(failing_line({"Cell In[4]," + std::string(mib, ' ') + "line 12"}), 12);
+  std::string many;
+  for (int i = 0; i < 100000; ++i) {
+    many += "Cell In[";
+  }
+  EXPECT_EQ(failing_line({many}), 0);
+  EXPECT_EQ(failing_line({many + "Cell In[2], line 5"}), 5);
+  EXPECT_EQ(failing_line({std::string(mib, '>')}), 0);
+  EXPECT_EQ(failing_line({std::string(mib, '\n')}), 0);
+}
+
+TEST(FailingLine, IPythonsShapes) {
+  EXPECT_EQ(failing_line({"----> 3 x = d['k']"}), 3);
+  EXPECT_EQ(failing_line({"KeyError  Traceback", "Cell In[4], line 2\n      1 d = {}\n----> 2 d['k']"}), 2);
+  EXPECT_EQ(failing_line({"Cell In  [], line\t9"}), 9);
+  EXPECT_EQ(failing_line({"File <stdin>:1", "  x ----> 3"}), 0);  // an arrow only starts a line
+  EXPECT_EQ(failing_line({"Cell In[4], line x", "--> 8"}), 8);
+  EXPECT_EQ(failing_line({"Cell In[4],line 2"}), 2);
+  EXPECT_EQ(failing_line({"Cell In[4], line2"}), 0);  // "line" and its number need a space
+  EXPECT_EQ(failing_line({}), 0);
+}
+
+TEST_F(ExecutorTest, AHostileExceptionIsCutWithNotices) {
+  start();
+  const std::size_t mib = 1u << 20;
+  std::vector<std::string> traceback = {std::string(mib, '-') + "> 3 x",
+                                        "Cell In [" + std::string(mib, '1') + "], line 3"};
+  for (int i = 0; i < 2000; ++i) {
+    traceback.push_back(std::string(1000, 'x'));
+  }
+  respond("boom", FakeCell().error(std::string(mib, 'E'), std::string(3 * mib, 'v'), traceback));
+  auto out = run("boom");
+  ASSERT_TRUE(answered(out));
+  const json& a = out->json_answer();
+  EXPECT_EQ(a["status"], "error");
+  EXPECT_EQ(a["error"]["ename"].get<std::string>().size(), 1024u);
+  EXPECT_EQ(a["error"]["evalue"].get<std::string>().size(), 64u << 10);
+  std::size_t kept = 0;
+  for (const auto& line : a["error"]["traceback"]) {
+    kept += line.get<std::string>().size();
+  }
+  EXPECT_LE(kept, (1u << 20) + 100);  // the stream cap, and the line that says what was cut
+  EXPECT_NE(a["error"]["traceback"].back().get<std::string>().find("bytes of traceback cut"),
+            std::string::npos);
+  EXPECT_EQ(a["truncated"]["outputs"], true);
+  std::string notices = a["notices"].dump();
+  for (const char* said : {"exception's name", "exception's value", "traceback is over"}) {
+    EXPECT_NE(notices.find(said), std::string::npos) << said << " in " << notices;
+  }
+  EXPECT_LE(audit_lines().at(0)["error"].get<std::string>().size(), 1024u);
+}
+
+TEST_F(ExecutorTest, ABundleOfFiftyThousandMimeTypesKeepsTheFirstFew) {
+  start();
+  json data = json::object();
+  for (int i = 0; i < 50000; ++i) {
+    data["application/x-t" + std::to_string(i)] = "v";
+  }
+  respond("mimes", FakeCell().display(data));
+  auto out = run("mimes");
+  ASSERT_TRUE(answered(out));
+  const json& a = out->json_answer();
+  EXPECT_EQ(a["status"], "ok");
+  ASSERT_EQ(a["outputs"].size(), 1u);
+  EXPECT_EQ(a["outputs"][0]["data"].size(), 128u);
+  EXPECT_NE(a["notices"].dump().find("50000 MIME types"), std::string::npos) << a["notices"];
+  EXPECT_EQ(a["truncated"]["outputs"], true);
+}
+
+TEST_F(ExecutorTest, AMegabyteDisplayIdIsNotTracked) {
+  start();
+  const std::string id(1u << 20, 'd');
+  FakeCell cell;
+  cell.iopub("display_data", {{"data", {{"text/plain", "x"}}},
+                              {"metadata", json::object()},
+                              {"transient", {{"display_id", id}}}});
+  for (int i = 0; i < 200; ++i) {
+    cell.iopub("update_display_data", {{"data", {{"text/plain", std::to_string(i)}}},
+                                       {"metadata", json::object()},
+                                       {"transient", {{"display_id", id}}}});
+  }
+  respond("ids", cell);
+  auto out = run("ids");
+  ASSERT_TRUE(answered(out));
+  const json& a = out->json_answer();
+  ASSERT_EQ(a["outputs"].size(), 1u);
+  EXPECT_EQ(a["outputs"][0]["data"]["text/plain"], "x");
+  EXPECT_NE(a["notices"].dump().find("display id of 1048576 bytes"), std::string::npos);
+  for (const auto& e : out->events) {
+    EXPECT_FALSE(e.contains("display_id")) << "an over-long id is not passed on";
+  }
+}
+
+TEST_F(ExecutorTest, AllOutputsTogetherAreCapped) {
+  ExecuteLimits limits;
+  limits.total_output_bytes = 300;
+  start(limits);
+  const json bundle = {{"text/plain", std::string(100, 'y')}};
+  respond("many", FakeCell()
+                      .iopub("display_data", {{"data", {{"text/plain", "small"}}},
+                                              {"metadata", json::object()},
+                                              {"transient", {{"display_id", "p"}}}})
+                      .display(bundle)
+                      .display(bundle)
+                      .display(bundle)
+                      // Growing the small display past the total is refused as well.
+                      .iopub("update_display_data",
+                             {{"data", {{"text/plain", std::string(200, 'z')}}},
+                              {"metadata", json::object()},
+                              {"transient", {{"display_id", "p"}}}}));
+  auto out = run("many");
+  ASSERT_TRUE(answered(out));
+  const json& a = out->json_answer();
+  ASSERT_EQ(a["outputs"].size(), 4u);
+  EXPECT_EQ(a["outputs"][1]["data"]["text/plain"], std::string(100, 'y'));
+  EXPECT_EQ(a["outputs"][2]["data"]["text/plain"], std::string(100, 'y'));
+  EXPECT_NE(a["outputs"][3]["data"]["text/plain"].get<std::string>().find("dropped"),
+            std::string::npos);
+  EXPECT_NE(a["outputs"][0]["data"]["text/plain"].get<std::string>().find("dropped"),
+            std::string::npos)
+      << "the update over the total replaced the display with a note";
+  EXPECT_NE(a["notices"].dump().find("for all outputs together"), std::string::npos);
+}
+
 TEST_F(ExecutorTest, UpdateDisplayDataChangesTheDisplayInPlace) {
   start();
   respond("progress", FakeCell()

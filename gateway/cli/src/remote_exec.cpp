@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "cellgate/http/limits.hpp"
 #include "cellgate/http/client.hpp"
 #include "output.hpp"
 
@@ -29,7 +30,7 @@ class EventPrinter {
       const std::string line = pending_.substr(0, nl);
       pending_.erase(0, nl + 1);
       if (!line.empty()) {
-        handle(json::parse(line, nullptr, false));
+        handle(http::parse_json(line, http::kMaxKernelJsonDepth));
       }
     }
   }

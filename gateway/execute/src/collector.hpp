@@ -62,7 +62,8 @@ class Collector {
 
  private:
   void notice(const std::string& key, const std::string& message);
-  bool add_output(nlohmann::json output);
+  bool add_output(nlohmann::json output, std::size_t bytes);
+  bool over_total(std::size_t more) const;
   void on_stream(int which, std::string_view text);  // 0: stdout, 1: stderr
   nlohmann::json store_artifacts(const nlohmann::json& data);
   void on_bundle(std::string_view type, const nlohmann::json& c);
@@ -78,6 +79,8 @@ class Collector {
   bool outputs_truncated_ = false;
   std::size_t dropped_bytes_ = 0;
   nlohmann::json outputs_ = nlohmann::json::array();
+  std::vector<std::size_t> output_sizes_;  // bytes of each output, as counted in kept_bytes_
+  std::size_t kept_bytes_ = 0;             // against ExecuteLimits::total_output_bytes
   std::map<std::string, std::vector<std::size_t>> displays_;  // display_id → output indices
   nlohmann::json result_;                                     // null
   nlohmann::json error_;                                      // null

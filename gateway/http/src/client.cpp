@@ -1,4 +1,5 @@
 #include "cellgate/http/client.hpp"
+#include "cellgate/http/limits.hpp"
 
 #include <algorithm>
 #include <boost/asio/connect.hpp>
@@ -249,7 +250,7 @@ std::string encode_path(std::string_view path) {
 }
 
 std::string Response::error_message() const {
-  auto parsed = nlohmann::json::parse(body, nullptr, false);
+  auto parsed = parse_json(body, kMaxKernelJsonDepth);
   if (parsed.is_object() && parsed.contains("message") && parsed["message"].is_string()) {
     return parsed["message"].get<std::string>();
   }

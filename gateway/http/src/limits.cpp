@@ -69,7 +69,7 @@ Result<void> check_json_depth(std::string_view text, std::size_t max_depth) {
       case '[':
       case '{':
         if (++depth > max_depth) {
-          return bad_request("the request body nests JSON deeper than " +
+          return bad_request("the JSON nests deeper than " +
                              std::to_string(max_depth) + " levels");
         }
         break;
@@ -84,6 +84,13 @@ Result<void> check_json_depth(std::string_view text, std::size_t max_depth) {
     }
   }
   return {};
+}
+
+nlohmann::json parse_json(std::string_view text, std::size_t max_depth) {
+  if (!check_json_depth(text, max_depth)) {
+    return nlohmann::json(nlohmann::json::value_t::discarded);
+  }
+  return nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
 }
 
 }  // namespace cellgate::http

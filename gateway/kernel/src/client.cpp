@@ -454,14 +454,17 @@ struct KernelClient::Impl {
       }
       auto env = protocol::Envelope::from_wire(channel, std::span<const std::string_view>(views),
                                                signer, options.limits);
-      parts.clear();  // the envelope owns copies; free the frames before dispatching
       if (!env) {
         wire_error_count.fetch_add(1);
         if (options.on_wire_error) {
           options.on_wire_error(channel, env.error());
         }
+        if (channel == Channel::kIopub) {
+          tell_dropped(views, env.error());
+        }
         continue;
       }
+      parts.clear();  // the envelope owns copies; free the frames before dispatching
       dispatch(channel, std::move(env).value());
     }
   }
@@ -651,6 +654,39 @@ struct KernelClient::Impl {
                                 "over the " + limit_text + " limit (--max-kernel-message-bytes); "
                                 "that output and any queued behind it were lost\n"}});
     msg.parent_header = busy_parent;  // the request that ran last: the likely sender
+    dispatch(Channel::kIopub, protocol::Envelope::from_message(Channel::kIopub, std::move(msg)));
+  }
+
+  // A signed iopub message the gateway cannot pass on (a frame that is not JSON, or nests deeper
+  // than the checker's 1024 levels): the clients of the request it answers read why on stderr,
+  // as a kernel's own output, instead of losing it without a word. Unsigned or malformed
+  // envelopes are not the kernel's and are only counted.
+  void tell_dropped(std::span<const std::string_view> frames, const Error& why) {
+    if (why.reason != "invalid_json" && why.reason != "bad_shape" && why.reason != "too_deep") {
+      return;
+    }
+    auto raw = protocol::split(frames, options.limits);
+    if (!raw || !protocol::verify(*raw, signer)) {
+      return;
+    }
+    auto header = protocol::peek_header(raw->header);
+    json parent = busy_parent;
+    if (protocol::is_valid_json(raw->parent_header)) {  // simdjson: depth checked first
+      json p = json::parse(raw->parent_header, nullptr, /*allow_exceptions=*/false);
+      if (p.is_object()) {
+        parent = std::move(p);
+      }
+    }
+    std::string type = header ? header->msg_type : std::string("a");
+    if (type.size() > 64) {
+      type = type.substr(0, 64) + "...";
+    }
+    protocol::Message msg = session.make(
+        "stream",
+        json{{"name", "stderr"},
+             {"text", "[cellgate] a " + type + " message from the kernel was dropped: " +
+                          why.message + "\n"}});
+    msg.parent_header = std::move(parent);
     dispatch(Channel::kIopub, protocol::Envelope::from_message(Channel::kIopub, std::move(msg)));
   }
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 
 #include "cellgate/jail/userns.hpp"
@@ -210,8 +211,14 @@ kernel::ClientOptions KernelRegistry::client_options(const std::shared_ptr<Manag
     monitor_cv_.notify_all();
     pool_cv_.notify_all();
   };
-  co.on_wire_error = [id = k->id()](Channel ch, const Error& e) {
-    spdlog::warn("kernel {}: dropped a message on {}: {}", id, kernel::to_string(ch), e.describe());
+  // A kernel chooses how many bad messages it sends: the first few are logged, then one in 1000.
+  co.on_wire_error = [id = k->id(), count = std::make_shared<std::atomic<std::uint64_t>>(0)](
+                         Channel ch, const Error& e) {
+    const std::uint64_t n = ++*count;
+    if (n <= 5 || n % 1000 == 0) {
+      spdlog::warn("kernel {}: dropped a message on {}: {} ({} so far)", id,
+                   kernel::to_string(ch), e.describe(), n);
+    }
   };
   return co;
 }

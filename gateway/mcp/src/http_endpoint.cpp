@@ -7,6 +7,7 @@
 #include "cellgate/kernel/connection.hpp"
 #include "cellgate/protocol/message.hpp"
 #include "jsonrpc.hpp"
+#include "cellgate/http/limits.hpp"
 
 namespace cellgate::mcp {
 namespace {
@@ -167,7 +168,7 @@ void HttpEndpoint::post(Request req, std::shared_ptr<http::Exchange> exchange) {
                            "Not Acceptable: accept application/json and text/event-stream"));
     return;
   }
-  json message = json::parse(req.body(), nullptr, /*allow_exceptions=*/false);
+  json message = http::parse_json(req.body());
   if (message.is_discarded()) {
     exchange->reply(refuse(req, Status::bad_request, "Parse error: the body is not JSON",
                            jsonrpc::kParseError));

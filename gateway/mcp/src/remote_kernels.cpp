@@ -5,6 +5,7 @@
 #include <chrono>
 #include <mutex>
 
+#include "cellgate/http/limits.hpp"
 #include "cellgate/mcp/kernels.hpp"
 
 namespace cellgate::mcp {
@@ -83,7 +84,7 @@ class RemoteKernels : public Kernels {
     if (res.status != 200) {
       return http_error("GET /api/kernelspecs", res);
     }
-    json body = json::parse(res.body, nullptr, false);
+    json body = http::parse_json(res.body, http::kMaxKernelJsonDepth);
     if (!body.is_object() || !body.contains("kernelspecs") || !body["kernelspecs"].is_object()) {
       return make_error(ErrorCode::kUnavailable, "bad_answer",
                         "GET /api/kernelspecs: not a Jupyter gateway's answer");
@@ -107,7 +108,7 @@ class RemoteKernels : public Kernels {
     if (res.status != 201 && res.status != 200) {
       return http_error("starting a " + kernelspec + " kernel", res);
     }
-    json model = json::parse(res.body, nullptr, false);
+    json model = http::parse_json(res.body, http::kMaxKernelJsonDepth);
     if (!model.is_object() || !model.contains("id") || !model["id"].is_string()) {
       return make_error(ErrorCode::kUnavailable, "bad_answer",
                         "POST /api/kernels: the answer has no kernel id");
@@ -154,7 +155,7 @@ class RemoteKernels : public Kernels {
     if (res.status != 200) {
       return http_error("listing " + (dir.empty() ? std::string("the work dir") : dir), res);
     }
-    json listing = json::parse(res.body, nullptr, false);
+    json listing = http::parse_json(res.body, http::kMaxKernelJsonDepth);
     if (!is_listing(listing)) {
       return make_error(ErrorCode::kFailedPrecondition, "not_a_directory",
                         dir + " is a file, not a directory (read_file reads it)");
@@ -171,7 +172,7 @@ class RemoteKernels : public Kernels {
     }
     // The files route answers a directory with its listing; a file that happens to hold exactly
     // such a listing is read as a directory, a harmless confusion.
-    if (json j = json::parse(res.body, nullptr, false); is_listing(j)) {
+    if (json j = http::parse_json(res.body, http::kMaxKernelJsonDepth); is_listing(j)) {
       return make_error(ErrorCode::kFailedPrecondition, "not_a_file",
                         path + " is a directory (list_files lists it)");
     }
@@ -187,7 +188,7 @@ class RemoteKernels : public Kernels {
     if (res.status != 201 && res.status != 200) {
       return http_error("writing " + path, res);
     }
-    json entry = json::parse(res.body, nullptr, false);
+    json entry = http::parse_json(res.body, http::kMaxKernelJsonDepth);
     return entry.is_object() ? entry : json{{"path", path}, {"size", bytes.size()}};
   }
 
@@ -208,7 +209,7 @@ class RemoteKernels : public Kernels {
     std::string pending;
     std::optional<Result<json>> end;
     auto on_line = [&](std::string_view line) {
-      json event = json::parse(line, nullptr, false);
+      json event = http::parse_json(line, http::kMaxKernelJsonDepth);
       if (!event.is_object()) {
         return;
       }

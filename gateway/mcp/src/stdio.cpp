@@ -11,6 +11,7 @@
 
 #include "cellgate/protocol/message.hpp"
 #include "jsonrpc.hpp"
+#include "cellgate/http/limits.hpp"
 
 namespace cellgate::mcp {
 namespace {
@@ -73,7 +74,7 @@ int serve_stdio(Server& server, int in_fd, int out_fd, int stop_fd) {
     if (line.find_first_not_of(" \t") == std::string_view::npos) {
       return;
     }
-    json message = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    json message = http::parse_json(line);
     if (message.is_discarded()) {
       writer->write(jsonrpc::error(nullptr, jsonrpc::kParseError, "Parse error: not JSON"));
       return;

@@ -24,11 +24,16 @@ simdjson::dom::parser& parser() {
   return p;
 }
 
-enum class JsonKind { kInvalid, kObject, kOther };
+enum class JsonKind { kInvalid, kTooDeep, kObject, kOther };
 
 JsonKind json_kind(std::string_view text) {
-  // parse() copies into a padded buffer when the input lacks simdjson's padding.
+  // parse() copies into a padded buffer when the input lacks simdjson's padding. Its depth limit
+  // (simdjson's default, 1024) is what keeps nlohmann's recursive dump() and copies of a
+  // kernel's JSON on the stack.
   auto doc = parser().parse(text.data(), text.size(), /*realloc_if_needed=*/true);
+  if (doc.error() == simdjson::DEPTH_ERROR) {
+    return JsonKind::kTooDeep;
+  }
   if (doc.error()) {
     return JsonKind::kInvalid;
   }
@@ -46,7 +51,10 @@ std::string envelope_dump_object(const json& value) {
 
 }  // namespace
 
-bool is_valid_json(std::string_view text) { return json_kind(text) != JsonKind::kInvalid; }
+bool is_valid_json(std::string_view text) {
+  const JsonKind kind = json_kind(text);
+  return kind != JsonKind::kInvalid && kind != JsonKind::kTooDeep;
+}
 
 Envelope::Envelope(Channel channel, Frames frames, HeaderInfo header, ParentInfo parent)
     : channel_(channel),
@@ -62,6 +70,10 @@ Result<EnvelopePtr> Envelope::checked(Channel channel, Frames frames) {
       case JsonKind::kInvalid:
         return envelope_error("invalid_json",
                           std::string(kEnvelopeFrameNames[i]) + " frame is not valid JSON (or UTF-8)");
+      case JsonKind::kTooDeep:
+        return envelope_error("too_deep", std::string(kEnvelopeFrameNames[i]) +
+                                              " frame nests JSON deeper than " +
+                                              std::to_string(parser().max_depth()) + " levels");
       case JsonKind::kOther:
         return envelope_error("bad_shape", std::string(kEnvelopeFrameNames[i]) + " frame is not a JSON object");
       case JsonKind::kObject:

@@ -3,6 +3,7 @@
 #include "cellgate/util/fs.hpp"
 
 #include <fcntl.h>
+#include <re2/re2.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -111,35 +112,29 @@ Result<std::unique_ptr<AuditLog>> AuditLog::create(Options options) {
   std::vector<Pattern> patterns;
   patterns.reserve(options.redact.size());
   for (const std::string& source : options.redact) {
-    std::string_view body = source;
-    // The breadth-first executor (__polynomial, a libstdc++ extension): its recursion depth is
-    // bounded by the pattern, not the text; the default depth-first one recurses per character
-    // matched and overflows the stack on long matches.
-    auto flags = std::regex::ECMAScript | std::regex_constants::__polynomial;
-    if (body.starts_with("(?i)")) {
-      body.remove_prefix(4);
-      flags |= std::regex::icase;
+    // Latin-1: bytes are matched as they are (a kernel's text need not be valid UTF-8), as
+    // std::regex over std::string did. RE2 understands "(?i)" itself.
+    RE2::Options re_options(RE2::Latin1);
+    re_options.set_log_errors(false);
+    auto re = std::make_shared<const RE2>(source, re_options);
+    if (!re->ok()) {
+      return make_error(ErrorCode::kInvalidArgument, "bad_redact_pattern",
+                        "redact pattern '" + source + "' is not a valid RE2 regular expression: " +
+                            re->error());
     }
-    try {
-      std::regex re(body.begin(), body.end(), flags);
-      if (std::regex_search(std::string(), re)) {
-        return make_error(
-            ErrorCode::kInvalidArgument, "bad_redact_pattern",
-            "redact pattern '" + source + "' matches the empty string; it would redact everything");
-      }
-      Pattern pattern{std::move(re), false, {}};
-      pattern.keep_first_group = pattern.re.mark_count() > 0;
-      for (const DefaultPattern& d : default_table()) {
-        if (d.source == source) {
-          pattern.anchors.assign(d.anchors.begin(), d.anchors.end());
-        }
-      }
-      patterns.push_back(std::move(pattern));
-    } catch (const std::regex_error& e) {
+    if (RE2::PartialMatch("", *re)) {
       return make_error(
           ErrorCode::kInvalidArgument, "bad_redact_pattern",
-          "redact pattern '" + source + "' is not a valid ECMAScript regex: " + e.what());
+          "redact pattern '" + source + "' matches the empty string; it would redact everything");
     }
+    Pattern pattern{std::move(re), false, {}};
+    pattern.keep_first_group = pattern.re->NumberOfCapturingGroups() > 0;
+    for (const DefaultPattern& d : default_table()) {
+      if (d.source == source) {
+        pattern.anchors.assign(d.anchors.begin(), d.anchors.end());
+      }
+    }
+    patterns.push_back(std::move(pattern));
   }
   return std::unique_ptr<AuditLog>(new AuditLog(std::move(options), std::move(patterns)));
 }
@@ -149,45 +144,65 @@ AuditLog::AuditLog(Options options, std::vector<Pattern> patterns)
 
 std::string AuditLog::redact(std::string_view text) const {
   std::string out(text);
-  try {
-    for (const Pattern& p : patterns_) {
-      out = p.anchors.empty() ? replace_all(out, p) : replace_anchored(out, p);
-    }
-  } catch (const std::exception&) {
-    // std::regex can throw (error_complexity, bad_alloc); fail closed.
-    return std::string(kRedacted);
+  for (const Pattern& p : patterns_) {
+    out = p.anchors.empty() ? replace_all(out, p) : replace_anchored(out, p);
   }
   return out;
 }
 
-// regex_replace, except that empty matches (a pattern like \b) replace nothing.
+namespace {
+
+// The match of `pattern` that starts at or after `from` (only at `from` when `anchored`), in
+// `m[0]` (the whole match) and `m[1]` (the first group, when there is one). RE2 sees the whole
+// text, so \b and ^ judge `from` by the byte before it.
+bool match_at(const RE2& re, const std::string& text, std::size_t from, bool anchored,
+              re2::StringPiece* m, int groups) {
+  return re.Match(text, from, text.size(), anchored ? RE2::ANCHOR_START : RE2::UNANCHORED, m,
+                  groups);
+}
+
+}  // namespace
+
+// Every non-empty match replaced, left to right; an empty match (a pattern like \b) replaces
+// nothing. One RE2 search per match: linear in the text.
 std::string AuditLog::replace_all(const std::string& text, const Pattern& pattern) {
+  const int groups = pattern.keep_first_group ? 2 : 1;
+  re2::StringPiece m[2];
   std::string out;
-  auto copied = text.begin();
-  for (std::sregex_iterator it(text.begin(), text.end(), pattern.re), end; it != end; ++it) {
-    const std::smatch& m = *it;
-    if (m.length(0) == 0) {
+  std::size_t copied = 0;
+  std::size_t from = 0;
+  while (from <= text.size() && match_at(*pattern.re, text, from, false, m, groups)) {
+    const auto start = static_cast<std::size_t>(m[0].data() - text.data());
+    const std::size_t end = start + m[0].size();
+    if (m[0].empty()) {
+      from = start + 1;
       continue;
     }
-    out.append(copied, m[0].first);
-    if (pattern.keep_first_group) {
-      out += m.str(1);
+    out.append(text, copied, start - copied);
+    if (pattern.keep_first_group && m[1].data() != nullptr) {
+      out.append(m[1].data(), m[1].size());
     }
     out += kRedacted;
-    copied = m[0].second;
+    copied = end;
+    from = end;
   }
-  out.append(copied, text.end());
+  if (copied == 0) {
+    return text;
+  }
+  out.append(text, copied);
   return out;
 }
 
-// replace_all(), trying the regex only where an anchor occurs: leftmost match first,
-// then on after its end. match_prev_avail lets \b see the character before.
+// replace_all(), trying the pattern only where an anchor occurs: leftmost match first,
+// then on after its end.
 std::string AuditLog::replace_anchored(const std::string& text, const Pattern& pattern) {
   const std::string lower = ascii_lower(text);
   std::vector<std::size_t> next;  // the next occurrence of each anchor at or after `from`
   for (const std::string& anchor : pattern.anchors) {
     next.push_back(lower.find(anchor));
   }
+  const int groups = pattern.keep_first_group ? 2 : 1;
+  re2::StringPiece m[2];
   std::string out;
   std::size_t copied = 0;
   std::size_t from = 0;
@@ -202,19 +217,13 @@ std::string AuditLog::replace_anchored(const std::string& text, const Pattern& p
     if (at == std::string::npos) {
       break;
     }
-    std::smatch m;
-    auto flags = std::regex_constants::match_continuous;
-    if (at > 0) {
-      flags |= std::regex_constants::match_prev_avail;
-    }
-    const auto begin = text.begin() + static_cast<std::ptrdiff_t>(at);
-    if (std::regex_search(begin, text.end(), m, pattern.re, flags) && m.length(0) > 0) {
+    if (match_at(*pattern.re, text, at, true, m, groups) && !m[0].empty()) {
       out.append(text, copied, at - copied);
-      if (pattern.keep_first_group) {
-        out += m.str(1);
+      if (pattern.keep_first_group && m[1].data() != nullptr) {
+        out.append(m[1].data(), m[1].size());
       }
       out += kRedacted;
-      copied = at + static_cast<std::size_t>(m.length(0));
+      copied = at + m[0].size();
       from = copied;
     } else {
       from = at + 1;
@@ -227,14 +236,21 @@ std::string AuditLog::replace_anchored(const std::string& text, const Pattern& p
   return out;
 }
 
-void AuditLog::redact_values(nlohmann::json& value) const {
-  if (value.is_string()) {
-    auto& text = value.get_ref<std::string&>();
-    truncate_string(text, options_.max_string_bytes);
-    text = redact(text);
-  } else if (value.is_structured()) {
-    for (auto& item : value) {  // an object's values; its keys are kept as they are
-      redact_values(item);
+// Every string value of the record, at any depth, without recursion: a record is the gateway's
+// own, but what it holds came from a kernel.
+void AuditLog::redact_values(nlohmann::json& record) const {
+  std::vector<nlohmann::json*> pending = {&record};
+  while (!pending.empty()) {
+    nlohmann::json& value = *pending.back();
+    pending.pop_back();
+    if (value.is_string()) {
+      auto& text = value.get_ref<std::string&>();
+      truncate_string(text, options_.max_string_bytes);
+      text = redact(text);
+    } else if (value.is_structured()) {
+      for (auto& item : value) {  // an object's values; its keys are kept as they are
+        pending.push_back(&item);
+      }
     }
   }
 }

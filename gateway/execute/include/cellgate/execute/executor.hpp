@@ -90,6 +90,8 @@ struct ExecuteLimits {
   std::size_t stream_bytes = 1u << 20;    // stdout and stderr, each
   std::size_t output_bytes = 8u << 20;    // one display_data / execute_result
   std::size_t outputs = 1000;             // outputs kept
+  std::size_t total_output_bytes = 64u << 20;  // every output kept, together (1000 x 8 MiB is
+                                               // 8 GiB otherwise)
   std::chrono::milliseconds grace{5000};  // after the interrupt, before a restart
 };
 
@@ -158,7 +160,9 @@ class Executor {
   ExecuteLimits limits_;
 };
 
-// The line of the cell an IPython traceback points at ("----> 3 ..." or "line 3"), 0 if none.
+// The line of the cell an IPython traceback points at ("----> 3 ..." or "Cell In[4], line 3"), 0
+// if none. The kernel chooses the text (IPython takes it from an exception's
+// _render_traceback_()): scanned by hand in one pass, any length, no regex.
 int failing_line(const std::vector<std::string>& traceback);
 
 }  // namespace cellgate::execute

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <nlohmann/json.hpp>
 #include <string_view>
 
 #include "cellgate/http/message.hpp"
@@ -21,6 +22,10 @@ struct HttpOptions;
 
 // Deeper JSON than any API body needs (a cell's metadata is a few levels).
 inline constexpr std::size_t kMaxJsonDepth = 64;
+// What the gateway takes from a kernel (simdjson's default depth, which checks every frame a
+// kernel sends): answers and events a gateway streams carry kernels' data, so a client of a
+// gateway reads them up to this depth.
+inline constexpr std::size_t kMaxKernelJsonDepth = 1024;
 
 // The body limit of one request: options.max_control_body_bytes for the control routes
 // (POST /api/kernels, /api/kernels/{id}/interrupt|restart, /api/sessions[/{id}], E2B's
@@ -32,5 +37,10 @@ std::size_t body_limit_for(const HttpOptions& options, Verb method, std::string_
 // `max_depth`. Strings are skipped (brackets inside them do not count); the text need not be
 // valid JSON: the parser that runs next says so.
 Result<void> check_json_depth(std::string_view text, std::size_t max_depth = kMaxJsonDepth);
+
+// json::parse(text) without exceptions for text nested at most `max_depth` deep, a discarded
+// value (is_discarded()) for anything else: nlohmann::json builds any depth, but its dump(),
+// copies and comparisons recurse once per level, so what comes from outside is checked first.
+nlohmann::json parse_json(std::string_view text, std::size_t max_depth = kMaxJsonDepth);
 
 }  // namespace cellgate::http

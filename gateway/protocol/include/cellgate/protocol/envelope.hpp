@@ -46,7 +46,7 @@ using EnvelopePtr = std::shared_ptr<const Envelope>;
 class Envelope {
  public:
   // From a kernel's ZeroMQ frames (split, verify, check). Errors as codec.hpp's (too_few_frames,
-  // missing_delimiter, too_large, bad_signature, invalid_json, bad_shape). Routing identities are
+  // missing_delimiter, too_large, bad_signature, invalid_json, too_deep, bad_shape). Routing identities are
   // dropped: the gateway's sockets are DEALERs and SUBs.
   static Result<EnvelopePtr> from_wire(Channel channel, std::span<const std::string_view> frames,
                                        const Signer& signer, const Limits& limits = {});

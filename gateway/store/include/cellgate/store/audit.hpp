@@ -12,14 +12,14 @@
 // KiB, so a secret is not cut in half and slips past a pattern) and ends "...[truncated N bytes]".
 // That also bounds the time redaction takes.
 //
-// Patterns are ECMAScript regexes (std::regex); a leading "(?i)" makes one case-insensitive. If a
-// pattern has capture groups, its first group is kept and only the rest of the match is replaced
-// ("password=" stays, "hunter2" becomes "[REDACTED]"); use (?:…) for grouping otherwise. They run
-// in libstdc++'s breadth-first executor, which needs no stack per character (the default
-// executor overflows the stack on matches of some 100 KB) but rejects back-references. It costs
-// about a microsecond per byte and pattern when tried at every position, so each default pattern
-// carries the literals its matches start with and is only tried where one occurs; a custom
-// pattern is tried everywhere (mind the cost with big records).
+// Patterns are RE2 regular expressions (https://github.com/google/re2/wiki/Syntax: Perl's syntax
+// without back-references or lookaround), matched bytewise (Latin-1); a leading "(?i)" makes one
+// case-insensitive. If a pattern has capture groups, its first group is kept and only the rest
+// of the match is replaced ("password=" stays, "hunter2" becomes "[REDACTED]"); use (?:…) for
+// grouping otherwise. RE2 matches in time linear in the text and needs no stack per character,
+// so a kernel's text (an exception name is in every record of a failed cell) cannot stall or
+// crash the writer whatever the pattern; each default pattern also carries the literals its
+// matches start with and is only tried where one occurs.
 //
 // I/O failures never throw: the first of a run is logged with spdlog, the record is dropped, and
 // the file is reopened on the next write. Lines are not fsynced.
@@ -32,13 +32,16 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "cellgate/result.hpp"
 #include "cellgate/unique_fd.hpp"
+
+namespace re2 {
+class RE2;
+}
 
 namespace cellgate::store {
 
@@ -59,8 +62,8 @@ class AuditLog {
  public:
   using Options = AuditOptions;
 
-  // bad_redact_pattern (kInvalidArgument) for a pattern std::regex rejects or that matches the
-  // empty string. Nothing is opened until the first write().
+  // bad_redact_pattern (kInvalidArgument) for a pattern RE2 rejects or that matches the empty
+  // string. Nothing is opened until the first write().
   static Result<std::unique_ptr<AuditLog>> create(Options options);
 
   bool enabled() const { return !options_.path.empty(); }
@@ -74,7 +77,7 @@ class AuditLog {
 
  private:
   struct Pattern {
-    std::regex re;
+    std::shared_ptr<const re2::RE2> re;  // shared: RE2 stays out of this header
     bool keep_first_group = false;
     std::vector<std::string> anchors;  // lowercase; a match starts with one. None: try everywhere
   };
@@ -83,7 +86,7 @@ class AuditLog {
   static std::string replace_anchored(const std::string& text, const Pattern& pattern);
 
   AuditLog(Options options, std::vector<Pattern> patterns);
-  void redact_values(nlohmann::json& value) const;
+  void redact_values(nlohmann::json& record) const;
   Result<void> open_locked();
   Result<void> rotate_locked();
   void fail_locked(const Error& error);
