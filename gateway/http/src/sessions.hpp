@@ -386,9 +386,11 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
   static constexpr std::size_t kReadPiece = 64u << 10;
   static constexpr std::size_t kKeptReadCapacity = 1u << 20;
 
+  // First, so destroyed last: the budget hears the session let go only once its buffers are
+  // freed (its drained callback may trim malloc then).
+  std::unique_ptr<ByteBudget::Account> account_;  // in options_.ws_budget; null: none
   websocket::stream<Stream> ws_;
   beast::flat_buffer buffer_;
-  std::unique_ptr<ByteBudget::Account> account_;  // in options_.ws_budget; null: none
   bool dropped_for_memory_ = false;  // a slow reader or over the budget: trim when gone
   std::shared_ptr<WsHandler> handler_;
   std::string subprotocol_;
