@@ -1,12 +1,16 @@
 """A hostile client against `cellgate serve`: malformed request lines and headers get 400 (then
-close), obs-fold gets 400, a big body on a control route gets 413 before it is read, nested JSON
+close), and so at once do bytes that can never become a request head (a bare LF, binary, a TLS
+ClientHello on the plain port, NUL, HTTP/2's preface) rather than silence until the header
+deadline; a request line that never ends gets 431 once over the header limit; obs-fold gets 400, a big body on a control route gets 413 before it is read, nested JSON
 is refused before it becomes a DOM (RSS printed before/after 4 x 16 MB), --max-connections answers
 503, running out of descriptors does not spin the accept loop, idle unauthenticated sockets are
 let go early, and a flood of bad WebSocket frames does not flood the log."""
 import os
 import pathlib
+import random
 import resource
 import socket
+import ssl
 import sys
 import tempfile
 import threading
@@ -52,6 +56,26 @@ def raw(server, data, timeout=5.0):
         s.close()
 
 
+def answer_and_close(server, data, patience=8.0):
+    """Sends `data`; returns what the server answered and how many seconds passed until it closed
+    the connection. `patience` is below the 10 s header deadline for unauthenticated sockets: a
+    gateway waiting for the rest of a head it will never get answers nothing within it."""
+    t0 = time.monotonic()
+    out = raw(server, data, timeout=patience)
+    return out, time.monotonic() - t0
+
+
+def tls_client_hello():
+    """The first bytes an https:// client sends: a real ClientHello, from Python's ssl module."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ctx.wrap_bio(incoming, outgoing, server_hostname="localhost")
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
 @pytest.fixture
 def server():
     with tempfile.TemporaryDirectory() as tmp:
@@ -72,6 +96,61 @@ def test_malformed_requests_get_400_then_close(server):
         assert "Connection: close" in out, out
     assert raw(server, b"GET /api HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(
         "HTTP/1.1 200")
+
+
+def test_bytes_that_cannot_start_a_request_get_400_at_once(server):
+    garbage = random.Random(24).randbytes(4096)
+    hello = tls_client_hello()
+    assert b"\r\n\r\n" not in garbage + hello  # else the head would look whole
+    cases = {
+        "a request line ending in a bare LF": b"GET /api HTTP/1.1\nHost: x\n\n",
+        "a header line ending in a bare LF": b"GET /api HTTP/1.1\r\nHost: x\nX-A: y\r\n",
+        "4 KiB of binary garbage": garbage,
+        "a TLS ClientHello": hello,
+        "a NUL in the target": b"GET /a\x00pi HTTP/1.1\r\n",
+        "NUL bytes": b"\x00" * 64,
+        "HTTP/2's preface line": b"PRI * HTTP/2.0\r\n",
+        "HTTP/2's whole preface": b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00",
+    }
+    for what, data in cases.items():
+        out, took = answer_and_close(server, data)
+        print(f"\n{what}: {out.splitlines()[0] if out else '(nothing)'} after {took:.2f} s")
+        assert out.startswith(("HTTP/1.1 400", "HTTP/1.1 505")), (what, out)
+        assert "Connection: close" in out, (what, out)
+        assert took < 3, (what, took)  # closed at once, not at the header deadline
+        if what == "a TLS ClientHello":
+            assert "plain HTTP, not TLS" in out, out
+    # The gateway serves the next client as before.
+    assert raw(server, b"GET /api HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(
+        "HTTP/1.1 200")
+
+
+def test_a_request_line_that_never_ends_gets_431_at_the_header_limit(server):
+    # The default --max-header-bytes is 16 KiB: the answer comes once that much has arrived,
+    # while the client is still sending (up to 1 MiB; what the socket queued before a reset
+    # is still read).
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=8)
+    t0 = time.monotonic()
+    sent, out = 0, b""
+    try:
+        s.sendall(b"GET /")
+        while sent < (1 << 20):
+            s.sendall(b"a" * 1024)
+            sent += 1024
+    except OSError:
+        pass  # the gateway answered and closed: what this test waits for
+    try:
+        while chunk := s.recv(65536):
+            out += chunk
+    except (socket.timeout, ConnectionResetError):
+        pass
+    s.close()
+    took = time.monotonic() - t0
+    text = out.decode("latin-1")
+    print(f"\na request line that never ends: {text.splitlines()[0] if text else '(nothing)'} "
+          f"after {sent >> 10} KiB, {took:.2f} s")
+    assert text.startswith(("HTTP/1.1 431", "HTTP/1.1 400")), (sent, text)
+    assert took < 3, (took, sent)
 
 
 def test_a_big_body_on_a_control_route_is_413_before_it_is_read(server):

@@ -6,7 +6,9 @@ VmRSS) against the configured budget:
   client that reads along gets every byte;
 - a kernel sending one message over --max-kernel-message-bytes: it is refused before it is
   buffered, the client gets a truthful stderr notice under the cell's parent header, and the
-  kernel (and another kernel on the same gateway) keeps its variables and answers."""
+  kernel (and another kernel on the same gateway) keeps its variables and answers;
+- 8 non-reading clients under budgets that let them hold a whole flood (1 MB and 64 KiB
+  messages), which then leave by themselves: the gateway's RSS returns near its size before."""
 import os
 import pathlib
 import socket
@@ -161,6 +163,51 @@ def test_slow_readers_are_dropped_under_a_shared_budget(server, kernels):
         r.ws.sock.close()
     still_answers(ka, "x", 41)
     still_answers(kb, "y", 42)
+
+
+def test_memory_a_flood_took_is_given_back_when_its_clients_leave():
+    # Budgets this flood stays under, so no client is dropped: they close their sockets
+    # themselves once the cell is done, the case a drop's own trim did not cover.
+    big, small = 96, 1024  # x 1 MiB, x 64 KiB: 160 MiB, held by every one of the 8 clients
+    with tempfile.TemporaryDirectory() as tmp:
+        srv = gb.start_cellgate(BIN_DIR, tmp, 1, ("--max-ws-total-bytes", str(4 << 30),
+                                                  "--max-ws-queue-bytes", str(1 << 30)))
+        try:
+            kid = gb.start_kernel(srv)
+            kc = gb.KernelClient(srv, kid)
+            kc.run("x = 41")
+            baseline = rss_mib(srv.proc.pid)
+            readers = [gb.KernelClient(srv, kid) for _ in range(8)]
+            for r in readers:
+                r.ws.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            with Sampler(srv.proc.pid) as s:
+                kc.run("import sys, time\n"
+                       f"for size, n in ((1 << 20, {big}), (1 << 16, {small})):\n"
+                       "    for i in range(n):\n"
+                       "        sys.stdout.write('x' * size); sys.stdout.flush()\n"
+                       "        time.sleep(0.001)\n")
+            for r in readers:
+                r.ws.sock.close()
+            # Polled until back within the bound, or the deadline: the sessions close on their
+            # strands and the trim runs on the offload pool, after the sockets are closed here.
+            bound = baseline + 64
+            deadline = time.monotonic() + 15
+            after = rss_mib(srv.proc.pid)
+            while after > bound and time.monotonic() < deadline:
+                time.sleep(0.1)
+                after = rss_mib(srv.proc.pid)
+            print(f"\n8 non-reading clients of a {big} x 1 MiB + {small} x 64 KiB flood, then "
+                  f"gone: gateway RSS before {baseline:.0f} MiB, peak {s.peak:.0f} MiB, "
+                  f"after {after:.0f} MiB")
+            log = pathlib.Path(srv.log_path).read_text(errors="replace")
+            assert "disconnecting" not in log and "dropping" not in log, log[-2000:]
+            assert s.peak > bound, "the flood must have taken more than the bound to show anything"
+            assert after <= bound, (f"the gateway kept {after - baseline:.0f} MiB of the flood "
+                                    f"after its clients left (baseline {baseline:.0f} MiB)")
+            still_answers(kc, "x", 41)
+            kc.close()
+        finally:
+            srv.stop()
 
 
 def test_an_oversized_kernel_message_is_dropped_with_a_notice(server, kernels):

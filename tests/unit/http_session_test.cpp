@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <string>
+#include <utility>
 
 #include "cellgate/testing/api_parts.hpp"
 #include "sessions.hpp"
@@ -135,6 +137,41 @@ TEST_F(HttpSessionTest, GarbageIs400AndChangesNothing) {
   // The next connection is served normally.
   auto next = exchange("GET /api HTTP/1.1\r\nHost: x\r\n\r\n", "}");
   EXPECT_EQ(next.rfind("HTTP/1.1 200 OK", 0), 0u) << next;
+}
+
+// Bytes that cannot begin a request head are answered as they arrive, not once a CRLFCRLF they
+// never send would complete it (over a socket: silence until the header deadline). The stream
+// here has no deadline, so a session that waits answers nothing within the patience.
+TEST_F(HttpSessionTest, BytesThatCannotStartARequestAre400AtOnce) {
+  auto bytes_of = [](const auto& literal) { return std::string(literal, sizeof(literal) - 1); };
+  const std::pair<const char*, std::string> cases[] = {
+      {"a bare LF ending the request line", "GET /api HTTP/1.1\nHost: x\n\n"},
+      {"a bare LF ending a header line", "GET /api HTTP/1.1\r\nHost: x\nX-A: y\r\n"},
+      {"binary", bytes_of("\x8f\xff\x01\x02(garbage)\x7f")},
+      {"a NUL in the target", bytes_of("GET /a\0pi HTTP/1.1\r\n")},
+      {"HTTP/2's preface line", "PRI * HTTP/2.0\r\n"},
+      {"a TLS ClientHello", bytes_of("\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")},
+  };
+  for (const auto& [what, bytes] : cases) {
+    for (std::size_t chunk : {std::size_t{0}, std::size_t{1}}) {  // at once, and byte by byte
+      auto out = exchange(bytes, "}", chunk, std::chrono::seconds(2));
+      EXPECT_EQ(out.rfind("HTTP/1.1 400", 0), 0u) << what << ", chunk " << chunk << ": " << out;
+      EXPECT_NE(out.find("Connection: close"), std::string::npos) << what << ": " << out;
+    }
+  }
+  auto tls = exchange(cases[5].second, "}");
+  EXPECT_NE(tls.find("plain HTTP, not TLS"), std::string::npos) << tls;
+  auto h2 = exchange(cases[4].second, "}");
+  EXPECT_NE(h2.find("not HTTP/2"), std::string::npos) << h2;
+  // What may still become a request is not refused early: the same request whole is served.
+  auto out = exchange("GET /api HTTP/1.1\r\nHost: x\r\n\r\n", "}", 1);
+  EXPECT_EQ(out.rfind("HTTP/1.1 200 OK", 0), 0u) << out;
+}
+
+TEST_F(HttpSessionTest, ARequestLineThatNeverEndsIs431AtTheLimit) {
+  // 1 KiB header limit here: the answer comes with the first read past it, not at a deadline.
+  auto out = exchange("GET /" + std::string(4096, 'a'), "}", 0, std::chrono::seconds(2));
+  EXPECT_EQ(out.rfind("HTTP/1.1 431", 0), 0u) << out;
 }
 
 TEST_F(HttpSessionTest, AMalformedRequestLineIs400ThenClose) {

@@ -40,8 +40,22 @@ std::size_t ByteBudget::shed_count() const {
   return shed_count_;
 }
 
+bool ByteBudget::drained_locked() {
+  if (high_water_ == 0 || !on_drained_) {
+    return false;
+  }
+  if (used_ >= high_water_) {
+    above_high_water_ = true;
+  } else if (above_high_water_ && used_ <= high_water_ / 4) {
+    above_high_water_ = false;
+    return true;
+  }
+  return false;
+}
+
 void ByteBudget::update(Account& account, std::size_t bytes) {
   std::vector<std::function<void()>> to_call;
+  bool drained = false;
   {
     std::lock_guard lock(mu_);
     used_ = used_ - account.held_ + bytes;
@@ -72,20 +86,31 @@ void ByteBudget::update(Account& account, std::size_t bytes) {
         largest->on_shed_ = nullptr;
       }
     }
+    drained = drained_locked();
   }
   for (auto& f : to_call) {
     f();
   }
+  if (drained) {
+    on_drained_();
+  }
 }
 
 void ByteBudget::close(Account& account) {
-  std::lock_guard lock(mu_);
-  used_ -= account.held_;
-  if (account.shed_) {
-    shed_bytes_ -= account.held_;
+  bool drained = false;
+  {
+    std::lock_guard lock(mu_);
+    used_ -= account.held_;
+    if (account.shed_) {
+      shed_bytes_ -= account.held_;
+    }
+    account.held_ = 0;
+    accounts_.erase(std::remove(accounts_.begin(), accounts_.end(), &account), accounts_.end());
+    drained = drained_locked();
   }
-  account.held_ = 0;
-  accounts_.erase(std::remove(accounts_.begin(), accounts_.end(), &account), accounts_.end());
+  if (drained) {
+    on_drained_();
+  }
 }
 
 }  // namespace cellgate::http

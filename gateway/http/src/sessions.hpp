@@ -386,9 +386,11 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
   static constexpr std::size_t kReadPiece = 64u << 10;
   static constexpr std::size_t kKeptReadCapacity = 1u << 20;
 
+  // First, so destroyed last: the budget hears the session let go only once its buffers are
+  // freed (its drained callback may trim malloc then).
+  std::unique_ptr<ByteBudget::Account> account_;  // in options_.ws_budget; null: none
   websocket::stream<Stream> ws_;
   beast::flat_buffer buffer_;
-  std::unique_ptr<ByteBudget::Account> account_;  // in options_.ws_budget; null: none
   bool dropped_for_memory_ = false;  // a slow reader or over the budget: trim when gone
   std::shared_ptr<WsHandler> handler_;
   std::string subprotocol_;
@@ -523,6 +525,12 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
     const std::string_view data(static_cast<const char*>(buffer_.cdata().data()), buffer_.size());
     const auto end = data.find("\r\n\r\n");
     if (end == std::string_view::npos && data.size() <= options_.max_header_bytes) {
+      // Not a whole head yet. Bytes that cannot begin one (https:// to this port, a bare LF,
+      // binary) are answered now: waiting for the CRLFCRLF such a client never sends kept it
+      // in silence until the header deadline.
+      if (auto start = check_head_start(data, options_.max_header_bytes); !start) {
+        return reject(Status::bad_request, "Bad Request", start.error().message);
+      }
       stream_.async_read_some(
           buffer_.prepare(4096),
           beast::bind_front_handler(&HttpSession::on_head_bytes, this->shared_from_this()));

@@ -7,10 +7,12 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <malloc.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <cstdlib>
@@ -48,6 +50,15 @@ namespace net = boost::asio;
 // threads: 20 starts at once should take one start's time.
 constexpr int kOffloadThreads = 32;
 constexpr int kCellThreads = 2;
+// Buffers this large are mmap'd by malloc, so each is given back to the system when freed. glibc
+// raises its threshold (128 KiB) to the size of each mmap'd block freed, up to 32 MiB, after
+// which a flood's 1 MB messages come from its arenas and stay there: 8 non-reading WebSocket
+// clients of a kernel printing 300 x 1 MB left the gateway at 459 MiB after they went (18 before).
+constexpr int kMmapThresholdBytes = 256 << 10;
+// What WebSocket clients must have held together (--max-ws-total-bytes' budget) before malloc is
+// trimmed once they let go of most of it: smaller messages stay in malloc's arenas even so
+// (300 x 64 KiB: 242 MiB kept after the clients left).
+constexpr std::size_t kTrimAfterWsBytes = 64u << 20;
 
 std::string default_state_dir() {
   if (const char* d = std::getenv("CELLGATE_STATE_DIR"); d != nullptr && *d != '\0') {
@@ -249,7 +260,16 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   impl_->http_options.max_connections = o.max_connections;
   impl_->http_options.max_ws_message_bytes = o.max_ws_message_bytes;
   impl_->http_options.max_ws_queue_bytes = o.max_ws_queue_bytes;
-  impl_->http_options.ws_budget = std::make_shared<http::ByteBudget>(o.max_ws_total_bytes);
+  const std::size_t trim_after =
+      o.max_ws_total_bytes > 0 ? std::min(kTrimAfterWsBytes, o.max_ws_total_bytes / 2)
+                               : kTrimAfterWsBytes;
+  impl_->http_options.ws_budget = std::make_shared<http::ByteBudget>(
+      o.max_ws_total_bytes, trim_after, [impl = impl_.get()] {
+        // On the offload pool: a trim walks every arena, and no network thread waits for it.
+        if (impl->offload_pool) {
+          net::post(*impl->offload_pool, [] { ::malloc_trim(0); });
+        }
+      });
   impl_->http_options.ws_ping_interval = o.ws_ping_interval;
 }
 
@@ -294,6 +314,8 @@ Result<int> Server::start() {
   // Before anything listens: a second gateway on one state dir would adopt the first's kernels.
   CELLGATE_TRY(impl_->registry->claim_state_dir());
   http::raise_open_file_limit();  // each connection is a descriptor
+  // A fixed threshold also stops glibc's raising it (see kMmapThresholdBytes).
+  ::mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes);
   CELLGATE_ASSIGN_OR_RETURN(impl_->listener,
                             http::Listener::open(impl_->network, o.ip, o.port, *impl_->api,
                                                  impl_->http_options, impl_->tls));

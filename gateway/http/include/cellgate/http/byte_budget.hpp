@@ -11,8 +11,13 @@
 // The largest holder is the slowest reader or the client with the biggest unfinished message,
 // not whoever happened to add the last byte: an innocent client that reads along is kept.
 //
-// Thread-safety: every method may be called from any thread. A shed callback runs on the thread
-// whose change went over the limit, outside the budget's lock; it must only post work elsewhere.
+// A flood's bytes freed are not given back to the system by malloc on its own (small messages
+// leave its arenas fragmented): `on_drained` is called when the total falls from at least
+// `high_water` to a quarter of it, once per such rise, so the owner can trim malloc then.
+//
+// Thread-safety: every method may be called from any thread. The shed and drained callbacks run
+// on the thread whose change crossed the line, outside the budget's lock; they must only post
+// work elsewhere.
 #pragma once
 
 #include <cstddef>
@@ -48,8 +53,10 @@ class ByteBudget : public std::enable_shared_from_this<ByteBudget> {
     bool shed_ = false;     // guarded by budget_->mu_
   };
 
-  // limit 0: no limit (accounts are still counted).
-  explicit ByteBudget(std::size_t limit) : limit_(limit) {}
+  // limit 0: no limit (accounts are still counted). high_water 0: no on_drained.
+  explicit ByteBudget(std::size_t limit, std::size_t high_water = 0,
+                      std::function<void()> on_drained = nullptr)
+      : limit_(limit), high_water_(high_water), on_drained_(std::move(on_drained)) {}
 
   // An account for one holder; `on_shed` is called at most once.
   std::unique_ptr<Account> open(std::function<void()> on_shed);
@@ -62,8 +69,13 @@ class ByteBudget : public std::enable_shared_from_this<ByteBudget> {
  private:
   void update(Account& account, std::size_t bytes);
   void close(Account& account);
+  // Whether the total just fell from high_water_ to a quarter of it (called under mu_).
+  bool drained_locked();
 
   const std::size_t limit_;
+  const std::size_t high_water_;
+  const std::function<void()> on_drained_;
+  bool above_high_water_ = false;  // reached high_water_ since on_drained_ was last called
   mutable std::mutex mu_;
   std::vector<Account*> accounts_;
   std::size_t used_ = 0;

@@ -1,10 +1,13 @@
 // Limits that keep a hostile client from using a request as a weapon: a small body limit for the
 // control routes (a kernel start, a session, an interrupt carries a few hundred bytes of JSON),
 // decided from the request head before the body is read, and a nesting-depth check run before a
-// JSON body becomes a DOM (a 16 MB body of '[' is 16 M nested arrays, ~1 GB of nlohmann nodes).
+// JSON body becomes a DOM (a 16 MB body of '[' is 16 M nested arrays, ~1 GB of nlohmann nodes),
+// and a check of an unfinished request head, so bytes that can never become a request are
+// answered at once rather than after the header deadline.
 //
 //   parser.body_limit(http::body_limit_for(options, method, target));
 //   if (auto deep = http::check_json_depth(body, http::kMaxJsonDepth); !deep) { … 400 … }
+//   if (auto start = http::check_head_start(bytes_so_far, limit); !start) { … 400, close … }
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -42,5 +45,14 @@ Result<void> check_json_depth(std::string_view text, std::size_t max_depth = kMa
 // value (is_discarded()) for anything else: nlohmann::json builds any depth, but its dump(),
 // copies and comparisons recurse once per level, so what comes from outside is checked first.
 nlohmann::json parse_json(std::string_view text, std::size_t max_depth = kMaxJsonDepth);
+
+// Error "bad_request" (kInvalidArgument) when `head`, the first bytes of a request head whose
+// CRLFCRLF has not arrived yet, cannot begin an HTTP/1.1 request: a TLS handshake (this is the
+// plain port), HTTP/2's prior-knowledge preface, a NUL, a line ended by a bare LF (RFC 9112 2.2:
+// lines end in CRLF; a bare LF is refused, not read as an end of line, since a proxy in front
+// may read it otherwise), or anything Beast's parser already refuses (binary, a bad method). A
+// head that may still become a request passes; whether it fits `header_limit` is the parser's
+// to say once it is whole or over the limit.
+Result<void> check_head_start(std::string_view head, std::size_t header_limit);
 
 }  // namespace cellgate::http
