@@ -209,6 +209,14 @@ bool Collector::add_output(json output, std::size_t bytes) {
            "more than " + std::to_string(limits_.outputs) + " outputs: later ones are dropped");
     return false;
   }
+  if (over_total(bytes)) {  // errors and streams too: a kernel may send any number of them
+    outputs_truncated_ = true;
+    dropped_bytes_ += bytes;
+    notice("total_output_bytes", "the outputs are over the per-cell limit of " +
+                                     std::to_string(limits_.total_output_bytes) +
+                                     " bytes for all outputs together: later ones are dropped");
+    return false;
+  }
   outputs_.push_back(std::move(output));
   output_sizes_.push_back(bytes);
   kept_bytes_ += bytes;
@@ -365,7 +373,8 @@ void Collector::on_bundle(std::string_view type, const json& c) {
       }
     }
   }
-  const std::size_t kept_size = over_one || over_all ? bundle_size(data) : size;
+  // A note of what was dropped is not counted: it is small, and the outputs cap bounds how many.
+  const std::size_t kept_size = over_one || over_all ? 0 : size;
   const bool is_result = type == "execute_result";
   json event = {{"type", type}, {"data", data}, {"metadata", metadata}};
   if (is_result) {
