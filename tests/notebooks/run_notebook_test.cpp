@@ -198,7 +198,7 @@ TEST(RunNotebook, DashYRefusesDeepNesting) {
   for (std::size_t i = 0; i < 1000; ++i) {
     block += std::string(i, ' ') + "k:\n";
   }
-  EXPECT_EQ(y(block), "error: -y: line 256: nested deeper than 256 levels");
+  EXPECT_EQ(y(block), "error: -y: line 257: nested deeper than 256 levels");  // the 257th level
   EXPECT_EQ(y("a: " + std::string(200, '[') + std::string(200, ']')).substr(0, 8), "a = [[[[");
 }
 
