@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "backend_internal.hpp"
+#include "events.hpp"
 #include "cellgate/execute/executor.hpp"
 #include "cellgate/jail/cgroup.hpp"
 #include "cellgate/jail/userns.hpp"
@@ -131,18 +132,14 @@ class EmbeddedSession final : public KernelSession {
     request.timeout_seconds = timeout_seconds > 0 ? timeout_seconds : kNoTimeoutSeconds;
     execute::RunOptions run;
     run.client = "cellgate run";
-    // The events, for outputs made as nbclient makes them (runner.cpp). They are appended on the
-    // cell's strand; run_and_wait returns after the cell's last event (its promise orders them).
-    auto events = std::make_shared<json>(json::array());
-    run.on_event = [events](const json& event) {
-      const auto type = event.find("type");
-      if (type != event.end() && *type != "keepalive" && *type != "notice") {
-        events->push_back(event);
-      }
-    };
+    // The events, for outputs made as nbclient makes them (runner.cpp), kept within bounds
+    // (events.hpp). They are added on the cell's strand; run_and_wait returns after the cell's
+    // last event (its promise orders them).
+    auto events = std::make_shared<CellEvents>();
+    run.on_event = [events](const json& event) { events->add(event); };
     auto answer = executor_.run_and_wait(id_, std::move(request), std::move(run), cancelled_);
     if (answer) {
-      (*answer)["events"] = std::move(*events);
+      events->finish(*answer);
     }
     return answer;
   }

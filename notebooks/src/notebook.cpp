@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "cellgate/cli/artifacts.hpp"
+#include "cellgate/http/limits.hpp"
 #include "cellgate/protocol/message.hpp"
 
 namespace cellgate::notebooks::notebook {
@@ -96,6 +97,12 @@ Result<void> validate_cell(const json& cell, std::size_t index) {
 }  // namespace
 
 Result<json> parse(std::string_view text) {
+  // Before the DOM: nlohmann parses any depth (its parser keeps a stack on the heap), but what
+  // is then done with the value recurses once per level.
+  if (!http::check_json_depth(text, kMaxDepth)) {
+    return invalid("not a notebook: its JSON nests deeper than " + std::to_string(kMaxDepth) +
+                   " levels");
+  }
   json nb;
   try {
     nb = json::parse(text);

@@ -5,10 +5,6 @@ namespace {
 
 using nlohmann::json;
 
-// The executor caps a cell's outputs at this many (ExecuteLimits::outputs) and says so in a
-// notice; the same cap holds here.
-constexpr std::size_t kMaxOutputs = 1000;
-
 // Events come from a gateway over the network with a remote backend: read them defensively.
 std::string string_at(const json& object, const char* key) {
   auto it = object.find(key);
@@ -55,7 +51,27 @@ json output_of(const json& event, const std::string& type) {
   return json();
 }
 
+// Appends to `text` what of `more` fits under kMaxStreamBytes, cut on a UTF-8 character
+// boundary; false when something was left out.
+bool append_capped(std::string& text, const std::string& more) {
+  if (text.size() + more.size() <= kMaxStreamBytes) {
+    text += more;
+    return true;
+  }
+  std::size_t room = text.size() < kMaxStreamBytes ? kMaxStreamBytes - text.size() : 0;
+  while (room > 0 && (static_cast<unsigned char>(more[room]) & 0xC0) == 0x80) {
+    --room;
+  }
+  text.append(more, 0, room);
+  return false;
+}
+
 }  // namespace
+
+std::string tracked_display_id(const json& event) {
+  std::string id = string_at(event, "display_id");
+  return id.size() <= kMaxDisplayIdBytes ? id : std::string();
+}
 
 void NotebookOutputs::update_displays(const std::string& display_id, const json& event) {
   auto found = displays_.find(display_id);
@@ -81,20 +97,23 @@ void NotebookOutputs::forget_displays(std::size_t index) {
   }
 }
 
-void NotebookOutputs::apply(std::size_t index, const json& events) {
+std::vector<std::string> NotebookOutputs::apply(std::size_t index, const json& events) {
   json& outputs = cells_[index]["outputs"];
   outputs = json::array();
   forget_displays(index);
   bool clear_before_next_output = false;
+  std::vector<std::string> notices;
+  bool stream_cut[2] = {false, false};  // stdout, stderr: said once per cell
+  bool outputs_cut = false;
   if (!events.is_array()) {
-    return;
+    return notices;
   }
   for (const auto& event : events) {
     if (!event.is_object()) {
       continue;
     }
     const std::string type = string_at(event, "type");
-    const std::string display_id = string_at(event, "display_id");
+    const std::string display_id = tracked_display_id(event);
     if (!display_id.empty() && (type == "display_data" || type == "execute_result" ||
                                 type == "update_display_data")) {
       update_displays(display_id, event);
@@ -118,13 +137,41 @@ void NotebookOutputs::apply(std::size_t index, const json& events) {
       forget_displays(index);
       clear_before_next_output = false;
     }
-    if (type == "stream" && !outputs.empty() &&
-        outputs.back().value("output_type", "") == "stream" &&
-        outputs.back().value("name", "") == output["name"]) {
-      outputs.back()["text"].get_ref<std::string&>() += output["text"].get_ref<const std::string&>();
-      continue;
+    if (type == "stream") {
+      // A remote gateway's stream events may add up to any length: the text of one output is
+      // capped, the rest dropped and said once.
+      const bool is_stderr = output["name"] == "stderr";
+      const bool joins = !outputs.empty() &&
+                         outputs.back().value("output_type", "") == "stream" &&
+                         outputs.back().value("name", "") == output["name"];
+      if (joins || outputs.size() < kMaxOutputs) {
+        std::string& text = joins ? outputs.back()["text"].get_ref<std::string&>()
+                                  : output["text"].get_ref<std::string&>();
+        bool whole = true;
+        if (joins) {
+          whole = append_capped(text, output["text"].get_ref<const std::string&>());
+        } else if (text.size() > kMaxStreamBytes) {
+          std::string all = std::move(text);
+          text.clear();
+          whole = append_capped(text, all);
+        }
+        if (!whole && !stream_cut[is_stderr]) {
+          stream_cut[is_stderr] = true;
+          notices.push_back(std::string(is_stderr ? "stderr" : "stdout") +
+                            " is over the limit of " + std::to_string(kMaxStreamBytes) +
+                            " bytes per output: the rest is dropped");
+        }
+        if (joins) {
+          continue;
+        }
+      }
     }
     if (outputs.size() >= kMaxOutputs) {
+      if (!outputs_cut) {
+        outputs_cut = true;
+        notices.push_back("more than " + std::to_string(kMaxOutputs) +
+                          " outputs: later ones are dropped");
+      }
       continue;
     }
     if (!display_id.empty()) {
@@ -132,6 +179,7 @@ void NotebookOutputs::apply(std::size_t index, const json& events) {
     }
     outputs.push_back(std::move(output));
   }
+  return notices;
 }
 
 }  // namespace cellgate::notebooks

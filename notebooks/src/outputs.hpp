@@ -12,8 +12,14 @@
 // Consecutive text of one stream stays one output (nbformat's reading; nbclient 0.7 keeps the
 // pieces apart, which readers join).
 //
+// Events come from a kernel, or from a gateway over the network: what is kept is capped
+// (kMaxOutputs per cell, kMaxStreamBytes per stream output, display ids up to
+// kMaxDisplayIdBytes), and a cap reached is said in the notices apply() returns. The events
+// themselves are bounded before they get here (events.hpp).
+//
 //   NotebookOutputs outputs(nb["cells"]);
-//   outputs.apply(3, answer["events"]);   // fills cells[3]["outputs"], may update earlier cells
+//   auto notices = outputs.apply(3, answer["events"]);  // fills cells[3]["outputs"], may update
+//                                                       // earlier cells
 //
 // Thread-safety: none; the runner's thread.
 #pragma once
@@ -26,6 +32,20 @@
 
 namespace cellgate::notebooks {
 
+// The executor caps a cell's outputs at this many (ExecuteLimits::outputs) and says so in a
+// notice; the same cap holds here.
+inline constexpr std::size_t kMaxOutputs = 1000;
+// One stream output's text, joined from its events: the embedded gateway's cap per stream
+// (backend.cpp); a remote gateway's answer may not have one.
+inline constexpr std::size_t kMaxStreamBytes = std::size_t{64} << 20;
+// A display id longer than this is not tracked: it shows like an output without one and is
+// never updated (ids are map keys here, kept for the whole run; Jupyter's are 32-hex uuids).
+inline constexpr std::size_t kMaxDisplayIdBytes = 1024;
+
+// The display id an event is tracked under: its "display_id" when that is a string of 1 to
+// kMaxDisplayIdBytes bytes, else "".
+std::string tracked_display_id(const nlohmann::json& event);
+
 class NotebookOutputs {
  public:
   // `cells` (the notebook's) must outlive this.
@@ -33,8 +53,9 @@ class NotebookOutputs {
 
   // Sets cells[index]["outputs"] from the cell's events, in order: the executor's
   // {"type": "stream" | "display_data" | "execute_result" | "update_display_data" | "error" |
-  // "clear_output", …} (others, such as keepalive and notice, are ignored).
-  void apply(std::size_t index, const nlohmann::json& events);
+  // "clear_output", …} (others, such as keepalive and notice, are ignored). Returns what was
+  // cut (a stream past kMaxStreamBytes, outputs past kMaxOutputs), one line each.
+  std::vector<std::string> apply(std::size_t index, const nlohmann::json& events);
 
  private:
   void update_displays(const std::string& display_id, const nlohmann::json& event);

@@ -530,6 +530,24 @@ class YamlReader {
   }
 
  private:
+  // block() and flow() recurse once per level of nesting, and so do Node's destructor and the
+  // rendering: the depth is bounded as a notebook's is (a -y value, or a notebook given to the
+  // fuzz target as one, could nest 100,000 deep).
+  static constexpr std::size_t kMaxYamlDepth = notebook::kMaxDepth;
+  class Level {
+   public:
+    explicit Level(std::size_t& depth) : depth_(depth) { ++depth_; }
+    ~Level() { --depth_; }
+    Level(const Level&) = delete;
+    Level& operator=(const Level&) = delete;
+
+   private:
+    std::size_t& depth_;
+  };
+  static std::string too_deep() {
+    return "nested deeper than " + std::to_string(kMaxYamlDepth) + " levels";
+  }
+
   Error error(std::size_t line, const std::string& what) const {
     return bad("-y: line " + std::to_string(line + 1) + ": " + what);
   }
@@ -544,6 +562,10 @@ class YamlReader {
 
   // Rows from `row` that are indented exactly `indent`: a sequence or a mapping.
   Result<Node> block(std::size_t& row, std::size_t indent) {
+    const Level level(depth_);
+    if (depth_ > kMaxYamlDepth) {
+      return error(rows_[row].first, too_deep());
+    }
     Node node;
     const bool sequence = is_item(content(row));
     node.kind = sequence ? Node::Kind::kSequence : Node::Kind::kMapping;
@@ -707,6 +729,10 @@ class YamlReader {
       return quoted(s, pos, line);
     }
     if (c == '[' || c == '{') {
+      const Level level(depth_);
+      if (depth_ > kMaxYamlDepth) {
+        return error(line, too_deep());
+      }
       const bool mapping = c == '{';
       const char close = mapping ? '}' : ']';
       Node node;
@@ -822,6 +848,7 @@ class YamlReader {
 
   std::vector<std::string> lines_;
   std::vector<std::pair<std::size_t, std::string>> rows_;  // (line index, text) worth reading
+  std::size_t depth_ = 0;  // block() and flow() calls open now
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "backend_internal.hpp"
+#include "ndjson.hpp"
 #include "cellgate/http/client.hpp"
 #include "cellgate/notebooks/backend.hpp"
 
@@ -21,6 +22,8 @@ constexpr auto kStartTimeout = 180s;  // a jailed kernel start is inside POST /a
 constexpr auto kInterruptTimeout = 5s;
 constexpr auto kAnswerSlack = 120s;  // past a cell's timeout: the grace period and a restart
 constexpr std::size_t kRemoteMaxFileBytes = std::size_t{16} << 20;  // serve's default
+// A REST answer (a kernel model, the kernelspecs) is a few KiB; this much is read at most.
+constexpr std::size_t kRestAnswerBytes = std::size_t{16} << 20;
 
 Error http_error(const std::string& what, const http_client::Response& res) {
   ErrorCode code = ErrorCode::kUnavailable;
@@ -37,67 +40,7 @@ Error http_error(const std::string& what, const http_client::Response& res) {
 }
 
 // The gateway's REST calls a run makes, and the kernels it started and has not deleted yet (so
-// that cancel() can interrupt them). Answers from the network are read defensively.
-// The lines of a streamed execute answer: events ({"type": ...}) until
-// {"type": "end", "answer": {...}} (or "answer": null and an "error").
-class NdjsonAnswer {
- public:
-  void feed(std::string_view piece) {
-    pending_.append(piece);
-    std::size_t start = 0;
-    for (auto nl = pending_.find('\n'); nl != std::string::npos;
-         nl = pending_.find('\n', start)) {
-      line(std::string_view(pending_).substr(start, nl - start));
-      start = nl + 1;
-    }
-    pending_.erase(0, start);
-  }
-
-  Result<json> answer() {
-    if (!pending_.empty()) {
-      line(pending_);
-      pending_.clear();
-    }
-    if (!end_.is_object()) {
-      return make_error(ErrorCode::kUnavailable, "bad_answer",
-                        "POST /api/kernels/{id}/execute: the stream ended without the answer");
-    }
-    const json& answer = end_.contains("answer") ? end_["answer"] : json();
-    if (!answer.is_object() || !answer.contains("status")) {
-      const json error = end_.value("error", json::object());
-      const std::string message =
-          error.is_object() ? error.value("message", std::string()) : std::string();
-      return make_error(ErrorCode::kUnavailable, "execute_failed",
-                        "POST /api/kernels/{id}/execute: " +
-                            (message.empty() ? std::string("no answer") : message));
-    }
-    json out = answer;
-    out["events"] = std::move(events_);
-    return out;
-  }
-
- private:
-  void line(std::string_view text) {
-    if (text.find_first_not_of(" \r\t") == std::string_view::npos) {
-      return;
-    }
-    json event = json::parse(text, nullptr, false);
-    if (!event.is_object()) {
-      return;
-    }
-    const std::string type = event.value("type", "");
-    if (type == "end") {
-      end_ = std::move(event);
-    } else if (type != "keepalive" && type != "notice") {
-      events_.push_back(std::move(event));
-    }
-  }
-
-  std::string pending_;
-  json events_ = json::array();
-  json end_;
-};
-
+// that cancel() can interrupt them). Answers from the network are read defensively (ndjson.hpp).
 class Gateway {
  public:
   explicit Gateway(http_client::Client client) : client_(std::move(client)) {}
@@ -110,11 +53,12 @@ class Gateway {
   // GET /api/kernelspecs: the names, their languages and the default.
   Result<Specs> kernelspecs() const {
     CELLGATE_ASSIGN_OR_RETURN(auto res,
-                              client_.request("GET", "/api/kernelspecs", "", kRestTimeout));
+                              client_.request("GET", "/api/kernelspecs", "", kRestTimeout,
+                                              "application/json", kRestAnswerBytes));
     if (res.status != 200) {
       return http_error("GET /api/kernelspecs", res);
     }
-    json specs = json::parse(res.body, nullptr, false);
+    json specs = parse_bounded(res.body);
     if (!specs.is_object() || !specs.contains("kernelspecs") || !specs["kernelspecs"].is_object()) {
       return make_error(ErrorCode::kUnavailable, "bad_answer",
                         "GET /api/kernelspecs: not a Jupyter gateway's answer");
@@ -142,11 +86,12 @@ class Gateway {
     }
     CELLGATE_ASSIGN_OR_RETURN(
         auto res,
-        client_.request("POST", "/api/kernels", json{{"name", kernel}}.dump(), kStartTimeout));
+        client_.request("POST", "/api/kernels", json{{"name", kernel}}.dump(), kStartTimeout,
+                        "application/json", kRestAnswerBytes));
     if (res.status != 201 && res.status != 200) {
       return http_error("POST /api/kernels", res);
     }
-    json model = json::parse(res.body, nullptr, false);
+    json model = parse_bounded(res.body);
     if (!model.is_object() || !model.contains("id") || !model["id"].is_string()) {
       return make_error(ErrorCode::kUnavailable, "bad_answer",
                         "POST /api/kernels: the answer has no kernel id");
@@ -159,7 +104,8 @@ class Gateway {
 
   // DELETE /api/kernels/{id}; failures are left to the gateway's culler.
   void shutdown(const std::string& id) {
-    (void)client_.request("DELETE", "/api/kernels/" + id, "", kRestTimeout);
+    (void)client_.request("DELETE", "/api/kernels/" + id, "", kRestTimeout, "application/json",
+                          kRestAnswerBytes);
     std::lock_guard lock(mu_);
     live_.erase(id);
   }
@@ -170,7 +116,8 @@ class Gateway {
     const std::string target = "/api/kernels/" + id + "/files/" + http_client::encode_path(rel);
     CELLGATE_ASSIGN_OR_RETURN(
         auto res,
-        client_.request("PUT", target, bytes, kRestTimeout, "application/octet-stream"));
+        client_.request("PUT", target, bytes, kRestTimeout, "application/octet-stream",
+                        kRestAnswerBytes));
     if (res.status != 201 && res.status != 200) {
       return http_error("PUT files/" + rel, res);
     }
@@ -211,7 +158,8 @@ class Gateway {
       ids = live_;
     }
     for (const auto& id : ids) {
-      (void)client_.request("POST", "/api/kernels/" + id + "/interrupt", "", kInterruptTimeout);
+      (void)client_.request("POST", "/api/kernels/" + id + "/interrupt", "", kInterruptTimeout,
+                            "application/json", kRestAnswerBytes);
     }
   }
   bool cancelled() const { return cancelled_.load(); }

@@ -80,8 +80,9 @@ std::string timeout_limit(const Backend& backend, const NotebookRun& run) {
 // Fills the cell from its answer and judges it: true when the run goes on to the next cell.
 bool take_answer(const Backend& backend, const NotebookRun& run, const json& answer,
                  std::size_t i, json& cell, NotebookOutputs& outputs, Outcome& out) {
+  std::vector<std::string> cut;
   if (answer.contains("events") && answer["events"].is_array()) {
-    outputs.apply(i, answer["events"]);  // may update displays of earlier cells too
+    cut = outputs.apply(i, answer["events"]);  // may update displays of earlier cells too
   } else {
     cell["outputs"] = array_at(answer, "outputs");
   }
@@ -92,6 +93,9 @@ bool take_answer(const Backend& backend, const NotebookRun& run, const json& ans
     if (notice.is_string()) {
       out.warnings.push_back("cells[" + std::to_string(i) + "]: " + notice.get<std::string>());
     }
+  }
+  for (const auto& notice : cut) {
+    out.warnings.push_back("cells[" + std::to_string(i) + "]: " + notice);
   }
   const std::string status = string_at(answer, "status");
   if (backend.cancelled() && status != "ok") {

@@ -107,6 +107,8 @@ def main():
     for path in sorted(glob.glob(os.path.join(ROOT, "notebooks/examples/*.ipynb"))):
         put("notebook", os.path.basename(path), open(path, "rb").read())
     put("notebook", "params.yaml", "---\nalpha: 0.5\nratio: .5\nname: 'x'\nitems:\n  - 1\n  - two\nflags: {a: yes, b: ~}\n")
+    notebook_seeds()
+    notebook_outputs_seeds()
 
     # JailSpec as the gateway writes it (spec_json.hpp's example, plus the keys a kernel gets).
     put("jail_spec", "example.json", json.dumps({
@@ -211,4 +213,64 @@ def content_paths():
     put("audit_redact", "long-ename", b"\0" + b"E" * n)
 
 
-main()
+def notebook_seeds():
+    """A notebook nested 100,000 deep (issue 24): nlohmann parses it, and dump() then overflowed
+    the stack; parse() refuses it now (it is also given to the -y reader, which recursed too)."""
+    deep = 100000
+    put("notebook", "deep.ipynb", '{"nbformat": 4, "nbformat_minor": 5, "cells": [], "metadata": {"deep": '
+        + "[" * deep + "]" * deep + "}}")
+
+
+def notebook_outputs_seeds():
+    """NDJSON bodies of POST /api/kernels/{id}/execute as `cellgate serve` streams them (the
+    executor's events, gateway/execute/include/cellgate/execute/executor.hpp), one per cell,
+    separated by two NUL bytes."""
+    def body(*events):
+        return "".join(json.dumps(e) + "\n" for e in events)
+
+    def end(status="ok", count=1):
+        return {"type": "end", "answer": {"status": status, "execution_count": count, "notices": []}}
+
+    def show(text, display_id=None, kind="display_data", png=None):
+        e = {"type": kind, "data": {"text/plain": text}, "metadata": {}}
+        if png:
+            e["data"]["image/png"] = png
+        if display_id:
+            e["display_id"] = display_id
+        return e
+
+    def out(text, name="stdout"):
+        return {"type": "stream", "name": name, "text": text}
+
+    def clear(wait):
+        return {"type": "clear_output", "wait": wait}
+
+    png = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(range(64))).decode()
+    cells = [
+        body(show("'Hello'", "d1"), out("a"), {"type": "keepalive"}, out("b"), end()),
+        body(show("'world'", "d1", "update_display_data"), show("2", None, "execute_result") | {"execution_count": 2},
+             end(count=2)),
+        body(show("'again'", "d1"), out("err\n", "stderr"), end(count=3)),
+    ]
+    put("notebook_outputs", "displays.ndjson", SEP.join(c.encode() for c in cells))
+    frames = [e for i in range(5) for e in (clear(True), show("frame %d" % i, png=png))]
+    put("notebook_outputs", "animation.ndjson", body(*frames, out("done\n"), end()).encode())
+    updates = [show("%d%%" % i, "bar", "update_display_data") for i in range(0, 101, 20)]
+    put("notebook_outputs", "progress.ndjson", SEP.join([
+        body(show("0%", "bar"), end()).encode(),
+        body(*updates, clear(False), show("100%", "bar", "update_display_data"), end(count=2)).encode()]))
+    put("notebook_outputs", "error.ndjson", body(
+        out("before\n"), {"type": "notice", "message": "stdout is over the per-cell limit"},
+        {"type": "error", "ename": "ZeroDivisionError", "evalue": "division by zero",
+         "traceback": ["Traceback (most recent call last)", "ZeroDivisionError: division by zero"], "line": 1},
+        {"type": "end", "answer": {"status": "error", "execution_count": 1,
+                                   "error": {"ename": "ZeroDivisionError", "evalue": "division by zero"}}}).encode())
+    nested = "[" * 250 + "]" * 250
+    put("notebook_outputs", "nested.ndjson", (
+        '{"type": "display_data", "data": {"application/json": ' + nested + '}, "metadata": {}}\n'
+        '{"type": "display_data", "data": {"application/json": [' + nested + ']}, "metadata": {}}\n'
+        + json.dumps(end()) + "\n").encode())
+
+
+if __name__ == "__main__":
+    main()

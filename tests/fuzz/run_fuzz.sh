@@ -5,7 +5,8 @@
 # run finds stays there for the next one). Reproducers saved in <crash dir> (tests/fuzz/crashes/
 # <name>) are run first, every time: a fixed bug stays fixed. Exits non-zero on any crash, leak,
 # timeout (-timeout=10) or broken invariant; the failing input lands in <work dir>/artifacts/.
-# MAX_LEN in the environment sets libFuzzer's -max_len (the content targets take MiB inputs).
+# MAX_LEN in the environment is passed as -max_len (cellgate_fuzz(… MAX_LEN n) sets it for the
+# CTest run); without it libFuzzer takes the largest seed's length.
 set -euo pipefail
 fuzzer=$1 seeds=$2 work=$3 seconds=$4 crashes=${5:-}
 mkdir -p "$work/artifacts"
@@ -18,7 +19,5 @@ if [ -n "$crashes" ] && [ -d "$crashes" ] && [ -n "$(ls -A "$crashes")" ]; then
 fi
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-max_len=()
-[ -n "${MAX_LEN:-}" ] && max_len=(-max_len="$MAX_LEN")
-exec "$fuzzer" "${max_len[@]}" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
-  -artifact_prefix="$work/artifacts/" "$work/corpus"
+exec "$fuzzer" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+  ${MAX_LEN:+-max_len="$MAX_LEN"} -artifact_prefix="$work/artifacts/" "$work/corpus"

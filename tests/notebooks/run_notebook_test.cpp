@@ -158,6 +158,50 @@ TEST(RunNotebook, LongScalarsAndNamesDoNotOverflowTheStack) {
   EXPECT_FALSE(parameters::typed(name + "-", "1"));
 }
 
+// Issue 24: a notebook is untrusted input. nlohmann parses any depth, but dump(), copies and ==
+// recurse once per level: a 100,000-deep notebook was accepted and overflowed the stack when
+// the run wrote it. It is refused before it is parsed; application/json outputs as deep as the
+// bound leaves room for still read, and write back.
+TEST(RunNotebook, ADeeplyNestedNotebookIsRefusedBeforeParsing) {
+  const std::size_t deep = 100000;
+  const std::string nested = std::string(deep, '[') + std::string(deep, ']');
+  const std::string text =
+      R"({"nbformat": 4, "nbformat_minor": 5, "cells": [], "metadata": {"deep": )" + nested + "}}";
+  EXPECT_EQ(error_of(text), "not a notebook: its JSON nests deeper than 256 levels");
+  // Brackets in strings do not count.
+  EXPECT_EQ(error_of(notebook_of({code_cell(std::string(deep, '['))}).dump()), "(valid)");
+
+  // An output's application/json as deep as the bound allows: notebook, cells, cell, outputs,
+  // output, data are 6 levels.
+  json value = json::array();
+  for (std::size_t i = 0; i < kMaxDepth - 7; ++i) {
+    value = json::array({std::move(value)});
+  }
+  json nb = notebook_of({code_cell("1")});
+  nb["cells"][0]["outputs"] = json::array({{{"output_type", "display_data"},
+                                            {"data", {{"application/json", value}}},
+                                            {"metadata", json::object()}}});
+  auto parsed = parse(dump(nb));
+  ASSERT_TRUE(parsed) << parsed.error().message;
+  EXPECT_EQ(*parsed, nb);
+  nb["cells"][0]["outputs"][0]["data"]["application/json"] = json::array({value});
+  EXPECT_EQ(error_of(dump(nb)), "not a notebook: its JSON nests deeper than 256 levels");
+}
+
+// -y is read by a recursive descent: its nesting is bounded too (a flow collection, or block
+// mappings by indentation).
+TEST(RunNotebook, DashYRefusesDeepNesting) {
+  const std::size_t deep = 100000;
+  EXPECT_EQ(y("{a: " + std::string(deep, '[') + std::string(deep, ']') + "}"),
+            "error: -y: line 1: nested deeper than 256 levels");
+  std::string block;
+  for (std::size_t i = 0; i < 1000; ++i) {
+    block += std::string(i, ' ') + "k:\n";
+  }
+  EXPECT_EQ(y(block), "error: -y: line 257: nested deeper than 256 levels");  // the 257th level
+  EXPECT_EQ(y("a: " + std::string(200, '[') + std::string(200, ']')).substr(0, 8), "a = [[[[");
+}
+
 TEST(RunNotebook, DashYReadsYamlAndJsonAsPyYamlDoes) {
   // JSON (a subset of YAML).
   EXPECT_EQ(y(R"({"items": [1, "a", null, true], "d": {"k": 1.5}, "s": "x\"y"})"),

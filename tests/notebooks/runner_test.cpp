@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "cellgate/util/text.hpp"
+#include "outputs.hpp"
 
 namespace cellgate::notebooks {
 namespace {
@@ -363,6 +364,61 @@ TEST(Runner, OutputsFollowNbclientsDisplayAndClearRules) {
   EXPECT_EQ(cells[4]["outputs"][0]["text"], "new");
   EXPECT_EQ(cells[5]["outputs"], json::array());
   EXPECT_EQ(cells[6]["outputs"], json::array());
+}
+
+// Issue 24: a remote gateway's stream events may add up to any length. One output's text stops
+// at kMaxStreamBytes (64 MiB, the embedded gateway's cap per stream), cut on a character
+// boundary, and the run's warnings say so.
+TEST(Runner, StreamTextStopsAtTheCapWithANotice) {
+  FakeBackend backend;
+  std::string mib;
+  while (mib.size() < (std::size_t{1} << 20)) {
+    mib += "\u00e9";  // 2 bytes: after the "a" below, the cap falls inside one
+  }
+  backend.answer = [&mib](const std::string&, int count) -> Result<json> {
+    json events = json::array({stream("a")});
+    for (int i = 0; i < 70; ++i) {
+      events.push_back(stream(mib));
+    }
+    events.push_back({{"type", "stream"}, {"name", "stderr"}, {"text", "err"}});
+    return answer_with_events(count, std::move(events));
+  };
+  Outcome out = run_notebook(backend, notebook_of({code_cell("print")}), NotebookRun{});
+  ASSERT_EQ(out.status, Status::kOk);
+  const json& outputs = out.notebook["cells"][0]["outputs"];
+  ASSERT_EQ(outputs.size(), 2u);
+  const std::string& text = outputs[0]["text"].get_ref<const std::string&>();
+  EXPECT_EQ(text.size(), kMaxStreamBytes - 1);
+  EXPECT_EQ(text.substr(text.size() - 2), "\u00e9");
+  EXPECT_EQ(outputs[1]["text"], "err");
+  ASSERT_EQ(out.warnings.size(), 1u);
+  EXPECT_EQ(out.warnings[0],
+            "cells[0]: stdout is over the limit of 67108864 bytes per output: the rest is "
+            "dropped");
+}
+
+// Display ids are map keys for the whole run: one over kMaxDisplayIdBytes is not tracked (its
+// output shows, and is never updated).
+TEST(Runner, LongDisplayIdsAreNotTracked) {
+  FakeBackend backend;
+  const std::string long_id(kMaxDisplayIdBytes + 1, 'i');
+  const std::string id(kMaxDisplayIdBytes, 'i');
+  std::map<std::string, json> events = {
+      {"show", json::array({display("display_data", "'long'", long_id),
+                            display("display_data", "'ok'", id)})},
+      {"update", json::array({display("update_display_data", "'new'", long_id),
+                              display("update_display_data", "'new'", id)})},
+  };
+  backend.answer = [&events](const std::string& code, int count) -> Result<json> {
+    return answer_with_events(count, events.at(code));
+  };
+  Outcome out = run_notebook(backend, notebook_of({code_cell("show"), code_cell("update")}),
+                             NotebookRun{});
+  ASSERT_EQ(out.status, Status::kOk);
+  const json& shown = out.notebook["cells"][0]["outputs"];
+  ASSERT_EQ(shown.size(), 2u);
+  EXPECT_EQ(shown[0]["data"]["text/plain"], "'long'");
+  EXPECT_EQ(shown[1]["data"]["text/plain"], "'new'");
 }
 
 TEST(Runner, ADeadKernelAndAnUnknownStatusAreErrors) {

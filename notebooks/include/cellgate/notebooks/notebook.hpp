@@ -29,6 +29,15 @@
 
 namespace cellgate::notebooks::notebook {
 
+// The deepest nesting of arrays and objects parse() accepts; deeper is refused before nlohmann
+// builds anything. nbformat needs 7 levels to reach an output's MIME value (notebook, cells,
+// cell, outputs, output, data, value); the rest is room for application/json outputs and
+// metadata such as widget state. Python's json module, which Jupyter writes notebooks with,
+// gives up near 1000 levels. nlohmann's dump(), copies and == recurse once per level, so this
+// bound is what keeps every later step of a run (writing the notebook included) off the end of
+// the stack: a 100,000-deep notebook would overflow it.
+inline constexpr std::size_t kMaxDepth = 256;
+
 // Parses and validates; errors have reason "invalid_notebook" and say what is wrong.
 Result<nlohmann::json> parse(std::string_view text);
 Result<void> validate(const nlohmann::json& nb);

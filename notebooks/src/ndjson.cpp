@@ -1,0 +1,111 @@
+#include "ndjson.hpp"
+
+#include "cellgate/http/limits.hpp"
+
+namespace cellgate::notebooks {
+
+using nlohmann::json;
+
+json parse_bounded(std::string_view text) {
+  if (!http::check_json_depth(text, notebook::kMaxDepth)) {
+    return json(json::value_t::discarded);
+  }
+  return json::parse(text, nullptr, false);
+}
+
+void NdjsonAnswer::feed(std::string_view piece) {
+  while (!piece.empty()) {
+    const auto nl = piece.find('\n');
+    const std::string_view part = piece.substr(0, nl);
+    if (!skipping_) {
+      if (pending_.size() + part.size() > max_line_) {
+        skipping_ = true;
+        ++too_long_;
+        std::string().swap(pending_);  // its memory too
+      } else {
+        pending_.append(part);
+      }
+    }
+    if (nl == std::string_view::npos) {
+      return;
+    }
+    if (!skipping_) {
+      line(pending_);
+    }
+    skipping_ = false;
+    if (pending_.capacity() > (std::size_t{1} << 20)) {
+      std::string().swap(pending_);  // a big line's buffer is not kept for the small ones
+    } else {
+      pending_.clear();
+    }
+    piece.remove_prefix(nl + 1);
+  }
+}
+
+void NdjsonAnswer::line(std::string_view text) {
+  if (text.find_first_not_of(" \r\t") == std::string_view::npos) {
+    return;
+  }
+  if (!http::check_json_depth(text, notebook::kMaxDepth)) {
+    ++too_deep_;
+    return;
+  }
+  json event = json::parse(text, nullptr, false);
+  if (!event.is_object()) {
+    return;
+  }
+  const auto type = event.find("type");
+  if (type != event.end() && *type == "end") {
+    end_ = std::move(event);
+  } else {
+    events_.add(std::move(event));
+  }
+}
+
+Result<json> NdjsonAnswer::answer() {
+  if (!pending_.empty() && !skipping_) {
+    line(pending_);
+  }
+  pending_.clear();
+  skipping_ = false;
+  std::string dropped;
+  if (too_long_ > 0) {
+    dropped += "; " + std::to_string(too_long_) + " of its lines were over " +
+               std::to_string(max_line_) + " bytes and were dropped";
+  }
+  if (too_deep_ > 0) {
+    dropped += "; " + std::to_string(too_deep_) + " of its lines nest deeper than " +
+               std::to_string(notebook::kMaxDepth) + " levels and were dropped";
+  }
+  if (!end_.is_object()) {
+    return make_error(ErrorCode::kUnavailable, "bad_answer",
+                      "POST /api/kernels/{id}/execute: the stream ended without the answer" +
+                          dropped);
+  }
+  auto answer = end_.find("answer");
+  if (answer == end_.end() || !answer->is_object() || !answer->contains("status")) {
+    // Not value("message", …): it throws when the member is there but not a string.
+    std::string message;
+    if (const auto error = end_.find("error"); error != end_.end() && error->is_object()) {
+      if (const auto said = error->find("message"); said != error->end() && said->is_string()) {
+        message = said->get<std::string>();
+      }
+    }
+    return make_error(ErrorCode::kUnavailable, "execute_failed",
+                      "POST /api/kernels/{id}/execute: " +
+                          (message.empty() ? std::string("no answer") : message) + dropped);
+  }
+  json out = std::move(*answer);
+  end_ = json();
+  events_.finish(out);
+  if (!dropped.empty()) {
+    json& notices = out["notices"];
+    if (!notices.is_array()) {
+      notices = json::array();
+    }
+    notices.push_back("the gateway's answer was cut" + dropped);
+  }
+  return out;
+}
+
+}  // namespace cellgate::notebooks
