@@ -617,7 +617,7 @@ BIG_TRACEBACK = render_traceback_cell("['x' * 1000] * 10000")
 
 # name: (code, expected status, the gateway must say it cut something)
 WORST = {
-    "deep_json_raw_display": (RAW_DEEP_JSON, "ok", False),
+    "deep_json_raw_display": (RAW_DEEP_JSON, "ok", True),
     "json_900_deep_repr": (LEGIT_JSON, "ok", False),
     "display_id_1mib_200_updates": (DISPLAY_ID, "ok", False),
     "mime_types_50000": (MIME_TYPES, "ok", True),
@@ -657,11 +657,13 @@ def test_worst_case_output(gw, kernel, case):
         assert answer["stdout"].startswith("sent "), f"the kernel did not send it: {brief(answer)}"
         kept = any(o.get("output_type") == "display_data"
                    and "application/json" in (o.get("data") or {}) for o in answer["outputs"])
-        # Said by a notice, a truncated flag, or the gateway's "[cellgate] … dropped" stderr
-        # line, its way of saying it refused a kernel's message (README, --max-kernel-message-bytes).
-        dropped_said = "[cellgate]" in answer["stderr"] and "dropped" in answer["stderr"]
-        assert kept or said_cut(answer) or dropped_said, \
-            f"{what}: the display is gone and the answer does not say so: {brief(answer)}"
+        # Refused at the envelope (simdjson's 1024 levels): a notebook reads why on stderr (the
+        # gateway's "[cellgate] … dropped" line), an agent in the notices as well.
+        assert not kept, f"{what}: a 100,000-deep display was kept: {brief(answer)}"
+        assert "[cellgate]" in answer["stderr"] and "deeper than 1024" in answer["stderr"], \
+            f"{what}: no stderr line says the display was dropped: {brief(answer)}"
+        assert any("deeper than 1024" in n for n in answer["notices"]), \
+            f"{what}: no notice says the display was dropped: {brief(answer)}"
     elif case == "json_900_deep_repr":
         value = (answer.get("result") or {}).get("application/json")
         assert value is not None and nesting(value) == LEGIT_DEPTH, \

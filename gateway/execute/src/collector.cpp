@@ -43,6 +43,8 @@ constexpr std::size_t kMaxValueBytes = 64u << 10;
 // Jupyter bundles carry a handful of MIME types; a display id is a short token.
 constexpr std::size_t kMaxMimeTypes = 128;
 constexpr std::size_t kMaxDisplayIdBytes = 1024;
+// Marks a stream message the gateway made to say a kernel's message was lost (kernel/client.cpp).
+constexpr const char* kDroppedMark = "cellgate_dropped";
 
 std::size_t bundle_size(const json& data) {
   std::size_t n = 0;
@@ -182,6 +184,9 @@ void Collector::on_message(std::string_view type, const json& content) {
   if (type == "execute_input") {
     execution_count_ = count_field(content);
   } else if (type == "stream") {
+    if (bool_field(content, kDroppedMark)) {
+      notice_dropped(string_field(content, "text"));
+    }
     on_stream(string_field(content, "name") == "stderr" ? 1 : 0, string_field(content, "text"));
   } else if (type == "execute_result" || type == "display_data" || type == "update_display_data") {
     on_bundle(type, content);
@@ -199,6 +204,17 @@ void Collector::notice(const std::string& key, const std::string& message) {
     notices_.push_back(message);
     emit(json{{"type", "notice"}, {"message", message}});
   }
+}
+
+void Collector::notice_dropped(std::string_view text) {
+  // The gateway's own line ("[cellgate] a display_data message from the kernel was dropped: …"):
+  // said once per cell as a notice as well, where an agent looks for what was cut.
+  std::string message(utf8_prefix(text, 1024));
+  while (!message.empty() && message.back() == '\n') {
+    message.pop_back();
+  }
+  outputs_truncated_ = true;
+  notice("kernel_message_dropped", message);
 }
 
 bool Collector::add_output(json output, std::size_t bytes) {
@@ -244,6 +260,10 @@ bool Collector::on_stream_frame(std::string_view content) {
   }
   if (object["text"].get_string().get(text) != simdjson::SUCCESS) {
     text = {};
+  }
+  if (bool dropped = false;
+      object[kDroppedMark].get_bool().get(dropped) == simdjson::SUCCESS && dropped) {
+    notice_dropped(text);
   }
   on_stream(name == "stderr" ? 1 : 0, text);
   return true;

@@ -62,6 +62,7 @@ class Collector {
 
  private:
   void notice(const std::string& key, const std::string& message);
+  void notice_dropped(std::string_view text);
   bool add_output(nlohmann::json output, std::size_t bytes);
   bool over_total(std::size_t more) const;
   void on_stream(int which, std::string_view text);  // 0: stdout, 1: stderr

@@ -26,6 +26,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
+// The field that marks a stream message the gateway made to say output was lost (clients ignore
+// content fields they do not know; the agent API's collector makes a notice of it).
+constexpr const char* kDroppedMark = "cellgate_dropped";
+
 constexpr int kReconnectIvlMs = 10;
 // Capped low: a kernel binds its sockets some 50 ms after its launcher reports it started, and
 // an exponential back-off would leave the first connection waiting up to twice that.
@@ -652,7 +656,8 @@ struct KernelClient::Impl {
                        {"text", "[cellgate] output dropped: the connection carrying the kernel's "
                                 "output was cut while the kernel ran on, most likely by a message "
                                 "over the " + limit_text + " limit (--max-kernel-message-bytes); "
-                                "that output and any queued behind it were lost\n"}});
+                                "that output and any queued behind it were lost\n"},
+                       {kDroppedMark, true}});
     msg.parent_header = busy_parent;  // the request that ran last: the likely sender
     dispatch(Channel::kIopub, protocol::Envelope::from_message(Channel::kIopub, std::move(msg)));
   }
@@ -685,7 +690,8 @@ struct KernelClient::Impl {
         "stream",
         json{{"name", "stderr"},
              {"text", "[cellgate] a " + type + " message from the kernel was dropped: " +
-                          why.message + "\n"}});
+                          why.message + "\n"},
+             {kDroppedMark, true}});
     msg.parent_header = std::move(parent);
     dispatch(Channel::kIopub, protocol::Envelope::from_message(Channel::kIopub, std::move(msg)));
   }
