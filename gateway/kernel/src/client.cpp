@@ -68,12 +68,12 @@ struct KernelClient::Impl {
   zmq::socket_t iopub_monitor;
   UniqueFd wake_fd;
 
-  std::mutex mu;  // guards `outgoing` and `stopping`
+  std::mutex mu;  // guards `outgoing`, `stopping` and `dead_reason`
   std::deque<Outgoing> outgoing;
   bool stopping = false;
 
   std::atomic<bool> alive{true};
-  std::string dead_reason;  // guarded by `mu`; set before `alive` turns false
+  std::string dead_reason;  // why declare_dead() was called; set before `alive` turns false
   std::atomic<bool> iopub_seen{false};
   std::atomic<std::size_t> wire_error_count{0};
 
@@ -726,10 +726,8 @@ struct KernelClient::Impl {
       if (!alive.load()) {
         return;
       }
-      dead_reason = reason;
-    }
-    if (!alive.exchange(false)) {
-      return;
+      dead_reason = reason;  // before `alive` turns false: death_reason() is read after it
+      alive.store(false);
     }
     if (options.on_dead) {
       options.on_dead(reason);
