@@ -91,6 +91,11 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--kernel-uid-ranges", serve.kernel_uid_ranges,
                         "ranges on the host: gateways (and notebook runs) at once")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  serve_cmd->add_option("--heartbeat-timeout", serve.heartbeat_timeout,
+                        "seconds a kernel may leave heartbeats unanswered while its process uses "
+                        "no CPU before it is declared dead and restarted (a kernel busy at its "
+                        "CPU quota, e.g. starved by its own cell's workers, is never restarted)")
+      ->envname("CELLGATE_HEARTBEAT_TIMEOUT")->check(CLI::PositiveNumber)->capture_default_str();
   serve_cmd->add_option("--restart-limit", serve.restart_limit,
                         "automatic restarts of a dying kernel before it is left dead")
       ->capture_default_str();

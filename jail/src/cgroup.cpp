@@ -128,6 +128,17 @@ std::uint64_t keyed_value(std::string_view text, std::string_view key) {
   return 0;
 }
 
+// cpu.stat's throttling figures (sched-bwc.rst): v1 throttled_time is in ns, v2's in usec. The
+// v2 file has them only where the cpu controller is enabled.
+void add_throttling(CgroupStats& s, const std::optional<std::string>& stat, bool v1) {
+  if (!stat) {
+    return;
+  }
+  s.cpu_nr_throttled = keyed_value(*stat, "nr_throttled");
+  s.cpu_throttled_usec =
+      v1 ? keyed_value(*stat, "throttled_time") / 1000 : keyed_value(*stat, "throttled_usec");
+}
+
 bool exists(const std::string& path) {
   struct stat st {};
   return ::lstat(path.c_str(), &st) == 0;
@@ -896,11 +907,14 @@ Result<CgroupStats> Cgroup::stats() const {
     if (const auto* dir = dir_for("cpu")) {
       CELLGATE_ASSIGN_OR_RETURN(const auto usage, read(*dir + "/cpuacct.usage"));
       s.cpu_usage_usec = number_in(usage) / 1000;
+      CELLGATE_ASSIGN_OR_RETURN(const auto stat, read(*dir + "/cpu.stat"));
+      add_throttling(s, stat, v1);
     }
   } else if (!paths_.empty()) {
     // v2: cpu.stat's usage_usec is core, there with or without the cpu controller.
     CELLGATE_ASSIGN_OR_RETURN(const auto stat, read(paths_.front() + "/cpu.stat"));
     s.cpu_usage_usec = stat ? keyed_value(*stat, "usage_usec") : 0;
+    add_throttling(s, stat, v1);
   }
   return s;
 }
@@ -937,12 +951,16 @@ Result<CgroupStats> read_cgroup_stats(CgroupVersion version, const std::vector<s
         s.cpu_usage_usec = number_in(usage) / 1000;
         s.cpu_usage_known = true;
       }
+      // In the cpu hierarchy's directory, with or without cpuacct beside it.
+      CELLGATE_ASSIGN_OR_RETURN(const auto stat, read_optional(dir + "/cpu.stat"));
+      add_throttling(s, stat, v1);
     } else {
       CELLGATE_ASSIGN_OR_RETURN(const auto stat, read_optional(dir + "/cpu.stat"));
       if (stat) {
         s.cpu_usage_usec = keyed_value(*stat, "usage_usec");
         s.cpu_usage_known = true;
       }
+      add_throttling(s, stat, v1);
     }
   }
   if (!s.cpu_usage_known && !dirs.empty()) {

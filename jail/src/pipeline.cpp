@@ -36,6 +36,7 @@ Result<void> contain_kernel(const JailSpec& spec, uid_t uid, gid_t gid,
       {"session", [] { return new_session(); }},
       {"work dir", [] { return enter_work_dir(); }},
       {"rlimits", [&] { return apply_rlimits(spec); }},
+      {"cpu affinity", [&] { return limit_cpu_affinity(spec.cpus, uid); }},
       // What it makes in its work and connection dirs stays usable by the access group.
       {"umask", [&]() -> Result<void> {
          if (spec.access_gid) {

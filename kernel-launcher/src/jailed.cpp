@@ -160,6 +160,16 @@ std::vector<std::string> kernel_env(const jail::JailSpec& spec) {
   auto env = spec.env;
   env.emplace("HOME", jail::kJailWorkDir);
   env.emplace("PYDEVD_DISABLE_FILE_VALIDATION", "1");
+  // The kernel's CPU count where the affinity mask (the "cpu affinity" step) is not what a
+  // library sizes its pool from: OpenMP, OpenBLAS and MKL read these at load, numexpr at import,
+  // joblib's loky caps os.cpu_count() with LOKY_MAX_CPU_COUNT, and Python 3.13+ returns
+  // PYTHON_CPU_COUNT from os.cpu_count() (3.11's reads the host's count; jail/README.md, "CPU").
+  // emplace: a kernelspec's or a client's own value wins.
+  const std::string cpus = std::to_string(jail::kernel_cpu_count(spec.cpus));
+  for (const char* name : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                           "NUMEXPR_NUM_THREADS", "LOKY_MAX_CPU_COUNT", "PYTHON_CPU_COUNT"}) {
+    env.emplace(name, cpus);
+  }
   std::vector<std::string> out;
   for (const auto& [k, v] : env) {
     out.push_back(k + "=" + v);

@@ -9,6 +9,7 @@
 
 #include "cellgate/kernel/client.hpp"
 #include "cellgate/kernel/process.hpp"
+#include "cellgate/kernel/progress.hpp"
 
 namespace cellgate::kernel {
 namespace {
@@ -287,6 +288,90 @@ TEST(KernelClientDeath, KillIsDetectedByHeartbeatWithinOneSecond) {
   ASSERT_TRUE(exit);
   EXPECT_EQ(exit->reason, launcher::ExitReason::kSignaled);
   EXPECT_EQ(exit->signal, SIGKILL);
+}
+
+// ClientOptions::progress: while the probe finds the kernel's process making progress, missed
+// heartbeats do not count (a kernel starved of CPU by its own cell is busy); once it finds none,
+// `heartbeat_misses` of them in a row make the kernel dead, with the probe's reason.
+TEST(KernelClientDeath, MissesCountOnlyWhileTheProbeSeesNoProgress) {
+  std::mutex mu;
+  std::condition_variable cv;
+  int probes = 0;
+  bool running = true;
+  std::optional<std::string> dead_reason;
+  ClientOptions options;
+  options.progress = [&] {
+    std::lock_guard lock(mu);
+    ++probes;
+    cv.notify_all();
+    return running ? Progress{Progress::State::kRunning, "busy (test)"}
+                   : Progress{Progress::State::kStalled, "idle (test)"};
+  };
+  options.on_dead = [&](const std::string& reason) {
+    std::lock_guard lock(mu);
+    dead_reason = reason;
+    cv.notify_all();
+  };
+  Kernel k = start_kernel(std::move(options));
+  const int misses = ClientOptions{}.heartbeat_misses;
+  ASSERT_EQ(::kill(k.process->pid(), SIGSTOP), 0);  // answers nothing from now on
+  {
+    // Twice the misses that would have made it dead, each one excused by the probe.
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, 20s, [&] { return probes >= 2 * misses + 2; }));
+    EXPECT_FALSE(dead_reason) << *dead_reason;
+    EXPECT_TRUE(k.client->is_alive());
+    running = false;
+    ASSERT_TRUE(cv.wait_for(lock, 20s, [&] { return dead_reason.has_value(); }));
+    // Only the misses after the probe changed its mind counted.
+    EXPECT_GE(probes, 2 * misses + 2 + misses);
+  }
+  EXPECT_FALSE(k.client->is_alive());
+  EXPECT_NE(dead_reason->find("idle (test)"), std::string::npos) << *dead_reason;
+  EXPECT_EQ(k.client->death_reason(), *dead_reason);
+  ::kill(k.process->pid(), SIGCONT);
+}
+
+// progress_probe() on a real kernel (unjailed here: it reads the process's own CPU times).
+TEST(KernelProgressProbe, TellsBusyFromStoppedFromGone) {
+  Kernel k = start_kernel();
+  auto probe = progress_probe(*k.process);
+  ASSERT_TRUE(probe);
+  EXPECT_EQ(probe().state, Progress::State::kRunning);  // the first look: a sample only
+
+  // Busy: a cell spinning for 2 s; the probe sees the CPU it used.
+  std::promise<RequestEnd> ended;
+  RequestHandlers h;
+  h.on_end = [&](RequestEnd e) { ended.set_value(e); };
+  k.client->send(Channel::kShell, "execute_request",
+                 execute_content("import time\nt = time.monotonic() + 2\n"
+                                 "while time.monotonic() < t: pass"),
+                 std::move(h));
+  Progress busy{Progress::State::kStalled, ""};
+  const auto deadline = Clock::now() + 10s;
+  while (busy.state != Progress::State::kRunning && Clock::now() < deadline) {
+    std::this_thread::sleep_for(200ms);  // a window to measure CPU over, not a guess at timing
+    busy = probe();
+  }
+  EXPECT_EQ(busy.state, Progress::State::kRunning) << busy.why;
+  auto fut = ended.get_future();
+  ASSERT_EQ(fut.wait_for(30s), std::future_status::ready);
+
+  // Stopped (SIGSTOP): it uses no CPU, so the probe finds it stalled over any window after.
+  ASSERT_EQ(::kill(k.process->pid(), SIGSTOP), 0);
+  Progress stopped = probe();
+  for (int i = 0; i < 50 && stopped.state != Progress::State::kStalled; ++i) {
+    std::this_thread::sleep_for(200ms);
+    stopped = probe();
+  }
+  EXPECT_EQ(stopped.state, Progress::State::kStalled) << stopped.why;
+  EXPECT_NE(stopped.why.find("used 0 ms of CPU"), std::string::npos) << stopped.why;
+  ::kill(k.process->pid(), SIGCONT);
+
+  // Gone.
+  ASSERT_EQ(::kill(k.process->pid(), SIGKILL), 0);
+  ASSERT_TRUE(k.process->wait_exit(10s));
+  EXPECT_EQ(probe().state, Progress::State::kGone);
 }
 
 TEST(KernelClientTransport, TcpConnectionFileWorks) {

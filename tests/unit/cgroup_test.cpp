@@ -954,6 +954,42 @@ TEST(CgroupStats, V2ReadsMemoryEventsPeakPidsAndCpu) {
   EXPECT_EQ(s->cpu_usage_usec, 42u);
 }
 
+// cpu.stat's throttling figures: what tells a kernel starved at its quota from a hung one.
+TEST(CgroupStats, ThrottlingFromCpuStatV1NanosecondsAndV2Microseconds) {
+  FakeCgroupFs v1;
+  v1.build_hybrid();
+  auto host1 = v1.detect(kHybridCgroup, kHybridMountinfo);
+  ASSERT_TRUE(host1);
+  auto cg1 = host1->create("cellgate", "k1", standard_limits(), {}, nullptr);
+  ASSERT_TRUE(cg1);
+  const auto& p = (*cg1)->paths();
+  const std::string cpu_dir = p.back();  // memory, pids, cpu
+  write_text(cpu_dir + "/cpu.stat", "nr_periods 50\nnr_throttled 12\nthrottled_time 3000000\n");
+  auto s1 = (*cg1)->stats();
+  ASSERT_TRUE(s1) << s1.error().describe();
+  EXPECT_EQ(s1->cpu_nr_throttled, 12u);
+  EXPECT_EQ(s1->cpu_throttled_usec, 3000u);
+  // The gateway's reader of a launcher's cgroup (dirs in any order, cpu.stat in one of them).
+  auto r1 = read_cgroup_stats(CgroupVersion::kV1, p);
+  ASSERT_TRUE(r1) << r1.error().describe();
+  EXPECT_EQ(r1->cpu_nr_throttled, 12u);
+  EXPECT_EQ(r1->cpu_throttled_usec, 3000u);
+
+  FakeCgroupFs v2;
+  v2.build_v2();
+  auto host2 = v2.detect(kV2Cgroup, kV2Mountinfo);
+  ASSERT_TRUE(host2);
+  auto cg2 = host2->create("cellgate", "k1", standard_limits(), {}, nullptr);
+  ASSERT_TRUE(cg2);
+  write_text((*cg2)->paths()[0] + "/cpu.stat",
+             "usage_usec 9\nnr_periods 8\nnr_throttled 7\nthrottled_usec 6\n");
+  auto r2 = read_cgroup_stats(CgroupVersion::kV2, (*cg2)->paths());
+  ASSERT_TRUE(r2) << r2.error().describe();
+  EXPECT_EQ(r2->cpu_usage_usec, 9u);
+  EXPECT_EQ(r2->cpu_nr_throttled, 7u);
+  EXPECT_EQ(r2->cpu_throttled_usec, 6u);
+}
+
 TEST(CgroupStats, V2WithoutMemoryPeakReportsZero) {
   FakeCgroupFs fake;
   fake.v2_files()["memory"].erase("memory.peak");

@@ -72,11 +72,12 @@ struct KernelClient::Impl {
   zmq::socket_t iopub_monitor;
   UniqueFd wake_fd;
 
-  std::mutex mu;  // guards `outgoing` and `stopping`
+  std::mutex mu;  // guards `outgoing`, `stopping` and `dead_reason`
   std::deque<Outgoing> outgoing;
   bool stopping = false;
 
   std::atomic<bool> alive{true};
+  std::string dead_reason;  // why declare_dead() was called; set before `alive` turns false
   std::atomic<bool> iopub_seen{false};
   std::atomic<std::size_t> wire_error_count{0};
 
@@ -84,7 +85,9 @@ struct KernelClient::Impl {
   std::unordered_map<std::string, Route> routes;
   bool hb_outstanding = false;
   bool hb_ever_answered = false;
-  int hb_misses = 0;
+  int hb_misses = 0;        // unanswered pings in a row
+  int hb_quiet_misses = 0;  // of those, the ones in a row the progress probe found no progress in
+  bool hb_busy_logged = false;  // this silence was logged as busy, not dead
   bool kernel_busy = false;  // the kernel's last iopub status, whoever's request it was for
   json busy_parent = json::object();  // parent_header of the last "busy" status
   // iopub was disconnected and the kernel has not yet been heard from since: see
@@ -585,11 +588,10 @@ struct KernelClient::Impl {
     if (hb_outstanding && now - hb_sent_at >= interval) {
       hb_outstanding = false;
       const bool excused = !hb_while_busy.load(std::memory_order_relaxed) && kernel_busy;
-      if (hb_ever_answered && !excused && ++hb_misses >= options.heartbeat_misses) {
-        declare_dead("no answer to " + std::to_string(hb_misses) + " heartbeats in a row (" +
-                     std::to_string(hb_misses * interval.count()) + " ms)");
+      if (hb_ever_answered && !excused && count_miss()) {
         return std::chrono::milliseconds(-1);
       }
+      now = Clock::now();  // the probe read files
       hb_next_at = now;
     }
     if (!hb_outstanding && now >= hb_next_at) {
@@ -607,6 +609,42 @@ struct KernelClient::Impl {
     auto due = hb_outstanding ? hb_sent_at + interval : hb_next_at;
     auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(due - now);
     return std::max(wait, std::chrono::milliseconds(1));
+  }
+
+  // One more unanswered ping. Returns true when it made the kernel dead: `heartbeat_misses` in a
+  // row while the progress probe (if any) found the process making no progress.
+  bool count_miss() {
+    ++hb_misses;
+    Progress progress{Progress::State::kStalled, ""};
+    if (options.progress) {
+      progress = options.progress();
+    }
+    if (progress.state == Progress::State::kRunning) {
+      hb_quiet_misses = 0;
+      // Said once a silence is as long as one that would have been a death without the probe.
+      if (!hb_busy_logged && hb_misses >= options.heartbeat_misses) {
+        hb_busy_logged = true;
+        spdlog::info("kernel {}: no answer to {} heartbeats in a row, but {}: busy, not dead",
+                     name(), hb_misses, progress.why);
+      }
+      return false;
+    }
+    if (++hb_quiet_misses < options.heartbeat_misses) {
+      return false;
+    }
+    const auto interval = options.heartbeat_interval.count();
+    std::string reason = "no answer to " + std::to_string(hb_misses) + " heartbeats in a row (" +
+                         std::to_string(hb_misses * interval) + " ms)";
+    if (options.progress) {
+      reason += ", and for the last " + std::to_string(hb_quiet_misses * interval) +
+                " ms " + progress.why;
+    }
+    declare_dead(reason);
+    return true;
+  }
+
+  std::string name() const {
+    return options.log_name.empty() ? info.endpoint(Channel::kShell) : options.log_name;
   }
 
   // ---- oversized messages ----
@@ -713,15 +751,25 @@ struct KernelClient::Impl {
       if (hb_outstanding) {
         hb_outstanding = false;
         hb_ever_answered = true;
+        if (hb_busy_logged) {
+          spdlog::info("kernel {}: answers heartbeats again after {} missed", name(), hb_misses);
+        }
         hb_misses = 0;
+        hb_quiet_misses = 0;
+        hb_busy_logged = false;
         hb_next_at = hb_sent_at + options.heartbeat_interval;
       }
     }
   }
 
   void declare_dead(const std::string& reason) {
-    if (!alive.exchange(false)) {
-      return;
+    {
+      std::lock_guard lock(mu);
+      if (!alive.load()) {
+        return;
+      }
+      dead_reason = reason;  // before `alive` turns false: death_reason() is read after it
+      alive.store(false);
     }
     if (options.on_dead) {
       options.on_dead(reason);
@@ -824,6 +872,10 @@ Result<json> KernelClient::wait_ready(std::chrono::milliseconds timeout) {
 }
 
 bool KernelClient::is_alive() const { return impl_->alive.load(); }
+std::string KernelClient::death_reason() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->dead_reason;
+}
 std::size_t KernelClient::wire_errors() const { return impl_->wire_error_count.load(); }
 
 }  // namespace cellgate::kernel

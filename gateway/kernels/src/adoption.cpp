@@ -77,7 +77,7 @@ Result<void> KernelRegistry::adopt(const Record& record) {
                           launcher::to_string(ended->reason) + ")");
   }
   auto k = make_kernel(record.id, *spec, record.uid, record.env);
-  kernel::ClientOptions co = client_options(k);
+  kernel::ClientOptions co = client_options(k, *process);
   // kernel_info is not asked on shell: the kernel may be in the middle of a cell, and answers
   // shell requests only after it. Whether it answers heartbeats while busy follows its kind.
   co.heartbeat_while_busy = is_ipykernel(*spec);

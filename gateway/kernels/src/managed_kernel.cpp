@@ -181,7 +181,9 @@ std::string ManagedKernel::death_reason() const {
     return reason;
   }
   if (running_.connection && !running_.connection->is_alive()) {
-    return "the kernel stopped answering heartbeats";
+    // The connection's reason says how long and what its process did meanwhile.
+    const std::string why = running_.connection->death_reason();
+    return "the kernel stopped answering heartbeats" + (why.empty() ? "" : ": " + why);
   }
   return "";
 }

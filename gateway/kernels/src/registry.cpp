@@ -9,10 +9,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <filesystem>
 
 #include "cellgate/jail/userns.hpp"
 #include "cellgate/kernel/process.hpp"
+#include "cellgate/kernel/progress.hpp"
 #include "cellgate/util/fs.hpp"
 #include "cellgate/kernels/display_formatters.hpp"
 #include "env.hpp"
@@ -189,13 +191,22 @@ std::shared_ptr<ManagedKernel> KernelRegistry::make_kernel(const std::string& id
       broker ? options_.state_dir + "/work/" + id : std::string(), /*shared_files=*/broker);
 }
 
-kernel::ClientOptions KernelRegistry::client_options(const std::shared_ptr<ManagedKernel>& k) {
+kernel::ClientOptions KernelRegistry::client_options(const std::shared_ptr<ManagedKernel>& k,
+                                                     const kernel::KernelProcessHandle& process) {
   // The callbacks hold the kernel weakly; they run on the connection's I/O thread, which the
   // kernel stops (joins) before it goes.
   std::weak_ptr<ManagedKernel> weak = k;
   kernel::ClientOptions co;
-  co.heartbeat_interval = std::chrono::milliseconds(500);
-  co.heartbeat_misses = 6;
+  // A ping every 500 ms (every quarter of a shorter timeout); heartbeat_timeout's worth of them
+  // unanswered while the probe sees no CPU used means a hung kernel.
+  using std::chrono::milliseconds;
+  const auto timeout =
+      milliseconds(std::max<long long>(100, std::llround(options_.heartbeat_timeout * 1000)));
+  co.heartbeat_interval = std::min(milliseconds(500), timeout / 4);
+  co.heartbeat_misses = static_cast<int>(
+      (timeout.count() + co.heartbeat_interval.count() - 1) / co.heartbeat_interval.count());
+  co.progress = kernel::progress_probe(process);
+  co.log_name = k->id();
   co.limits.max_message_bytes = options_.max_kernel_message_bytes;
   co.on_iopub = [weak](const protocol::EnvelopePtr& msg) {
     if (auto self = weak.lock()) {
@@ -248,7 +259,7 @@ Result<ManagedKernel::Running> KernelRegistry::launch(const std::shared_ptr<Mana
                             backend_.launch(std::move(req)));
 
   CELLGATE_ASSIGN_OR_RETURN(std::unique_ptr<kernel::KernelConnection> connected,
-                            backend_.connect(*process, client_options(k)));
+                            backend_.connect(*process, client_options(k, *process)));
   std::shared_ptr<kernel::KernelConnection> connection = std::move(connected);
   // Asked in slices, so that a kernel that exits while starting (a broken kernelspec, an R
   // without IRkernel) is reported once its launcher says so rather than after the whole timeout.

@@ -86,6 +86,7 @@ kernels::RegistryOptions registry_options(const ServeOptions& o) {
   r.env_allowlist = o.env_allowlist;
   r.restart_limit = o.restart_limit;
   r.kernel_start_timeout = o.kernel_start_timeout;
+  r.heartbeat_timeout = o.heartbeat_timeout;
   r.max_kernel_message_bytes = o.max_kernel_message_bytes;
   r.no_jail = o.no_jail;
   r.uids.base = o.kernel_uid_base;

@@ -57,6 +57,12 @@ struct CgroupStats {
   // read_cgroup_stats only: whether cpu_usage_usec was measured. Where v1 has no cpuacct next to
   // cpu, it is the user+system time of the cgroup's processes (and their reaped children).
   bool cpu_usage_known = false;
+  // The quota's doing (cpu.stat; 0 without the cpu controller): periods in which the cgroup had
+  // runnable work and was stopped at its quota, and for how long. Growing figures mean work is
+  // waiting to run: a kernel whose heartbeats stop meanwhile is starved by its own cell, not
+  // dead (kernel/progress.hpp).
+  std::uint64_t cpu_nr_throttled = 0;    // v1 and v2 nr_throttled
+  std::uint64_t cpu_throttled_usec = 0;  // v1 throttled_time / 1000; v2 throttled_usec
 };
 
 class Cgroup;

@@ -11,8 +11,8 @@
 //     "cgroup namespace" → "root filesystem" → "hostname"
 //   the kernel, forked by pid 1, just before execve (or before the zygote's Python runs it),
 //   contain_kernel():
-//     "session" → "work dir" → "rlimits" → "credentials" → "no_new_privs" → "landlock"
-//     (landlock.hpp) → "file descriptors" → "seccomp"
+//     "session" → "work dir" → "rlimits" → "cpu affinity" → "credentials" → "no_new_privs"
+//     → "landlock" (landlock.hpp) → "file descriptors" → "seccomp"
 //
 //   CELLGATE_TRY(jail::contain_init(spec, paths, uid, gid));                      // in pid 1
 //   CELLGATE_TRY(jail::contain_kernel(spec, uid, gid,                              // in the kernel
@@ -68,6 +68,16 @@ Result<void> set_hostname(const std::string& name);
 Result<void> new_session();
 Result<void> enter_work_dir();  // chdir(kJailWorkDir)
 Result<void> apply_rlimits(const JailSpec& spec);
+// Narrows the calling process's CPU affinity to ceil(cpus) of the CPUs it may run on, starting
+// at the `spread`-th (mod their number; the kernel's uid, so that 1-CPU kernels spread out).
+// The quota (cgroup cpu.max / cfs_quota_us) caps CPU time but leaves every host CPU visible,
+// and thread pools sized from the affinity mask (os.sched_getaffinity, OpenBLAS, OpenMP,
+// joblib's loky) would start one busy worker per host CPU inside a 1-CPU share. The kernel may
+// widen its mask again (sched_setaffinity on itself): a size hint, not a limit; the quota is.
+Result<void> limit_cpu_affinity(double cpus, unsigned spread);
+// How many CPUs limit_cpu_affinity(cpus, …) leaves a kernel started from this process: for its
+// OMP_NUM_THREADS and the like, which the launcher sets before the kernel runs.
+int kernel_cpu_count(double cpus);
 // setgroups(0), setresgid, setresuid; the bounding set, ambient, effective, permitted and
 // inheritable capabilities all emptied; securebits locked so uid 0 can never regain them.
 Result<void> drop_privileges(uid_t uid, gid_t gid);

@@ -4,7 +4,8 @@
 // reaches us), iopub (SUB, everything) and heartbeat (REQ) to the endpoints of a connection file,
 // routes replies, iopub messages and input requests to the request they answer (by parent
 // msg_id), and declares the kernel dead when it stops answering heartbeats (a kernel other than
-// ipykernel only while idle: see ClientOptions::heartbeat_while_busy).
+// ipykernel only while idle: see ClientOptions::heartbeat_while_busy) while its process makes no
+// progress (ClientOptions::progress: a kernel starved of CPU by its own cell is busy, not dead).
 //
 //   auto client = KernelClient::connect(info, {});
 //   client.value()->wait_ready(5s);
@@ -53,6 +54,7 @@ class KernelClient : public KernelConnection {
   // before its subscription arrived).
   Result<nlohmann::json> wait_ready(std::chrono::milliseconds timeout) override;
   bool is_alive() const override;
+  std::string death_reason() const override;
   // Wire errors seen so far (dropped frame sets).
   std::size_t wire_errors() const;
 

@@ -72,14 +72,36 @@ struct Collected {
   RequestEnd end = RequestEnd::kComplete;
 };
 
+// What a kernel's process is doing while its heartbeats go unanswered (ClientOptions::progress).
+struct Progress {
+  enum class State {
+    kRunning,  // alive and using CPU (or held at its CPU quota with work waiting): busy
+    kStalled,  // alive and using no CPU, or stopped (SIGSTOP): hung
+    kGone,     // the process or its cgroup is gone (its launcher's exit report will say why)
+  };
+  State state = State::kRunning;
+  std::string why;  // for the log: "its cgroup used 212 ms of CPU in 501 ms, throttled 5 times"
+};
+
 // How to talk to a kernel, and what the gateway hears from it besides the answers to its own
 // requests.
 struct ClientOptions {
   // A ping every interval; `heartbeat_misses` unanswered pings in a row mean the kernel is dead.
   // Detection takes at most (misses + 1) * interval after the kernel stops. Death is only
-  // declared once the kernel has answered a first ping (a starting kernel is not dead).
+  // declared once the kernel has answered a first ping (a starting kernel is not dead). With a
+  // `progress` probe, only misses while the probe finds the process making no progress count.
   std::chrono::milliseconds heartbeat_interval{200};
   int heartbeat_misses = 3;
+  // Asked at each unanswered ping (on the I/O thread; a few small file reads) whether the
+  // kernel's process is alive and making progress since it was last asked. A kernel whose own
+  // cell forks CPU-bound workers into its CPU quota leaves the heartbeat thread no CPU for
+  // seconds: it is busy, not dead, and its variables are lost if it is restarted. While the probe
+  // says kRunning, misses are not counted (jupyter_server likewise decides death by polling the
+  // process, never by heartbeats). Unset: every miss counts. progress.hpp makes one from a
+  // KernelProcessHandle (its process and its cgroup's CPU figures).
+  std::function<Progress()> progress;
+  // The kernel's name in log lines (its id); "" names it by its shell endpoint.
+  std::string log_name;
   // true: the kernel answers pings while it runs a cell (ipykernel's heartbeat is a thread of its
   // own), so misses count at any time. false: it answers only between requests (IRkernel polls
   // its heartbeat socket in the loop that runs cells, so an R cell of 5 s is 5 s of silence):
@@ -97,7 +119,8 @@ struct ClientOptions {
   // Shell, control and stdin messages whose parent is no request of ours: the replies to
   // messages sent with post(), status at start-up.
   EnvelopeHandler on_unrouted;
-  // The kernel stopped answering heartbeats. Called once.
+  // The kernel stopped answering heartbeats (and, with `progress`, used no CPU meanwhile).
+  // Called once, with the reason (also KernelConnection::death_reason()).
   std::function<void(const std::string& reason)> on_dead;
   // A frame set from the kernel that failed its checks (bad signature, bad JSON, too large). It
   // is dropped; nothing else changes.
@@ -125,6 +148,9 @@ class KernelConnection {
   // kernel_info_reply content. Blocking.
   virtual Result<nlohmann::json> wait_ready(std::chrono::milliseconds timeout) = 0;
   virtual bool is_alive() const = 0;
+  // Why the connection declared the kernel dead ("no answer to 6 heartbeats in a row …"); "" while
+  // it is alive, or when it does not say.
+  virtual std::string death_reason() const { return ""; }
 
   std::string send(Channel channel, std::string_view msg_type, nlohmann::json content,
                    RequestHandlers handlers);

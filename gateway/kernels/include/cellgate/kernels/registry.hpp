@@ -23,9 +23,11 @@
 // back. A pooled kernel that dies is dropped and replaced, never restarted; ready ones are given
 // up when a client start needs the room under max_kernels.
 //
-// Death and restarts: a kernel whose process ends or whose heartbeats stop is restarted (its
-// listeners get status "restarting" with the reason on iopub) up to restart_limit times, then
-// it is dead (status "dead", the reason in its model) until a client restarts it.
+// Death and restarts: a kernel whose process ends, or whose heartbeats stop for
+// heartbeat_timeout while its process uses no CPU (a kernel starved by its own cell at its CPU
+// quota is busy, not dead: kernel/progress.hpp), is restarted (its listeners get status
+// "restarting" with the reason on iopub) up to restart_limit times, then it is dead (status
+// "dead", the reason in its model) until a client restarts it.
 //
 // After a crash or an upgrade: start() adopts every client kernel a previous gateway on the same
 // state dir left running (same id, uid, env and variables; clients reconnect) and ends the rest
@@ -76,6 +78,10 @@ struct RegistryOptions {
   std::set<std::string> env_allowlist;    // client env names passed besides KERNEL_*
   int restart_limit = 5;                  // auto-restarts of a dying kernel before it is dead
   double kernel_start_timeout = 60;       // seconds until the kernel must answer kernel_info
+  // Seconds a kernel may go without answering heartbeats while its process uses no CPU before it
+  // is declared dead and restarted (a hung kernel: stopped, deadlocked). Silence while it uses
+  // CPU, or is held at its CPU quota with work waiting, never counts.
+  double heartbeat_timeout = 3;
   // The largest frame taken from a kernel; a larger one is refused by libzmq before it is
   // buffered, and the clients are told on iopub (kernel/src/client.cpp).
   std::size_t max_kernel_message_bytes = 64u << 20;
@@ -183,7 +189,8 @@ class KernelRegistry {
   // Removes its work dir and gives its uid back.
   void release(const ManagedKernel& k);
 
-  kernel::ClientOptions client_options(const std::shared_ptr<ManagedKernel>& k);
+  kernel::ClientOptions client_options(const std::shared_ptr<ManagedKernel>& k,
+                                       const kernel::KernelProcessHandle& process);
 
   // ---- adoption.cpp ----
   // At start(): every client kernel a previous gateway left running is adopted; the rest it left

@@ -44,6 +44,9 @@ struct ServeOptions {
   std::set<std::string> env_allowlist;  // client env names passed besides KERNEL_*
   int restart_limit = 5;                // auto-restarts of a dying kernel before it is dead
   double kernel_start_timeout = 60;     // seconds until the kernel must answer kernel_info
+  // Seconds without heartbeats while the kernel's process uses no CPU before it is restarted
+  // (RegistryOptions::heartbeat_timeout); a kernel busy at its CPU quota is never restarted.
+  double heartbeat_timeout = 3;
   bool no_jail = false;                 // run kernels unjailed (explicit only)
   // SIGTERM and SIGINT leave the client kernels running for the next gateway on the state dir to
   // adopt, as SIGUSR2 always does (a restart or an upgrade under a service manager).
