@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from gateway_support import proc_status_kib, processes_of, reap_leftovers
+
 if os.geteuid() != 0:
     pytest.skip("cellgate's jailed kernels need root (namespaces, cgroups, mounts)",
                 allow_module_level=True)
@@ -181,52 +183,6 @@ class Server:
 
     def delete_kernel(self, kid) -> None:
         self.request("DELETE", f"/api/kernels/{kid}")
-
-
-def proc_status_kib(pid: int, field: str) -> int:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    return 0
-
-
-def processes_of(tmp: Path) -> list:
-    """Pids of the processes whose command line names `tmp` (our kernels' launchers)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if (str(tmp) + "/").encode() in cmd:
-                pids.append(int(entry))
-    return pids
-
-
-def reap_leftovers(tmp: Path) -> list:
-    """After the server stopped: its kernels should be gone. If it crashed they are not (and
-    their work-dir mounts stay): stop them by pid and unmount, so nothing outlives the test.
-    Returns what was found."""
-    found = processes_of(tmp)
-    for pid in found:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + 10
-    while processes_of(tmp) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for pid in processes_of(tmp):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
-              if line.split()[1].startswith(str(tmp) + "/")]
-    for mount in sorted(mounts, key=len, reverse=True):
-        subprocess.run(["umount", "-l", mount], check=False)
-    return found + mounts
 
 
 def started_server(prefix: str, extra_args=()):
