@@ -12,7 +12,7 @@ text the gateway's traceback scanner reads (the failing line, gateway/execute/sr
    (POST /api/kernels/{id}/execute), the one-shot POST /api/execute, E2B's POST /execute and the
    MCP tool `run_code` at /mcp. Every answer reports the error (ename "E").
 2. Worst-case output through the agent API: a 100,000-deep JSON display sent raw on iopub (as a
-   hostile kernel would; ipykernel's json.dumps cannot make it) and a legit 900-deep one, a 1 MiB
+   hostile kernel would; ipykernel's json.dumps cannot make it) and a legit 200-deep one, a 1 MiB
    display id updated 200 times, 50,000 MIME types in one bundle, 20 MB of stdout without a
    newline, a 1 MiB exception name (capped at 64 KiB, with a notice), a 10 MB traceback of 10,000
    lines. Each answer comes back; where the gateway must cut, the answer says so (notices or
@@ -547,7 +547,7 @@ RAW_DEEP_JSON = (
     "               parent=k.get_parent('shell'))\n"
     "print('sent', len(deep))\n")
 
-LEGIT_DEPTH = 900
+LEGIT_DEPTH = 200
 LEGIT_JSON = (
     "class J:\n"
     "    def _repr_json_(self):\n"
@@ -575,7 +575,7 @@ BIG_TRACEBACK = render_traceback_cell("['x' * 1000] * 10000")
 # name: (code, expected status, the gateway must say it cut something)
 WORST = {
     "deep_json_raw_display": (RAW_DEEP_JSON, "ok", True),
-    "json_900_deep_repr": (LEGIT_JSON, "ok", False),
+    "json_200_deep_repr": (LEGIT_JSON, "ok", False),
     "display_id_1mib_200_updates": (DISPLAY_ID, "ok", False),
     "mime_types_50000": (MIME_TYPES, "ok", True),
     "stdout_20mb_no_newline": (STDOUT_20MB, "ok", True),
@@ -614,14 +614,14 @@ def test_worst_case_output(gw, kernel, case):
         assert answer["stdout"].startswith("sent "), f"the kernel did not send it: {brief(answer)}"
         kept = any(o.get("output_type") == "display_data"
                    and "application/json" in (o.get("data") or {}) for o in answer["outputs"])
-        # Refused at the envelope (simdjson's 1024 levels): a notebook reads why on stderr (the
+        # Refused at the envelope (256 levels): a notebook reads why on stderr (the
         # gateway's "[cellgate] … dropped" line), an agent in the notices as well.
         assert not kept, f"{what}: a 100,000-deep display was kept: {brief(answer)}"
-        assert "[cellgate]" in answer["stderr"] and "deeper than 1024" in answer["stderr"], \
+        assert "[cellgate]" in answer["stderr"] and "deeper than 256" in answer["stderr"], \
             f"{what}: no stderr line says the display was dropped: {brief(answer)}"
-        assert any("deeper than 1024" in n for n in answer["notices"]), \
+        assert any("deeper than 256" in n for n in answer["notices"]), \
             f"{what}: no notice says the display was dropped: {brief(answer)}"
-    elif case == "json_900_deep_repr":
+    elif case == "json_200_deep_repr":
         value = (answer.get("result") or {}).get("application/json")
         assert value is not None and nesting(value) == LEGIT_DEPTH, \
             f"{what}: a {LEGIT_DEPTH}-deep result must arrive whole: {brief(answer)}"

@@ -4,6 +4,8 @@
 // by hand the way JupyterLab's serialize.ts writes them.
 #include "cellgate/protocol/ws_frames.hpp"
 
+#include "cellgate/protocol/envelope.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cstddef>
@@ -266,6 +268,41 @@ TEST(WsFramesLegacyJson, Errors) {
                    "metadata is not a JSON object");
   // Invalid UTF-8 inside a JSON string is invalid JSON.
   expect_bad_frame(decode_legacy_json("{\"header\":{\"msg_type\":\"\xff\"}}"), "not valid JSON");
+}
+
+// A client's JSON nested deeper than the gateway takes is refused before it becomes a DOM: the
+// dump() that passes a message on to its kernel recursed once per level (1 MB of '[' is half a
+// million levels and overflowed the stack).
+TEST(WsFramesLegacyJson, DeepJsonIsRefusedBeforeParsing) {
+  const std::size_t n = 500000;
+  const std::string deep = R"({"header":{"msg_type":"execute_request"},"content":{"x":)" +
+                           std::string(n, '[') + std::string(n, ']') + "}}";
+  expect_bad_frame(decode_legacy_json(deep), "deeper than 256 levels");
+  const std::string fine = R"({"header":{"msg_type":"execute_request"},"content":{"x":)" +
+                           std::string(250, '[') + std::string(250, ']') + "}}";
+  auto ok = decode_legacy_json(fine);
+  ASSERT_TRUE(ok) << ok.error().describe();
+  EXPECT_FALSE(encode_legacy_json("shell", ok->message).empty());
+}
+
+// A kernel's frame nested deeper is refused by the envelope with its own reason, which the kernel
+// client turns into a line for the request's clients.
+TEST(Envelope, DeepFramesAreTooDeep) {
+  Frames frames;
+  frames.header = R"({"msg_id":"m","msg_type":"display_data"})";
+  frames.parent_header = "{}";
+  frames.metadata = "{}";
+  frames.content = R"({"data":{"application/json":)" + std::string(300, '[') +
+                   std::string(300, ']') + "}}";
+  auto env = Envelope::from_frames(Channel::kIopub, frames);
+  ASSERT_FALSE(env);
+  EXPECT_EQ(env.error().reason, "too_deep");
+  EXPECT_NE(env.error().message.find("content frame nests JSON deeper than 256 levels"),
+            std::string::npos)
+      << env.error().message;
+  frames.content = R"({"data":{"application/json":)" + std::string(200, '[') +
+                   std::string(200, ']') + "}}";
+  EXPECT_TRUE(Envelope::from_frames(Channel::kIopub, frames));
 }
 
 // ---- legacy binary ---------------------------------------------------------------------------

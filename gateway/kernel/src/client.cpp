@@ -701,7 +701,7 @@ struct KernelClient::Impl {
   }
 
   // A signed iopub message the gateway cannot pass on (a frame that is not JSON, or nests deeper
-  // than the checker's 1024 levels): the clients of the request it answers read why on stderr,
+  // than protocol::kMaxJsonDepth): the clients of the request it answers read why on stderr,
   // as a kernel's own output, instead of losing it without a word. Unsigned or malformed
   // envelopes are not the kernel's and are only counted.
   void tell_dropped(std::span<const std::string_view> frames, const Error& why) {

@@ -18,9 +18,14 @@ Error envelope_error(const char* reason, std::string message) {
   return make_error(ErrorCode::kInvalidArgument, reason, std::move(message));
 }
 
-// One parser per thread: it keeps its buffers between messages.
+// One parser per thread: it keeps its buffers between messages, and its depth limit (kept when
+// it grows its buffers) from the first allocation.
 simdjson::dom::parser& parser() {
-  thread_local simdjson::dom::parser p;
+  thread_local simdjson::dom::parser p = [] {
+    simdjson::dom::parser made;
+    (void)made.allocate(simdjson::dom::MINIMAL_DOCUMENT_CAPACITY, kMaxJsonDepth);
+    return made;
+  }();
   return p;
 }
 
@@ -28,8 +33,8 @@ enum class JsonKind { kInvalid, kTooDeep, kObject, kOther };
 
 JsonKind json_kind(std::string_view text) {
   // parse() copies into a padded buffer when the input lacks simdjson's padding. Its depth limit
-  // (simdjson's default, 1024) is what keeps nlohmann's recursive dump() and copies of a
-  // kernel's JSON on the stack.
+  // (kMaxJsonDepth) is what keeps nlohmann's recursive dump() and copies of a kernel's JSON on
+  // the stack.
   auto doc = parser().parse(text.data(), text.size(), /*realloc_if_needed=*/true);
   if (doc.error() == simdjson::DEPTH_ERROR) {
     return JsonKind::kTooDeep;

@@ -13,6 +13,7 @@
 //   parent_header, metadata and content that are missing, null or (v1) empty bytes become {};
 //   any other non-object is a bad frame.
 #include "cellgate/protocol/ws_frames.hpp"
+#include "cellgate/protocol/envelope.hpp"
 
 #include <array>
 #include <cstddef>
@@ -131,8 +132,13 @@ Result<void> check_offsets(const char* what, const std::vector<std::uint64_t>& o
   return ok_result();
 }
 
-// Parses one JSON part without throwing.
+// Parses one JSON part without throwing, and only when it nests at most kMaxJsonDepth deep (a
+// client's 1 MB of '[' would be half a million levels for the dump() that sends it on).
 Result<json> parse_json(const char* what, const char* part, std::string_view text) {
+  if (!is_valid_json(text)) {
+    return bad_frame(std::string(what) + ": " + part + " is not valid JSON (or nests deeper than " +
+                     std::to_string(kMaxJsonDepth) + " levels)");
+  }
   json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (value.is_discarded()) {
     return bad_frame(std::string(what) + ": " + part + " is not valid JSON");

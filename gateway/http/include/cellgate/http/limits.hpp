@@ -25,10 +25,10 @@ struct HttpOptions;
 
 // Deeper JSON than any API body needs (a cell's metadata is a few levels).
 inline constexpr std::size_t kMaxJsonDepth = 64;
-// What the gateway takes from a kernel (simdjson's default depth, which checks every frame a
-// kernel sends): answers and events a gateway streams carry kernels' data, so a client of a
-// gateway reads them up to this depth.
-inline constexpr std::size_t kMaxKernelJsonDepth = 1024;
+// Answers and events a gateway streams carry kernels' data, which the gateway takes up to 256
+// levels deep (protocol::kMaxJsonDepth), wrapped in a few of its own (answer, outputs, output,
+// data): a client of a gateway reads them up to this depth.
+inline constexpr std::size_t kMaxKernelJsonDepth = 256 + 8;
 
 // The body limit of one request: options.max_control_body_bytes for the control routes
 // (POST /api/kernels, /api/kernels/{id}/interrupt|restart, /api/sessions[/{id}], E2B's

@@ -37,7 +37,14 @@ struct ParentInfo {
   std::string session;
 };
 
-// Whether `text` is one valid JSON value (RFC 8259, valid UTF-8).
+// How deep the JSON of a message may nest, from a kernel or a client. nlohmann::json's dump(),
+// copies and comparisons recurse once per level (~8 KiB a level in a sanitizer build), so deeper
+// JSON never becomes a DOM; Jupyter's own JSON (display data, widget state, a Vega or Plotly
+// spec) nests a few dozen levels at most.
+inline constexpr std::size_t kMaxJsonDepth = 256;
+
+// Whether `text` is one valid JSON value (RFC 8259, valid UTF-8) nested at most kMaxJsonDepth
+// deep.
 bool is_valid_json(std::string_view text);
 
 class Envelope;
