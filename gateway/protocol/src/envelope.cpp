@@ -18,14 +18,16 @@ Error envelope_error(const char* reason, std::string message) {
   return make_error(ErrorCode::kInvalidArgument, reason, std::move(message));
 }
 
-// One parser per thread: it keeps its buffers between messages, and its depth limit (kept when
-// it grows its buffers) from the first allocation.
+// One parser per thread: it keeps its buffers between messages, and the depth limit of its first
+// allocation (growing its buffers keeps it). Whether it has that limit is for the caller to
+// check: an allocation that failed leaves simdjson's default.
 simdjson::dom::parser& parser() {
-  thread_local simdjson::dom::parser p = [] {
-    simdjson::dom::parser made;
-    (void)made.allocate(simdjson::dom::MINIMAL_DOCUMENT_CAPACITY, kMaxJsonDepth);
-    return made;
-  }();
+  thread_local simdjson::dom::parser p;
+  if (p.max_depth() != kMaxJsonDepth) {
+    // Out of memory leaves it as it was; json_kind() then refuses, and the next call tries again.
+    (void)(p.allocate(simdjson::dom::MINIMAL_DOCUMENT_CAPACITY, kMaxJsonDepth) ==
+           simdjson::SUCCESS);
+  }
   return p;
 }
 
@@ -35,6 +37,9 @@ JsonKind json_kind(std::string_view text) {
   // parse() copies into a padded buffer when the input lacks simdjson's padding. Its depth limit
   // (kMaxJsonDepth) is what keeps nlohmann's recursive dump() and copies of a kernel's JSON on
   // the stack.
+  if (parser().max_depth() != kMaxJsonDepth) {
+    return JsonKind::kInvalid;  // fail closed: without its depth limit it checks nothing
+  }
   auto doc = parser().parse(text.data(), text.size(), /*realloc_if_needed=*/true);
   if (doc.error() == simdjson::DEPTH_ERROR) {
     return JsonKind::kTooDeep;
