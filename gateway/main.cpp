@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--audit-keep", serve.audit_keep, "rotated audit logs kept")
       ->capture_default_str();
   serve_cmd->add_option("--audit-redact", serve.audit_redact,
-                        "another secret pattern (ECMAScript regex) to redact (repeat)");
+                        "another secret pattern (RE2 syntax: no back-references or lookaround) to redact (repeat)");
   serve_cmd->add_option("--e2b-port", serve.e2b_port,
                         "also serve E2B-compatible endpoints on this port (0: off; E2B's SDK in "
                         "debug mode uses 49999)")
