@@ -8,7 +8,7 @@
 // limits (tight or the defaults); the first byte of each message its type (execute_input, stream
 // as a frame, stream as a DOM, execute_result, display_data, update_display_data, error,
 // clear_output), the rest is its content frame, checked as an envelope checks it (valid JSON, an
-// object, at most 1024 levels) before it is parsed. Invariants:
+// object, at most protocol::kMaxJsonDepth = 256 levels) before it is parsed. Invariants:
 //   - stdout and stderr hold at most stream_bytes each; at most `outputs` outputs are kept;
 //   - an error's ename holds at most 1 KiB, its evalue 64 KiB, its traceback about stream_bytes;
 //   - every event is an object with a string "type", and every E2B line too;

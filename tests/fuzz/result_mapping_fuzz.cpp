@@ -3,7 +3,7 @@
 // MCP's tool result (mcp/src/content.cpp: text, images, charts, structuredContent) and E2B's
 // NDJSON lines (api/src/e2b.cpp: results by MIME type, charts, data, errors).
 //
-// Input: NDJSON; each line that is JSON at most 1024 levels deep (http::parse_json, as the
+// Input: NDJSON; each line that is JSON at most 264 levels deep (http::parse_json, as the
 // remote clients read it) is an event for E2B's translator, and the last object line is also
 // the answer for MCP. Invariants: every E2B line is an object with a string "type" and dumps as
 // ASCII; MCP's result has a non-empty content array of typed items, a structuredContent object

@@ -84,7 +84,7 @@ struct ServeOptions {
   std::string audit_log;
   std::size_t audit_max_bytes = 64u << 20;  // rotated past this
   int audit_keep = 5;                       // rotated files kept
-  std::vector<std::string> audit_redact;    // more secret patterns (ECMAScript regexes)
+  std::vector<std::string> audit_redact;    // more secret patterns (RE2 syntax)
   // E2B-compatible endpoints on a second listener (same --ip); 0: off.
   int e2b_port = 0;
   // E2B's SDK in debug mode sends no token: allow token-less E2B requests (loopback --ip only).
