@@ -66,6 +66,9 @@ def test_metrics_follow_what_happens():
             assert before[("cellgate_process_threads", None)] > 1
             assert before[("cellgate_rejected_total", "unauthenticated")] >= 1
 
+            # The pool fills once the zygote's preload is done (seconds on a busy machine): the
+            # first start below is a claim only when it is ready.
+            gb.wait_pool_ready(server, 1, timeout=120)
             kid = gb.start_kernel(server)
             assert execute(server, kid, "x = 1")["status"] == "ok"
             assert execute(server, kid, "1/0")["status"] == "error"
