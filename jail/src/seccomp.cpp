@@ -1,7 +1,7 @@
 // The seccomp table and its loader. See seccomp.hpp for the contract; the rows below are the
-// policy, each with its reason. References: the Docker/moby default profile (sandbox-anchors
-// §3.7), the escape checklist (sandbox-anchors §4.1, rows E3-E15, D14, D18), flatpak's seccomp
-// table, and the jail experiment (jail-zygote-experiment §A step 5, pitfalls 1 and 8).
+// policy, each with its reason. The ids in the reasons ("(E3)", "(D18)") are rows of the escape
+// checklist in jail/README.md. Other sources: Docker's (moby's) default profile and flatpak's
+// seccomp table.
 #include <fcntl.h>
 #include <sched.h>
 #include <seccomp.h>
