@@ -6,7 +6,11 @@
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/beast/core/error.hpp>
+#include <spdlog/spdlog.h>
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -14,15 +18,16 @@
 #include <string>
 
 #include "cellgate/util/descriptors.hpp"
-#include "sessions.hpp"
+#include "session_start.hpp"
 
 namespace cellgate::http {
 
-using detail::HttpSession;
-namespace net = detail::net;
-namespace beast = detail::beast;
-namespace ssl = detail::ssl;
-using tcp = detail::tcp;
+using detail::start_plain_session;
+using detail::start_tls_session;
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace ssl = net::ssl;
+using tcp = net::ip::tcp;
 
 struct TlsContext::Impl {
   ssl::context context{ssl::context::tls_server};
@@ -215,15 +220,10 @@ struct Listener::Impl {
       std::shared_ptr<void> slot(open_connections.get(),
                                  [count = open_connections](void*) { count->fetch_sub(1); });
       if (tls) {
-        auto session = std::make_shared<HttpSession<beast::ssl_stream<beast::tcp_stream>>>(
-            handler, options, std::move(socket), tls->impl().context);
-        session->hold(std::move(slot));
-        session->run();
+        start_tls_session(handler, options, std::move(socket), tls->impl().context,
+                          std::move(slot));
       } else {
-        auto session =
-            std::make_shared<HttpSession<beast::tcp_stream>>(handler, options, std::move(socket));
-        session->hold(std::move(slot));
-        session->run();
+        start_plain_session(handler, options, std::move(socket), std::move(slot));
       }
       do_accept();
     });
