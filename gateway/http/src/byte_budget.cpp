@@ -6,7 +6,7 @@ namespace cellgate::http {
 
 std::unique_ptr<ByteBudget::Account> ByteBudget::open(std::function<void()> on_shed) {
   std::unique_ptr<Account> account(new Account(shared_from_this(), std::move(on_shed)));
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   accounts_.push_back(account.get());
   return account;
 }
@@ -16,27 +16,27 @@ ByteBudget::Account::~Account() { budget_->close(*this); }
 void ByteBudget::Account::set(std::size_t bytes) { budget_->update(*this, bytes); }
 
 std::size_t ByteBudget::Account::held() const {
-  std::lock_guard lock(budget_->mu_);
+  MutexLock lock(budget_->mu_);
   return held_;
 }
 
 bool ByteBudget::Account::shed() const {
-  std::lock_guard lock(budget_->mu_);
+  MutexLock lock(budget_->mu_);
   return shed_;
 }
 
 std::size_t ByteBudget::used() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return used_;
 }
 
 std::size_t ByteBudget::peak() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return peak_;
 }
 
 std::size_t ByteBudget::shed_count() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return shed_count_;
 }
 
@@ -57,7 +57,7 @@ void ByteBudget::update(Account& account, std::size_t bytes) {
   std::vector<std::function<void()>> to_call;
   bool drained = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     used_ = used_ - account.held_ + bytes;
     if (account.shed_) {
       shed_bytes_ = shed_bytes_ - account.held_ + bytes;
@@ -99,7 +99,7 @@ void ByteBudget::update(Account& account, std::size_t bytes) {
 void ByteBudget::close(Account& account) {
   bool drained = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     used_ -= account.held_;
     if (account.shed_) {
       shed_bytes_ -= account.held_;

@@ -6,7 +6,7 @@ namespace cellgate::http {
 static constexpr std::size_t kMaxKeys = 4096;
 
 std::optional<std::string> LogLimiter::admit(std::string_view key, Clock::time_point now) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = entries_.find(std::string(key));
   if (it == entries_.end()) {
     if (entries_.size() >= kMaxKeys) {

@@ -214,7 +214,7 @@ Result<ArtifactRecord> ArtifactStore::put(const std::string& kernel_id,
     return make_error(ErrorCode::kInternal, "artifact_io", "OpenSSL could not compute SHA-256");
   }
 
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   KernelIndex& index = kernels_[kernel_id];
   if (index.records.size() >= caps_.count) {
     return make_error(ErrorCode::kResourceExhausted, "artifact_cap",
@@ -253,7 +253,7 @@ Result<ArtifactRecord> ArtifactStore::record_file(const std::string& kernel_id,
                                                   std::string path, std::uint64_t size,
                                                   std::string sha256, std::string mime_type) {
   CELLGATE_TRY(check_kernel_id(kernel_id));
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   KernelIndex& index = kernels_[kernel_id];
   if (index.records.size() >= caps_.count) {
     return make_error(ErrorCode::kResourceExhausted, "artifact_cap",
@@ -276,7 +276,7 @@ Result<ArtifactRecord> ArtifactStore::record_file(const std::string& kernel_id,
 }
 
 std::vector<ArtifactRecord> ArtifactStore::list(const std::string& kernel_id) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = kernels_.find(kernel_id);
   return it == kernels_.end() ? std::vector<ArtifactRecord>{} : it->second.records;
 }
@@ -299,7 +299,7 @@ Result<std::pair<std::string, std::string>> ArtifactStore::locate(const std::str
     return make_error(ErrorCode::kNotFound, "no_artifact", "no artifact " + sha);
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& [id, index] : kernels_) {
       if (auto it = index.mimes.find(sha); it != index.mimes.end()) {
         return std::pair{std::move(path), it->second};
@@ -319,7 +319,7 @@ Result<std::pair<std::string, std::string>> ArtifactStore::locate(const std::str
 }
 
 void ArtifactStore::forget(const std::string& kernel_id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   kernels_.erase(kernel_id);
 }
 
@@ -339,7 +339,7 @@ Result<void> ArtifactStore::write_content(const std::string& sha, std::string_vi
   return atomic_write(path, bytes, 0600, Durability::kNone, "artifact_io");
 }
 
-// Called with mu_ held. The journal is for people; a failure to append is logged, not returned,
+// The journal is for people; a failure to append is logged, not returned,
 // since the content is stored and listed in memory.
 void ArtifactStore::append_index(const ArtifactRecord& record) {
   const std::string index_dir = dir_ + "/index";

@@ -265,13 +265,13 @@ void AuditLog::write(nlohmann::json record) {
     line = protocol::dump_json(record);
     line += '\n';
   } catch (const std::exception& e) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     fail_locked(make_error(ErrorCode::kInternal, "audit_record",
                            std::string("cannot serialize the record: ") + e.what()));
     return;
   }
 
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (!fd_) {
     if (auto opened = open_locked(); !opened) {
       fail_locked(opened.error());

@@ -64,9 +64,9 @@ class ManualLoop::ManualStrand : public Strand {
   std::shared_ptr<Timer> at(Clock::time_point when, std::function<void()> fn) override {
     struct ManualTimer : Timer {
       std::shared_ptr<bool> cancelled = std::make_shared<bool>(false);
-      std::mutex* mu = nullptr;
+      Mutex* mu = nullptr;
       void cancel() override {
-        std::lock_guard lock(*mu);
+        MutexLock lock(*mu);
         *cancelled = true;
       }
     };
@@ -81,7 +81,7 @@ class ManualLoop::ManualStrand : public Strand {
 };
 
 Clock::time_point ManualLoop::now() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return now_;
 }
 
@@ -89,14 +89,14 @@ std::shared_ptr<Strand> ManualLoop::strand() { return std::make_shared<ManualStr
 
 void ManualLoop::add(Clock::time_point when, std::function<void()> fn,
                      std::shared_ptr<bool> cancelled) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   tasks_.push_back({when, seq_++, std::move(fn), std::move(cancelled)});
 }
 
 bool ManualLoop::run_one_due() {
   std::function<void()> fn;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     std::erase_if(tasks_, [](const Task& t) { return *t.cancelled; });
     auto it = std::min_element(tasks_.begin(), tasks_.end(), [](const Task& a, const Task& b) {
       return a.when != b.when ? a.when < b.when : a.seq < b.seq;
@@ -119,12 +119,12 @@ void ManualLoop::run_ready() {
 void ManualLoop::advance(Clock::duration d) {
   Clock::time_point target;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     target = now_ + d;
   }
   for (;;) {
     run_ready();
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     std::erase_if(tasks_, [](const Task& t) { return *t.cancelled; });
     auto it = std::min_element(tasks_.begin(), tasks_.end(),
                                [](const Task& a, const Task& b) { return a.when < b.when; });
@@ -138,7 +138,7 @@ void ManualLoop::advance(Clock::duration d) {
 }
 
 std::size_t ManualLoop::pending_timers() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return static_cast<std::size_t>(
       std::count_if(tasks_.begin(), tasks_.end(), [](const Task& t) { return !*t.cancelled; }));
 }

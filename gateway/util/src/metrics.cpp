@@ -36,12 +36,12 @@ std::string escape(const std::string& s) {
 }  // namespace
 
 void LabeledCounter::add(const std::string& label, std::uint64_t n) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   values_[label] += n;
 }
 
 std::map<std::string, std::uint64_t> LabeledCounter::snapshot() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return values_;
 }
 
@@ -51,7 +51,7 @@ Histogram::Histogram(std::vector<double> upper_bounds)
 void Histogram::observe(double value) {
   const auto i = static_cast<std::size_t>(
       std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin());
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   ++buckets_[i];
   sum_ += value;
 }
@@ -59,7 +59,7 @@ void Histogram::observe(double value) {
 Histogram::Snapshot Histogram::snapshot() const {
   Snapshot s;
   s.bounds = bounds_;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::uint64_t running = 0;
   for (auto n : buckets_) {
     running += n;

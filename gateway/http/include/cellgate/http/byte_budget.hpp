@@ -25,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <vector>
+#include "cellgate/mutex.hpp"
 
 namespace cellgate::http {
 
@@ -49,7 +50,7 @@ class ByteBudget : public std::enable_shared_from_this<ByteBudget> {
         : budget_(std::move(budget)), on_shed_(std::move(on_shed)) {}
     std::shared_ptr<ByteBudget> budget_;
     std::function<void()> on_shed_;
-    std::size_t held_ = 0;  // guarded by budget_->mu_
+    std::size_t held_ = 0;  // guarded by budget_->mu_ (the analysis cannot see that it is mu_)
     bool shed_ = false;     // guarded by budget_->mu_
   };
 
@@ -70,18 +71,18 @@ class ByteBudget : public std::enable_shared_from_this<ByteBudget> {
   void update(Account& account, std::size_t bytes);
   void close(Account& account);
   // Whether the total just fell from high_water_ to a quarter of it (called under mu_).
-  bool drained_locked();
+  bool drained_locked() CELLGATE_REQUIRES(mu_);
 
   const std::size_t limit_;
   const std::size_t high_water_;
   const std::function<void()> on_drained_;
   bool above_high_water_ = false;  // reached high_water_ since on_drained_ was last called
-  mutable std::mutex mu_;
-  std::vector<Account*> accounts_;
-  std::size_t used_ = 0;
-  std::size_t shed_bytes_ = 0;  // held by shed accounts: going, not counted against the limit
-  std::size_t peak_ = 0;
-  std::size_t shed_count_ = 0;
+  mutable Mutex mu_;
+  std::vector<Account*> accounts_ CELLGATE_GUARDED_BY(mu_);
+  std::size_t used_ CELLGATE_GUARDED_BY(mu_) = 0;
+  std::size_t shed_bytes_ CELLGATE_GUARDED_BY(mu_) = 0;  // held by shed accounts: going, not counted against the limit
+  std::size_t peak_ CELLGATE_GUARDED_BY(mu_) = 0;
+  std::size_t shed_count_ CELLGATE_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace cellgate::http

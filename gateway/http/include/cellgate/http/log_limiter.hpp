@@ -16,6 +16,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include "cellgate/mutex.hpp"
 
 namespace cellgate::http {
 
@@ -37,8 +38,8 @@ class LogLimiter {
   };
   std::size_t burst_;
   std::chrono::seconds window_;
-  std::mutex mu_;
-  std::unordered_map<std::string, Entry> entries_;
+  Mutex mu_;
+  std::unordered_map<std::string, Entry> entries_ CELLGATE_GUARDED_BY(mu_);
 };
 
 }  // namespace cellgate::http

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "cellgate/result.hpp"
+#include "cellgate/mutex.hpp"
 
 namespace cellgate::store {
 
@@ -109,13 +110,13 @@ class ArtifactStore {
   };
 
   Result<void> write_content(const std::string& sha256, std::string_view bytes);
-  void append_index(const ArtifactRecord& record);
+  void append_index(const ArtifactRecord& record) CELLGATE_REQUIRES(mu_);
 
   const std::string dir_;
   const Caps caps_;
-  mutable std::mutex mu_;
-  std::unordered_map<std::string, KernelIndex> kernels_;
-  bool index_warned_ = false;  // the journal failed and it was logged; reset on success
+  mutable Mutex mu_;
+  std::unordered_map<std::string, KernelIndex> kernels_ CELLGATE_GUARDED_BY(mu_);
+  bool index_warned_ CELLGATE_GUARDED_BY(mu_) = false;  // the journal failed and it was logged; reset on success
 };
 
 }  // namespace cellgate::store

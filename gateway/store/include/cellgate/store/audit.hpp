@@ -38,6 +38,7 @@
 
 #include "cellgate/result.hpp"
 #include "cellgate/unique_fd.hpp"
+#include "cellgate/mutex.hpp"
 
 namespace re2 {
 class RE2;
@@ -87,16 +88,16 @@ class AuditLog {
 
   AuditLog(Options options, std::vector<Pattern> patterns);
   void redact_values(nlohmann::json& record) const;
-  Result<void> open_locked();
-  Result<void> rotate_locked();
-  void fail_locked(const Error& error);
+  Result<void> open_locked() CELLGATE_REQUIRES(mu_);
+  Result<void> rotate_locked() CELLGATE_REQUIRES(mu_);
+  void fail_locked(const Error& error) CELLGATE_REQUIRES(mu_);
 
   const Options options_;
   const std::vector<Pattern> patterns_;
-  std::mutex mu_;
-  UniqueFd fd_;
-  std::uint64_t size_ = 0;  // of the open file
-  bool failing_ = false;    // the last write failed and was logged
+  Mutex mu_;
+  UniqueFd fd_ CELLGATE_GUARDED_BY(mu_);
+  std::uint64_t size_ CELLGATE_GUARDED_BY(mu_) = 0;  // of the open file
+  bool failing_ CELLGATE_GUARDED_BY(mu_) = false;    // the last write failed and was logged
 };
 
 }  // namespace cellgate::store

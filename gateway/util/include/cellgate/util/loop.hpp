@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <vector>
+#include "cellgate/mutex.hpp"
 
 namespace boost::asio {
 class io_context;
@@ -90,10 +91,10 @@ class ManualLoop : public Loop {
   void add(Clock::time_point when, std::function<void()> fn, std::shared_ptr<bool> cancelled);
   bool run_one_due();
 
-  mutable std::mutex mu_;
-  Clock::time_point now_ = Clock::time_point{} + std::chrono::hours(1);
-  std::uint64_t seq_ = 0;
-  std::vector<Task> tasks_;
+  mutable Mutex mu_;
+  Clock::time_point now_ CELLGATE_GUARDED_BY(mu_) = Clock::time_point{} + std::chrono::hours(1);
+  std::uint64_t seq_ CELLGATE_GUARDED_BY(mu_) = 0;
+  std::vector<Task> tasks_ CELLGATE_GUARDED_BY(mu_);
 };
 
 }  // namespace cellgate::util

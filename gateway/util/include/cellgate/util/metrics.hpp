@@ -21,6 +21,7 @@
 #include <mutex>
 #include <string>
 #include <vector>
+#include "cellgate/mutex.hpp"
 
 namespace cellgate::util {
 
@@ -41,8 +42,8 @@ class LabeledCounter {
   std::map<std::string, std::uint64_t> snapshot() const;
 
  private:
-  mutable std::mutex mu_;
-  std::map<std::string, std::uint64_t> values_;
+  mutable Mutex mu_;
+  std::map<std::string, std::uint64_t> values_ CELLGATE_GUARDED_BY(mu_);
 };
 
 class Histogram {
@@ -60,9 +61,9 @@ class Histogram {
 
  private:
   const std::vector<double> bounds_;
-  mutable std::mutex mu_;
-  std::vector<std::uint64_t> buckets_;  // per bound, then +Inf (not cumulative)
-  double sum_ = 0;
+  mutable Mutex mu_;
+  std::vector<std::uint64_t> buckets_ CELLGATE_GUARDED_BY(mu_);  // per bound, then +Inf (not cumulative)
+  double sum_ CELLGATE_GUARDED_BY(mu_) = 0;
 };
 
 class PrometheusText {
