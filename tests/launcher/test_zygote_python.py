@@ -8,7 +8,7 @@ zygote_server.cpp does. The test then drives that kernel with jupyter_client.
 
     /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/launcher/test_zygote_python.py
 
-Every process started here is stopped by its pid; the temp dir is removed. ~5 s.
+Every process started here is stopped by its pid; the temp dir is removed. ~10 s.
 """
 
 import json
