@@ -64,18 +64,19 @@ int run_exec_mode(const LaunchOptions& options) {
   if (status_fd >= 0) {
     ::fcntl(status_fd, F_SETFD, FD_CLOEXEC);
   }
+  StatusSink status(status_fd);
   StatusEvent failed;
   failed.kind = StatusEvent::Kind::kExited;
   failed.reason = ExitReason::kSetupError;
-  if (!open_status_copy(options.status_file)) {
+  if (!status.open_copy(options.status_file)) {
     failed.message = errno_error(ErrorCode::kInternal, "", "open('" + options.status_file + "')",
                                  errno).message;
-    report(status_fd, failed);
+    status.report(failed);
     return 127;
   }
   if (options.argv.empty()) {
     failed.message = "no kernel command given";
-    report(status_fd, failed);
+    status.report(failed);
     return 127;
   }
   if (options.die_with_parent) {
@@ -94,7 +95,7 @@ int run_exec_mode(const LaunchOptions& options) {
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
     failed.message = errno_error(ErrorCode::kInternal, "", "pipe2()", errno).message;
-    report(status_fd, failed);
+    status.report(failed);
     return 127;
   }
   UniqueFd err_read(pipe_fds[0]);
@@ -109,7 +110,7 @@ int run_exec_mode(const LaunchOptions& options) {
   pid_t child = ::fork();
   if (child < 0) {
     failed.message = errno_error(ErrorCode::kInternal, "", "fork()", errno).message;
-    report(status_fd, failed);
+    status.report(failed);
     return 127;
   }
   if (child == 0) {
@@ -130,14 +131,14 @@ int run_exec_mode(const LaunchOptions& options) {
     std::string call = kStages[payload[0] >= 0 && payload[0] < 3 ? payload[0] : 2];
     call += payload[0] == 1 ? "('" + options.cwd + "')" : "('" + options.argv[0] + "')";
     failed.message = errno_error(ErrorCode::kInternal, "", call, payload[1]).message;
-    report(status_fd, failed);
+    status.report(failed);
     return 127;
   }
 
   StatusEvent started;
   started.kind = StatusEvent::Kind::kStarted;
   started.pid = child;
-  report(status_fd, started);
+  status.report(started);
 
   for (;;) {
     siginfo_t info{};
@@ -160,12 +161,12 @@ int run_exec_mode(const LaunchOptions& options) {
     if (WIFSIGNALED(wstatus)) {
       exited.reason = ExitReason::kSignaled;
       exited.signal = WTERMSIG(wstatus);
-      report(status_fd, exited);
+      status.report(exited);
       return 128 + exited.signal;
     }
     exited.reason = ExitReason::kOk;
     exited.exit_code = WEXITSTATUS(wstatus);
-    report(status_fd, exited);
+    status.report(exited);
     return exited.exit_code;
   }
 }

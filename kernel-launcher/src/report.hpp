@@ -10,6 +10,7 @@
 #include <string>
 
 #include "cellgate/launcher/status.hpp"
+#include "cellgate/unique_fd.hpp"
 
 namespace cellgate::launcher {
 
@@ -47,43 +48,57 @@ inline std::string read_until_eof(int fd) {
   return text;
 }
 
-// The launcher's status copy (--status-file, opened once in main): the same lines, appended to
-// a file in the kernel's runtime dir, so a gateway that restarts learns how a kernel it adopted
-// ended although the pipe's reader is gone. -1: none.
-inline int& status_copy_fd() {
-  static int fd = -1;
-  return fd;
-}
+// Where the launcher's status lines go: the status fd (a pipe to the gateway) and the copy
+// (--status-file), the same lines appended to a file in the kernel's runtime dir, so a gateway
+// that restarts learns how a kernel it adopted ended although the pipe's reader is gone.
+class StatusSink {
+ public:
+  explicit StatusSink(int fd) : fd_(fd) {}
 
-// Opens --status-file (append, 0600) as the copy; false when it cannot be opened.
-inline bool open_status_copy(const std::string& path) {
-  if (path.empty()) {
-    return true;
+  // Opens --status-file (append, 0600) as the copy; false when it cannot be opened ("": none).
+  bool open_copy(const std::string& path) {
+    if (path.empty()) {
+      return true;
+    }
+    copy_.reset(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+    return static_cast<bool>(copy_);
   }
-  status_copy_fd() = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-  return status_copy_fd() >= 0;
-}
 
-// One status line: to the copy first (it survives the gateway), then to the pipe. The gateway may
-// be gone (crashed, being upgraded): a write to the reader-less pipe must not end the launcher,
-// which still supervises the kernel, so SIGPIPE is held for the write and its pending instance
-// consumed (the kernel, forked before, keeps its default disposition).
-inline void report(int fd, const StatusEvent& ev) {
-  const std::string line = ev.to_line();
-  write_all(status_copy_fd(), line);
-  if (fd < 0) {
-    return;
+  // One status line: to the copy first (it survives the gateway), then to the pipe. The gateway
+  // may be gone (crashed, being upgraded): a write to the reader-less pipe must not end the
+  // launcher, which still supervises the kernel, so SIGPIPE is held for the write and its pending
+  // instance consumed (the kernel, forked before, keeps its default disposition).
+  void report(const StatusEvent& ev) const {
+    const std::string line = ev.to_line();
+    write_all(copy_.get(), line);
+    if (fd_ < 0) {
+      return;
+    }
+    sigset_t pipe_only, previous;
+    sigemptyset(&pipe_only);
+    sigaddset(&pipe_only, SIGPIPE);
+    ::sigprocmask(SIG_BLOCK, &pipe_only, &previous);
+    write_all(fd_, line);
+    const timespec none{0, 0};
+    while (::sigtimedwait(&pipe_only, nullptr, &none) == SIGPIPE) {
+    }
+    ::sigprocmask(SIG_SETMASK, &previous, nullptr);
   }
-  sigset_t pipe_only, previous;
-  sigemptyset(&pipe_only);
-  sigaddset(&pipe_only, SIGPIPE);
-  ::sigprocmask(SIG_BLOCK, &pipe_only, &previous);
-  write_all(fd, line);
-  const timespec none{0, 0};
-  while (::sigtimedwait(&pipe_only, nullptr, &none) == SIGPIPE) {
+
+  // In a child that goes into the jail: neither descriptor (a host file, the gateway's pipe)
+  // goes with it.
+  void close_in_child() {
+    if (fd_ >= 0) {
+      ::close(fd_);
+      fd_ = -1;
+    }
+    copy_.reset();
   }
-  ::sigprocmask(SIG_SETMASK, &previous, nullptr);
-}
+
+ private:
+  int fd_;  // -1: none; not owned (main's)
+  UniqueFd copy_;
+};
 
 inline StatusEvent setup_error(std::string message) {
   StatusEvent ev;

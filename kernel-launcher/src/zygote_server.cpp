@@ -34,6 +34,8 @@
 #include "cellgate/launcher/spec_json.hpp"
 #include "cellgate/launcher/zygote.hpp"
 #include "cellgate/unique_fd.hpp"
+#include "cellgate_zygote_py.hpp"
+#include "init.hpp"
 #include "report.hpp"
 #include "zygote_wire.hpp"
 
@@ -44,12 +46,17 @@ namespace {
 
 using nlohmann::json;
 
-constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
-
-// Descriptors the preload opened and Python objects still hold (IPython keeps /dev/null open).
-// A kernel gets /dev/null in their place rather than a closed number a later open() would reuse
-// under the old object.
-std::vector<int> g_python_fds;
+// What serve() and the jails it clones share: the zygote's own descriptors, which no jail keeps,
+// and those Python holds.
+struct Zygote {
+  int listen_fd = -1;
+  int signal_fd = -1;
+  int reaper_fd = -1;  // cellgate-reaper, opened before the zygote jailed itself
+  // Descriptors the preload opened and Python objects still hold (IPython keeps /dev/null open).
+  // A kernel gets /dev/null in their place rather than a closed number a later open() would
+  // reuse under the old object.
+  std::vector<int> python_fds;
+};
 
 std::vector<int> open_fds() {
   std::vector<int> fds;
@@ -69,18 +76,18 @@ std::vector<int> open_fds() {
 }
 
 // The kernel's descriptors: 0-2, `keep`, and /dev/null on every number Python holds; no other.
-Result<void> settle_kernel_fds(int keep) {
+Result<void> settle_kernel_fds(int keep, const std::vector<int>& python_fds) {
   const int null_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
   if (null_fd < 0) {
     return errno_error(ErrorCode::kInternal, "fds", "open('/dev/null')", errno);
   }
-  for (int fd : g_python_fds) {
+  for (int fd : python_fds) {
     if (fd != null_fd && ::dup3(null_fd, fd, O_CLOEXEC) < 0) {
       return errno_error(ErrorCode::kInternal, "fds", "dup3(/dev/null)", errno);
     }
   }
   for (int fd : open_fds()) {
-    const bool held = std::find(g_python_fds.begin(), g_python_fds.end(), fd) != g_python_fds.end();
+    const bool held = std::find(python_fds.begin(), python_fds.end(), fd) != python_fds.end();
     if (fd > 2 && fd != keep && !held) {
       ::close(fd);
     }
@@ -88,252 +95,6 @@ Result<void> settle_kernel_fds(int keep) {
   return {};
 }
 
-// The Python side, run once in a module of its own (kept out of the kernel's __main__).
-constexpr const char* kPreloadSource = R"PY(
-import gc, importlib, os, sys, threading
-
-# Modules compute paths from $HOME when they are imported (parso's and jedi's caches, which tab
-# completion writes; matplotlib's user font dirs): import them with the home every jailed kernel
-# has, or a forked kernel inherits root's (/root/.cache/parso: read-only in the jail, and every
-# completion that parses a module answers nothing). start_kernel refreshes the two caches for a
-# kernel whose HOME is another one.
-os.environ["HOME"] = _cellgate_home
-# matplotlib caches its config dir at import; /tmp is the zygote's private tmpfs here and the
-# kernel's own tmpfs later. The font list is built now, once, in memory.
-os.environ["MPLCONFIGDIR"] = "/tmp/matplotlib"
-os.environ["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"  # debugpy's warning about frozen modules
-for _name in _cellgate_preload:
-    importlib.import_module(_name)
-if "matplotlib" in sys.modules:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot
-    from matplotlib import font_manager
-    font_manager.fontManager.ttflist
-    try:
-        import matplotlib_inline.backend_inline
-    except ImportError:
-        pass
-
-
-def _build_shell():
-    """The kernel's InteractiveShell, built here once instead of in every kernel (~15 ms and some
-    hundreds of copied pages each). Its history is in memory (no thread, no file) and its IPython
-    dir in the zygote's /tmp; a kernel adopts it in CellgateKernelApp.init_kernel and gives it what
-    depends on the kernel itself: its kernel, profile, history, home and environment."""
-    from IPython.core.history import HistoryManager
-    from IPython.core.interactiveshell import InteractiveShell
-    from ipykernel.compiler import XCachingCompiler
-    from ipykernel.zmqshell import ZMQInteractiveShell
-
-    def history_in_memory(self):
-        self.history_manager = HistoryManager(shell=self, parent=self, hist_file=":memory:")
-        self.configurables.append(self.history_manager)
-
-    init_history = InteractiveShell.init_history
-    InteractiveShell.init_history = history_in_memory
-    try:
-        return ZMQInteractiveShell.instance(ipython_dir="/tmp/ipython",
-                                            compiler_class=XCachingCompiler)
-    finally:
-        InteractiveShell.init_history = init_history
-
-
-def _adopt_shell(shell, app):
-    """What IPythonKernel would have passed the shell, and what the shell computed from the
-    zygote's state rather than the kernel's, as a shell built in the kernel has them."""
-    from IPython.utils.path import get_home_dir
-    from pickleshare import PickleShareDB
-    shell.kernel = app.kernel
-    shell.parent = app.kernel
-    shell.profile_dir = app.profile_dir
-    shell.ipython_dir = app.ipython_dir
-    shell.home_dir = get_home_dir()
-    shell.starting_dir = os.getcwd()
-    shell.init_environment()
-    shell.db = PickleShareDB(os.path.join(app.profile_dir.location, "db"))
-    shell.configurables.remove(shell.history_manager)
-    shell.init_history()  # the profile's history.sqlite and its saving thread, as usual
-    history = shell.history_manager
-    names = {"_ih": history.input_hist_parsed, "_oh": history.output_hist,
-             "_dh": history.dir_hist, "In": history.input_hist_parsed,
-             "Out": history.output_hist}
-    shell.user_ns_hidden.update(names)
-    shell.user_ns.update(names)
-
-
-def _skip_empty_flushes():
-    """ipykernel 6's OutStream.flush() hands a flush and then an event to its IO thread and waits
-    for the event, even when nothing was written: a trivial cell flushes five times, ~1.5 of its
-    ~4 ms round trip here. An empty flush returns at once now: when the buffer is empty and no
-    flush is running in the IO thread (which swaps the buffer out first), everything written
-    before has been sent. A flush with output waits as before; only the ordering of a reply on
-    shell after the iopub messages scheduled before it is no longer forced, which the protocol
-    never promised (clients wait for the idle status, which still comes after them)."""
-    from ipykernel.iostream import OutStream
-    if not all(hasattr(OutStream, a) for a in ("flush", "_flush", "_is_master_process")):
-        return
-    flush, io_flush = OutStream.flush, OutStream._flush
-    OutStream._cellgate_flushing = 0
-
-    def quick_flush(self):
-        if (getattr(self, "echo", True) is None and not self._cellgate_flushing
-                and getattr(self, "_buffer", None) is not None and self._buffer.tell() == 0
-                and self._is_master_process()):
-            return
-        return flush(self)
-
-    def counted_flush(self):  # runs in the IO thread
-        self._cellgate_flushing += 1
-        try:
-            return io_flush(self)
-        finally:
-            self._cellgate_flushing -= 1
-
-    OutStream.flush, OutStream._flush = quick_flush, counted_flush
-
-
-def _coalesce_iopub_wakes():
-    """ipykernel 6's IOPubThread.schedule() sends a wake-up over a ZeroMQ pipe for every iopub
-    message; the IO thread runs every queued event on each wake-up anyway. A wake-up is sent now
-    only when none is pending: the IO thread clears the mark before it counts the queue, so an
-    event queued after the count sees the mark cleared and sends its own."""
-    from ipykernel.iostream import IOPubThread
-    if not all(hasattr(IOPubThread, a) for a in ("schedule", "_handle_event", "_event_pipe")):
-        return
-    handle_event = IOPubThread._handle_event
-    IOPubThread._cellgate_wake_pending = False
-
-    def schedule(self, f):
-        if self.thread.is_alive():
-            self._events.append(f)
-            if not self._cellgate_wake_pending:
-                self._cellgate_wake_pending = True  # before the send: the IO thread may run first
-                try:
-                    self._event_pipe.send(b"")
-                except BaseException:
-                    self._cellgate_wake_pending = False
-                    raise
-        else:
-            f()
-
-    def counted_handle_event(self, msg):
-        self._cellgate_wake_pending = False
-        return handle_event(self, msg)
-
-    IOPubThread.schedule, IOPubThread._handle_event = schedule, counted_handle_event
-
-
-_shell = None
-CellgateKernelApp = None  # defined below when the preload has ipykernel
-_parsed_argv = None  # the command line the prepared CellgateKernelApp instance has parsed
-
-if "ipykernel" in sys.modules:
-    import ipykernel.kernelapp, ipykernel.ipkernel, ipykernel.zmqshell
-    # What IPKernelApp.initialize() would still import in every kernel.
-    import faulthandler, IPython.core.completerlib, pickleshare
-
-    class CellgateKernelApp(ipykernel.kernelapp.IPKernelApp):
-        """IPKernelApp with two steps already done in the zygote: the command line parsed (by
-        prepare_kernel_app, for the next kernel) and the shell built (by _build_shell)."""
-
-        def parse_command_line(self, argv=None):
-            if _parsed_argv is None or list(argv or []) != _parsed_argv:
-                super().parse_command_line(argv)
-
-        def init_kernel(self):
-            global _shell
-            shell, _shell = _shell, None
-            if shell is not None and set(self.config) - {"IPKernelApp", type(self).__name__}:
-                # Configured beyond the app's own options (a profile's config file): the shell
-                # is built here, from that configuration.
-                type(shell).clear_instance()
-                shell = None
-            super().init_kernel()
-            if shell is not None and self.kernel.shell is shell:
-                _adopt_shell(shell, self)
-            history = getattr(self.kernel.shell, "history_manager", None)
-            if history is not None and "db_cache_size" not in self.config.get("HistoryManager", {}):
-                # IPython writes each cell's input to history.sqlite as it runs, in a thread that
-                # holds the lock the next cell's store_inputs waits for: ~0.7 ms of every round
-                # trip. Written every 16 cells instead, at exit, and before any history_request
-                # that reads the file (get_tail, search); a killed kernel's file misses <= 15.
-                history.db_cache_size = 16
-            configured = any("_execute_sleep" in self.config.get(c, {}) for c in ("Kernel", "IPythonKernel"))
-            if not configured and hasattr(self.kernel, "_execute_sleep"):
-                # ipykernel 6 sleeps 0.5 ms before each execute_reply so that the output flushed
-                # just before reaches clients first. Flushing waits for the IO thread to send it,
-                # and clients wait for the idle status (sent after it) anyway.
-                self.kernel._execute_sleep = 0
-
-    _skip_empty_flushes()
-    _coalesce_iopub_wakes()
-    _shell = _build_shell()
-os.environ.clear()
-
-if threading.active_count() != 1:
-    raise RuntimeError("the preload started threads: %r" % threading.enumerate())
-if "zmq" in sys.modules and sys.modules["zmq"].Context._instance is not None:
-    raise RuntimeError("the preload created a ZeroMQ context")
-sys.stdout.flush()
-sys.stderr.flush()
-_cellgate_preloaded = frozenset(sys.modules)
-gc.collect()
-gc.freeze()
-
-
-def _refresh_home_caches():
-    """What the preload computed from HOME, again for this kernel's HOME (see the top)."""
-    parso_cache = sys.modules.get("parso.cache")
-    if parso_cache is not None and hasattr(parso_cache, "_get_default_cache_path"):
-        parso_cache._default_cache_path = parso_cache._get_default_cache_path()
-    jedi_settings = sys.modules.get("jedi.settings")
-    if jedi_settings is not None:
-        jedi_settings.cache_directory = os.path.expanduser(
-            os.path.join(os.getenv("XDG_CACHE_HOME") or "~/.cache", "jedi"))
-
-
-def start_kernel(args, env):
-    import os, random, sys
-    os.environ.clear()
-    os.environ.update(env)
-    if os.environ.get("HOME") != _cellgate_home or "XDG_CACHE_HOME" in os.environ:
-        _refresh_home_caches()
-    # A forked interpreter carries the zygote's generator states: reseed every one we know of.
-    random.seed()
-    if "numpy" in sys.modules:
-        sys.modules["numpy"].random.seed()
-    mp = sys.modules.get("multiprocessing.process")
-    if mp is not None:
-        mp.current_process().authkey = os.urandom(32)
-    # As `python -m ipykernel_launcher` would: the work dir first on sys.path, argv set.
-    sys.path.insert(0, os.getcwd())
-    sys.argv = ["ipykernel_launcher"] + list(args)
-    if CellgateKernelApp is None:
-        from ipykernel.kernelapp import IPKernelApp as app_class
-    else:
-        app_class = CellgateKernelApp
-    app = app_class.instance()
-    app.initialize(_kernel_argv(args))
-    app.start()
-
-
-def _kernel_argv(args):
-    return list(args) + (["--matplotlib=inline"] if "matplotlib.pyplot" in sys.modules else [])
-
-
-def prepare_kernel_app(args):
-    """Run by the zygote after each fork: the next kernel with the same arguments finds its
-    command line parsed (~8 ms and ~1,000 copied pages less)."""
-    global _parsed_argv
-    argv = _kernel_argv(args)
-    if argv == _parsed_argv or CellgateKernelApp is None:
-        return
-    _parsed_argv = None
-    CellgateKernelApp.clear_instance()
-    CellgateKernelApp.instance().parse_command_line(argv)
-    _parsed_argv = argv
-)PY";
 
 void log_line(const std::string& text) {
   std::string line = "cellgate-kernel --zygote: " + text + "\n";
@@ -464,7 +225,11 @@ Result<void> start_python(const std::vector<std::string>& preload) {
   PyDict_SetItemString(dict, "_cellgate_home", home);
   Py_DECREF(home);
   PyDict_SetItemString(dict, "__builtins__", PyEval_GetBuiltins());
-  PyObject* result = PyRun_String(kPreloadSource, Py_file_input, dict, dict);
+  // Compiled under its file's name, so a traceback in the zygote's log points into it.
+  const std::string source(kCellgateZygotePy);
+  PyObject* code = Py_CompileString(source.c_str(), "cellgate_zygote.py", Py_file_input);
+  PyObject* result = code ? PyEval_EvalCode(code, dict, dict) : nullptr;
+  Py_XDECREF(code);
   if (result == nullptr) {
     PyErr_Print();
     return make_error(ErrorCode::kFailedPrecondition, "preload",
@@ -529,22 +294,17 @@ PyObject* py_string_list(const std::vector<std::string>& strings) {
   return list;
 }
 
-[[noreturn]] void die_with(int fd, const std::string& message) {
-  write_all(fd, "E" + message + "\n");
-  ::_exit(127);
-}
-
 // The kernel: the last jail steps, then Python. Never returns.
-[[noreturn]] void run_kernel(const Request& r, int err_fd) {
+[[noreturn]] void run_kernel(const Request& r, const Zygote& z, int err_fd) {
   PyOS_AfterFork_Child();
   sigset_t none;
   sigemptyset(&none);
-  auto steps =
-      jail::contain_kernel(r.spec, r.uid, r.gid, [&] { return settle_kernel_fds(err_fd); });
+  auto steps = jail::contain_kernel(r.spec, r.uid, r.gid,
+                                    [&] { return settle_kernel_fds(err_fd, z.python_fds); });
   if (!steps) {
-    die_with(err_fd, steps.error().message);
+    init::fail(err_fd, steps.error().message);
   }
-  for (int sig : kForwarded) {
+  for (int sig : init::kForwardedSignals) {
     if (sig != SIGINT) {  // Python's own SIGINT handler stays: it raises KeyboardInterrupt
       ::signal(sig, SIG_DFL);
     }
@@ -588,8 +348,8 @@ PyObject* py_string_list(const std::vector<std::string>& strings) {
   ::_exit(code);
 }
 
-// pid 1 of the new jail. Never returns: it execs the reaper or dies reporting why.
-[[noreturn]] void run_init(Request& r, int reaper_fd) {
+// pid 1 of the new jail (init.hpp). Never returns: it execs the reaper or dies reporting why.
+[[noreturn]] void run_init(Request& r, const Zygote& z) {
   PyOS_AfterFork_Child();
   const int report_fd = r.fds[1].get();
   const int go_fd = r.fds[2].get();
@@ -601,55 +361,38 @@ PyObject* py_string_list(const std::vector<std::string>& strings) {
     ::_exit(127);  // the launcher gave up (its cgroup attach failed) and reported why
   }
   if (::setns(r.fds[0].get(), CLONE_NEWNS) != 0) {
-    die_with(report_fd, "setns(host mount namespace): " + std::string(std::strerror(errno)));
+    init::fail(report_fd, "setns(host mount namespace): " + std::string(std::strerror(errno)));
   }
   r.fds[0].reset();
   if (::unshare(CLONE_NEWNS) != 0) {
-    die_with(report_fd, "unshare(CLONE_NEWNS): " + std::string(std::strerror(errno)));
+    init::fail(report_fd, "unshare(CLONE_NEWNS): " + std::string(std::strerror(errno)));
   }
   auto root = jail::contain_init(r.spec, r.paths, r.uid, r.gid);
   if (!root) {
-    die_with(report_fd, root.error().message);
+    init::fail(report_fd, root.error().message);
   }
   if (::dup2(r.fds[3].get(), STDOUT_FILENO) < 0 || ::dup2(r.fds[4].get(), STDERR_FILENO) < 0) {
-    die_with(report_fd, "dup2(stdout/stderr): " + std::string(std::strerror(errno)));
+    init::fail(report_fd, "dup2(stdout/stderr): " + std::string(std::strerror(errno)));
   }
   r.fds[3].reset();
   r.fds[4].reset();
   int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (null_fd < 0 || ::dup2(null_fd, STDIN_FILENO) < 0) {
-    die_with(report_fd, "open('/dev/null'): " + std::string(std::strerror(errno)));
+    init::fail(report_fd, "open('/dev/null'): " + std::string(std::strerror(errno)));
   }
   ::close(null_fd);
-  int setup[2];
-  if (::pipe2(setup, O_CLOEXEC) != 0) {
-    die_with(report_fd, "pipe2(): " + std::string(std::strerror(errno)));
-  }
   PyOS_BeforeFork();
-  pid_t kernel = ::fork();
-  if (kernel < 0) {
-    die_with(report_fd, "fork(): " + std::string(std::strerror(errno)));
-  }
-  if (kernel == 0) {
-    ::close(setup[0]);
-    run_kernel(r, setup[1]);
-  }
-  ::close(setup[1]);
-  const std::string failure = read_until_eof(setup[0]);
-  if (!failure.empty()) {
-    write_all(report_fd, failure);  // "E<text>\n"
-    ::_exit(127);
-  }
-  write_all(report_fd, "R\n");
+  const pid_t kernel =
+      init::start_kernel(report_fd, [&](int setup_fd) { run_kernel(r, z, setup_fd); });
   // The reaper takes fds 3 (report) and 4 (go pipe: EOF when the launcher is gone) and nothing
   // else; the forwarded signals and SIGCHLD stay blocked across exec, so none is lost.
   const int high[3] = {::fcntl(report_fd, F_DUPFD_CLOEXEC, 10), ::fcntl(go_fd, F_DUPFD_CLOEXEC, 10),
-                       ::fcntl(reaper_fd, F_DUPFD_CLOEXEC, 10)};
+                       ::fcntl(z.reaper_fd, F_DUPFD_CLOEXEC, 10)};
   for (int i = 0; i < 3; ++i) {
     if (high[i] < 0 || ::dup2(high[i], 3 + i) < 0) {  // dup2 clears close-on-exec
-      write_all(report_fd, "Edup2() for the reaper: " + std::string(std::strerror(errno)) + "\n");
+      const std::string message = "dup2() for the reaper: " + std::string(std::strerror(errno));
       ::kill(kernel, SIGKILL);
-      ::_exit(127);
+      init::fail(report_fd, message);
     }
   }
   ::syscall(SYS_close_range, 6u, ~0u, 0u);
@@ -658,9 +401,9 @@ PyObject* py_string_list(const std::vector<std::string>& strings) {
   char* argv[] = {arg0, const_cast<char*>(kernel_pid.c_str()), nullptr};
   char* envp[] = {nullptr};
   ::syscall(SYS_execveat, 5, "", argv, envp, AT_EMPTY_PATH);
-  write_all(3, "Eexecveat(cellgate-reaper): " + std::string(std::strerror(errno)) + "\n");
+  const std::string message = "execveat(cellgate-reaper): " + std::string(std::strerror(errno));
   ::kill(kernel, SIGKILL);
-  ::_exit(127);
+  init::fail(3, message);
 }
 
 // While the jail just cloned starts: the next kernel's command line parsed in advance (see
@@ -680,7 +423,7 @@ void prepare_next_kernel(const std::vector<std::string>& args) {
 }
 
 // Clones the jail's pid 1 for one request and answers on `conn`.
-void serve(int conn, int listen_fd, int signal_fd, int reaper_fd) {
+void serve(int conn, const Zygote& z) {
   timeval tv{2, 0};
   ::setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   auto answer_error = [&](const std::string& message) {
@@ -704,9 +447,9 @@ void serve(int conn, int listen_fd, int signal_fd, int reaper_fd) {
   long pid = ::syscall(SYS_clone, kFlags, nullptr, nullptr, nullptr, nullptr);
   if (pid == 0) {
     ::close(conn);
-    ::close(listen_fd);
-    ::close(signal_fd);
-    run_init(r, reaper_fd);
+    ::close(z.listen_fd);
+    ::close(z.signal_fd);
+    run_init(r, z);
   }
   PyOS_AfterFork_Parent();
   if (pid < 0) {
@@ -755,12 +498,7 @@ int run_zygote(const ZygoteOptions& options) {
   }
   // Blocked for good: SIGCHLD and SIGTERM arrive on the signalfd, the rest stays blocked so a
   // jail's pid 1 inherits them blocked and its reaper receives them.
-  sigset_t mask;
-  sigemptyset(&mask);
-  for (int sig : kForwarded) {
-    sigaddset(&mask, sig);
-  }
-  sigaddset(&mask, SIGCHLD);
+  const sigset_t mask = init::reaper_signals();
   ::sigprocmask(SIG_BLOCK, &mask, nullptr);
   ::prctl(PR_SET_DUMPABLE, 0);
 
@@ -784,13 +522,15 @@ int run_zygote(const ZygoteOptions& options) {
   if (auto jailed = jail_self(); !jailed) {
     return fail(jailed.error().message);
   }
+  Zygote zygote;
+  zygote.reaper_fd = reaper.get();
   const std::vector<int> before = open_fds();
   if (auto py = start_python(options.preload); !py) {
     return fail(py.error().message);
   }
   for (int fd : open_fds()) {
     if (std::find(before.begin(), before.end(), fd) == before.end()) {
-      g_python_fds.push_back(fd);
+      zygote.python_fds.push_back(fd);
     }
   }
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -799,6 +539,8 @@ int run_zygote(const ZygoteOptions& options) {
   if (!signal_fd) {
     return fail("signalfd(): " + std::string(std::strerror(errno)));
   }
+  zygote.listen_fd = listener->get();
+  zygote.signal_fd = signal_fd.get();
   log_line("ready in " + std::to_string(ms) + " ms, serving " + options.socket_path);
   write_all(options.status_fd,
             json{{"event", "ready"}, {"pid", ::getpid()}, {"preload_ms", ms}}.dump() + "\n");
@@ -827,7 +569,7 @@ int run_zygote(const ZygoteOptions& options) {
     if (fds[0].revents & POLLIN) {
       UniqueFd conn(::accept4(listener->get(), nullptr, nullptr, SOCK_CLOEXEC));
       if (conn) {
-        serve(conn.get(), listener->get(), signal_fd.get(), reaper.get());
+        serve(conn.get(), zygote);
       }
     }
   }

@@ -39,7 +39,9 @@ struct LaunchOptions {
 int run_exec_mode(const LaunchOptions& options);
 
 // The jailed variant (src/jailed.cpp): the same contract, with the jail's steps between fork
-// and exec. A limit that cannot be enforced ends it with setup_error before the kernel runs.
+// and exec: the host side built as a HostJail (src/host_jail.hpp), then the kernel from the
+// zygote (src/zygote_client.cpp) or cold (src/exec_mode.cpp), pid 1 the same in both
+// (src/init.hpp). A limit that cannot be enforced ends it with setup_error before the kernel runs.
 int run_jailed_mode(const LaunchOptions& options);
 
 // Prints what the host supports (cgroups, user namespaces, Landlock, seccomp) as one line.

@@ -6,7 +6,8 @@
 //   cellgate-kernel --zygote-socket /run/cellgate/zygote.sock --spec jail.json
 //       --connection-file c.json -- python3 -m ipykernel_launcher -f c.json    (one kernel)
 //
-// The zygote (src/zygote_server.cpp, embeds CPython):
+// The zygote (src/zygote_server.cpp, embeds CPython; its Python is python/cellgate_zygote.py,
+// embedded at build time and tested by tests/launcher/test_zygote_python.py):
 //   1. re-execs itself with an empty environment: every kernel gets a copy of its memory, so it
 //      must never hold a secret (a dumpable kernel could read the old block in /proc/self/environ);
 //   2. binds its socket (0600), then jails itself: new mount, network, ipc and uts namespaces, the
@@ -38,7 +39,8 @@
 // home and environment are then the kernel's own) unless a profile config file configures more
 // than the app. Together ~25 ms less per start here, half of it copy-on-write page faults. The
 // child then execs the static cellgate-reaper as the jail's pid 1 (a Python copy as pid 1 would
-// cost megabytes per kernel). Both report on the report pipe exactly as exec mode's init does ("R", "E…", "X…"), so
+// cost megabytes per kernel). Both report on the report pipe exactly as exec mode's init does
+// ("R", "E…", "X…": src/init.hpp, one pid-1 protocol and one reaper loop for both modes), so
 // the launcher supervises a zygote kernel the same way, through the pidfd. The zygote is out of
 // the loop once it answered: when it dies, its kernels run on.
 //

@@ -1,0 +1,155 @@
+// Jailed exec mode: the launcher clones the jail's pid 1 itself and supervises it.
+//
+//   launcher (host, root) ── HostJail: cgroup, work dir, connection dir, staging root
+//     └─ init (pid 1 of new mount/pid/net/ipc/uts namespaces), jail::contain_init(): its own
+//        cgroup namespace, the root filesystem, the hostname; then init::start_kernel()
+//          └─ kernel, jail::contain_kernel(): session, work dir, rlimits, credentials,
+//             no_new_privs, fds, seccomp → execve
+//        and stays as the reaper (init::reap_kernel): forwards signals, reports the kernel's
+//        wait status, exits.
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <string>
+#include <vector>
+
+#include "cellgate/jail/jail.hpp"
+#include "cellgate/unique_fd.hpp"
+#include "host_jail.hpp"
+#include "init.hpp"
+
+namespace cellgate::launcher {
+namespace {
+
+// The kernel process, forked by init: the last steps, then execve.
+[[noreturn]] void exec_kernel(const HostJail& j, int err_fd) {
+  for (int sig : init::kForwardedSignals) {
+    ::signal(sig, SIG_DFL);
+  }
+  ::signal(SIGCHLD, SIG_DFL);
+  ::sigprocmask(SIG_SETMASK, &j.original_mask(), nullptr);
+  std::vector<char*> cargv;
+  for (const auto& a : j.argv()) {
+    cargv.push_back(const_cast<char*>(a.c_str()));
+  }
+  cargv.push_back(nullptr);
+  std::vector<char*> cenv;
+  for (const auto& e : j.env()) {
+    cenv.push_back(const_cast<char*>(e.c_str()));
+  }
+  cenv.push_back(nullptr);
+  const std::string program = resolve_program(j.argv()[0], j.spec());
+
+  auto steps = jail::contain_kernel(j.spec(), j.uid(), j.gid(),
+                                    [&] { return jail::close_inherited_fds(err_fd); });
+  if (!steps) {
+    init::fail(err_fd, steps.error().message);
+  }
+  ::execve(program.c_str(), cargv.data(), cenv.data());
+  init::fail(err_fd,
+             errno_error(ErrorCode::kInternal, "", "execve('" + program + "')", errno).message);
+}
+
+// pid 1 of the jail: builds the root, starts the kernel, then reaps (init.hpp).
+[[noreturn]] void exec_init(const HostJail& j, int go_fd, int report_fd) {
+  // If the launcher dies, so does the jail (the kernel with it: it is our pid namespace).
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // Root in here holds the launcher's environment in memory; keep /proc/1 closed to the kernel.
+  ::prctl(PR_SET_DUMPABLE, 0);
+  char go = 0;
+  while (::read(go_fd, &go, 1) < 0 && errno == EINTR) {
+  }
+  if (go != 'G') {
+    ::_exit(127);  // the launcher gave up (cgroup attach failed) and reported why
+  }
+  ::close(go_fd);
+  auto root = jail::contain_init(j.spec(), j.paths(), j.uid(), j.gid());
+  if (!root) {
+    init::fail(report_fd, root.error().message);
+  }
+  const pid_t kernel = init::start_kernel(report_fd, [&](int setup_fd) {
+    ::close(report_fd);
+    exec_kernel(j, setup_fd);
+  });
+  // No go pipe to watch: the parent-death signal above ends us with the launcher.
+  ::_exit(init::reap_kernel(kernel, report_fd, -1));
+}
+
+}  // namespace
+
+int run_exec_kernel(HostJail& j) {
+  int go[2], rep[2];
+  if (::pipe2(go, O_CLOEXEC) != 0 || ::pipe2(rep, O_CLOEXEC) != 0) {
+    return j.fail(errno_error(ErrorCode::kInternal, "", "pipe2()", errno).message);
+  }
+  UniqueFd go_read(go[0]), go_write(go[1]), rep_read(rep[0]), rep_write(rep[1]);
+
+  auto child = jail::clone_jailed();
+  if (!child) {
+    return j.fail(child.error().message);
+  }
+  if (*child == 0) {
+    go_write.reset();
+    rep_read.reset();
+    j.status().close_in_child();  // the gateway's pipe and a host file: none goes into the jail
+    exec_init(j, go_read.get(), rep_write.get());
+  }
+  const pid_t init = *child;
+  go_read.reset();
+  rep_write.reset();
+
+  if (auto added = j.add_to_cgroup(init); !added) {
+    ::kill(init, SIGKILL);
+    ::waitpid(init, nullptr, 0);
+    return j.fail(added.error().message);
+  }
+  write_all(go_write.get(), "G");
+  go_write.reset();
+
+  init::InitReport report(std::move(rep_read));
+  if (auto ready = report.wait_ready("the jail's init ended before the kernel started"); !ready) {
+    int wstatus = 0;
+    ::waitpid(init, &wstatus, 0);
+    return j.fail(ready.error().message);
+  }
+  j.report_started(init);
+
+  // Supervise: forward signals to init (which forwards them to the kernel), enforce the time
+  // limit, and wait for init to end.
+  const std::optional<long long> deadline = time_limit_deadline(j.spec());
+  bool timed_out = false;
+  int init_status = 0;
+  for (;;) {
+    siginfo_t info{};
+    int sig;
+    if (deadline && !timed_out) {
+      const long long left = ns_until(*deadline);
+      if (left <= 0) {
+        timed_out = true;
+        ::kill(init, SIGKILL);
+        continue;
+      }
+      timespec wait{static_cast<time_t>(left / 1000000000LL),
+                    static_cast<long>(left % 1000000000LL)};
+      sig = ::sigtimedwait(&j.wait_set(), &info, &wait);
+    } else {
+      sig = ::sigwaitinfo(&j.wait_set(), &info);
+    }
+    if (sig < 0) {
+      continue;  // EINTR or EAGAIN (the deadline; checked above)
+    }
+    if (sig != SIGCHLD) {
+      ::kill(init, sig);
+      continue;
+    }
+    if (::waitpid(init, &init_status, WNOHANG) == init) {
+      break;
+    }
+  }
+  return j.finish(init, report.kernel_status().value_or(init_status), timed_out);
+}
+
+}  // namespace cellgate::launcher
