@@ -109,6 +109,12 @@ int main(int argc, char** argv) {
                         "ready kernels kept per pooled kernelspec, claimed by new kernels that "
                         "ask for no env (0: off; they count towards --max-kernels)")
       ->envname("CELLGATE_POOL_SIZE")->check(CLI::NonNegativeNumber)->capture_default_str();
+  serve.pool_max = 8;  // like --pool-size: 0 (a fixed size) in ServeOptions
+  serve_cmd->add_option("--pool-max", serve.pool_max,
+                        "ready kernels kept per pooled kernelspec at most while recent starts "
+                        "ask for more than --pool-size: the most starts within one refill time "
+                        "in the last minute (at most --pool-size: a fixed size)")
+      ->envname("CELLGATE_POOL_MAX")->check(CLI::NonNegativeNumber)->capture_default_str();
   serve_cmd->add_option("--pool-parallel", serve.pool_parallel,
                         "pool kernels started at once to refill it, at most (0: one per CPU; "
                         "one fewer for each client start in flight, never below 1)")

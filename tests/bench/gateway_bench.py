@@ -19,7 +19,9 @@ kernelspec (--pool-kernel NAME). Sections (select with --only, drop with --skip 
           ipykernel_launcher`), and the reference;
   pool    the same from cellgate's warm pool (--pool-size 2: POSTs without an env, waiting for
           the pool to refill between runs), then pool misses on that server (POSTs with the env
-          while the pool is full);
+          while the pool is full), then a sequential client (2 x --pool-runs POSTs without an env
+          in a row, each kernel deleted after its print(1), no wait for refills: the median, p90
+          and how many the pool served; printed, not in the report);
   rtt     trivial-cell round trip: execute_request `1` -> its execute_reply on one kernel,
           200 times after 20 warm-ups (us; median, p90);
   stdout  10 MiB of stdout: stream bytes received until execute_reply + idle (MB/s, complete?),
@@ -118,6 +120,7 @@ pid (leftover descendants are killed by pid, and so are the processes a crashed 
 behind, found by its temp path in their command lines); the temp dir is removed.
 
   gateway_bench.py [--quick] [--only SECTION[,SECTION]] [--skip SECTION[,SECTION]] [--skip-200]
+                   [--servers cellgate,pool,no-zygote,idle,reference,unlimited]
                    [--runs N] [--pool-runs N] [--kernels N] [--cells N] [--bursts N[,N]]
                    [--idle-kernels N] [--png-images N] [--busy-kernels N] [--gwcpu-cells N]
                    [--kernel-name NAME] [--bin-dir DIR] [--keep]
@@ -1569,6 +1572,16 @@ def run_server(server, args, results, measures, cellgate, zygote):
         wait_pool_full(server, POOL_SIZE, 0)
         r["poolmiss"] = measure_start(server, args.pool_runs)
         print(f"  pool miss (env) -> first reply: median {med(r['poolmiss'], 'total'):.1f} ms", flush=True)
+        # A sequential client: starts without an env one after another, not waiting for refills
+        # (each kernel runs print(1) and is deleted). How many the pool served, from the log.
+        wait_pool_ready(server, POOL_SIZE)
+        mark = log_size(server)
+        r["poolseq"] = measure_start(server, args.pool_runs * 2, env=None)
+        text = pathlib.Path(server.log_path).read_bytes()[mark:].decode(errors="replace")
+        hits = sum(POOL_CLAIM in line for line in text.splitlines())
+        print(f"  sequential starts, no wait for refills: median {med(r['poolseq'], 'total'):.1f} ms, "
+              f"p90 {p90([x['total'] for x in r['poolseq']]):.1f} ms; {hits} of {len(r['poolseq'])} "
+              f"from the pool", flush=True)
     if "rtt" in measures:
         kid = start_kernel(server)
         kc = KernelClient(server, kid)
@@ -2190,6 +2203,9 @@ def main():
                     help="CI smoke: 2 starts of each kind, 50 round trips, one 10 MiB run per protocol, "
                          "3 kernels x 5 cells with the stack imported, a burst of 4, 5 idle kernels, 5 PNGs, "
                          "8 kernels sleeping 5 s, 100 cells for gwcpu")
+    ap.add_argument("--servers", action="append", metavar="NAME[,NAME]",
+                    help="run only these servers: cellgate, pool, no-zygote, idle, reference, "
+                         "unlimited (default: all the sections need)")
     ap.add_argument("--kernel-name", default="python3", metavar="NAME",
                     help="the kernelspec every section starts, on every server (default python3; e.g. xpython)")
     ap.add_argument("--bin-dir", default=str(here.parents[2] / "build" / "bin"),
@@ -2270,9 +2286,12 @@ def main():
           f"{args.kernel_name}; load average " + " ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
     args.kernel_argv = {}  # {server name: the kernelspec's argv there}
     try:
+        server_keys = {CG: "cellgate", POOL: "pool", COLD: "no-zygote", IDLE: "idle",
+                       REF: "reference", UNL: "unlimited"}
+        wanted = set(",".join(args.servers).split(",")) if args.servers else None
         for name, starter, own, is_cellgate, zygote in plan:
             measures = [m for m in own if m.split(":")[0] in sections]
-            if not measures:
+            if not measures or (wanted is not None and server_keys[name] not in wanted):
                 continue
             server = starter()
             servers.append(server)

@@ -95,7 +95,9 @@ def leftovers_gone(state, record):
 
 def test_kill_9_mid_cell_then_every_kernel_is_adopted():
     with tempfile.TemporaryDirectory() as tmp:
-        first = gb.start_cellgate(BIN_DIR, tmp, 8, ("--pool-size", "2"))
+        # A pool of exactly two (--pool-max 2): the three starts below would raise a pool sized by
+        # demand to three, and the test counts two pooled records.
+        first = gb.start_cellgate(BIN_DIR, tmp, 8, ("--pool-size", "2", "--pool-max", "2"))
         second = None
         try:
             state = first.marker

@@ -21,6 +21,13 @@
 #include "cellgate/unique_fd.hpp"
 
 namespace cellgate::kernel {
+
+struct ZmqContext {
+  zmq::context_t context{1};  // one I/O thread, started with the first socket
+};
+
+std::shared_ptr<ZmqContext> make_zmq_context() { return std::make_shared<ZmqContext>(); }
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -65,7 +72,10 @@ struct KernelClient::Impl {
   protocol::Session session;
   protocol::Signer signer;
 
-  zmq::context_t context{1};
+  // ClientOptions::zmq_context (one per gateway), or the client's own; before the sockets, which
+  // must close first.
+  std::shared_ptr<ZmqContext> zmq_context;
+  zmq::context_t& context;
   zmq::socket_t shell, control, stdin_sock, iopub, hb;
   // Disconnections of iopub (zmq_socket_monitor). libzmq drops the connection when a frame is
   // over maxmsgsize, before a byte of it is buffered: that is how an oversized output shows.
@@ -107,7 +117,9 @@ struct KernelClient::Impl {
       : info(std::move(i)),
         options(std::move(o)),
         session(options.username),
-        signer(std::move(s)) {
+        signer(std::move(s)),
+        zmq_context(options.zmq_context ? options.zmq_context : make_zmq_context()),
+        context(zmq_context->context) {
     hb_while_busy.store(options.heartbeat_while_busy.value_or(false));
   }
 

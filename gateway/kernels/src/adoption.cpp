@@ -15,9 +15,11 @@
 #include "cellgate/jail/cgroup.hpp"
 #include "cellgate/kernels/registry.hpp"
 #include "cellgate/launcher/status.hpp"
-#include "kernelspecs.hpp"
+#include "adoption.hpp"
 #include "cleanup.hpp"
+#include "kernelspecs.hpp"
 #include "records.hpp"
+#include "registry_impl.hpp"
 
 namespace cellgate::kernels {
 namespace {
@@ -25,16 +27,42 @@ namespace {
 namespace fs = std::filesystem;
 using kernel::Channel;
 
-}  // namespace
-
-void KernelRegistry::adopt_kernels() {
-  if (options_.state_dir.empty()) {
+// Ends what a record names (through its launcher, its cgroup) and removes its files.
+void clean_up(const std::string& state_dir, kernel::KernelBackend& backend, const Record& record) {
+  if (record.process) {
+    if (auto process = backend.adopt(*record.process); process) {
+      // Still running (a pooled kernel): ended as the handle goes, through its launcher.
+      process.value().reset();
+    }
+    // A launcher that ended normally removed its cgroup; one that was killed left it, and its
+    // jail may still run there.
+    end_cgroup(record.process->cgroup_version, record.process->cgroup_paths);
+    end_cgroup_from_status(record.process->status_file);
+    remove_runtime_dir(record.process->runtime_dir);
+  }
+  if (record.id.empty() || record.id.find('/') != std::string::npos || record.id[0] == '.') {
+    ::unlink(record.path.c_str());
     return;
   }
+  const std::string home = state_dir + "/kernels/" + record.id;
+  ::umount2((home + "/work").c_str(), MNT_DETACH);
+  std::error_code ec;
+  fs::remove_all(home, ec);
+  ::unlink(record.path.c_str());
+}
+
+}  // namespace
+
+AdoptionCounts adopt_or_clean_up(const std::string& state_dir, kernel::KernelBackend& backend,
+                                 const std::function<Result<void>(const Record&)>& adopt) {
+  AdoptionCounts counts;
+  if (state_dir.empty()) {
+    return counts;
+  }
   std::set<std::string> kept_runtime_dirs;
-  std::size_t adopted = 0;
-  std::size_t cleaned = 0;
-  for (auto& record : read_records(options_.state_dir)) {
+  std::size_t& adopted = counts.adopted;
+  std::size_t& cleaned = counts.cleaned_up;
+  for (auto& record : read_records(state_dir)) {
     if (!record.pooled && record.process) {
       auto kept = adopt(record);
       if (kept) {
@@ -45,22 +73,28 @@ void KernelRegistry::adopt_kernels() {
       spdlog::warn("kernel {}: not adopted: {}; cleaning up after it", record.id,
                    kept.error().message);
     }
-    clean_up(record);
+    clean_up(state_dir, backend, record);
     ++cleaned;
   }
   // Runtime dirs no adopted kernel uses: a start the previous gateway did not finish, or a
   // kernel whose record is gone. What ran there is ended through the cgroup its launcher
   // reported.
-  cleaned += end_runtime_dirs(options_.state_dir + "/run", kept_runtime_dirs);
-  stats_.adopted.add(adopted);
-  stats_.cleaned_up.add(cleaned);
+  cleaned += end_runtime_dirs(state_dir + "/run", kept_runtime_dirs);
   if (adopted + cleaned > 0) {
     spdlog::info("state dir {}: adopted {} running kernel(s), cleaned up after {} left behind",
-                 options_.state_dir, adopted, cleaned);
+                 state_dir, adopted, cleaned);
   }
+  return counts;
 }
 
-Result<void> KernelRegistry::adopt(const Record& record) {
+void KernelRegistry::Impl::adopt_kernels() {
+  const AdoptionCounts counts = adopt_or_clean_up(
+      options_.state_dir, backend_, [this](const Record& record) { return adopt(record); });
+  stats_.adopted.add(counts.adopted);
+  stats_.cleaned_up.add(counts.cleaned_up);
+}
+
+Result<void> KernelRegistry::Impl::adopt(const Record& record) {
   auto spec = kernelspec(record.kernelspec);
   if (!spec) {
     // The kernelspec was removed meanwhile: the kernel runs all the same; keep its name.
@@ -95,35 +129,12 @@ Result<void> KernelRegistry::adopt(const Record& record) {
   CELLGATE_TRY(k->started(ManagedKernel::Running{std::move(process), std::move(connection)}));
   {
     std::lock_guard lock(mu_);
-    kernels_[k->id()] = k;
+    kernels_[k->id()] = Live{k, admission_.admit_adopted()};
   }
   spdlog::info("kernel {} adopted ({}), uid {}, pid {}{}", k->id(), k->spec().name, k->uid(),
                record.process->kernel_pid,
                info ? "" : " (it did not answer kernel_info on control within 5 s)");
   return {};
-}
-
-void KernelRegistry::clean_up(const Record& record) {
-  if (record.process) {
-    if (auto process = backend_.adopt(*record.process); process) {
-      // Still running (a pooled kernel): ended as the handle goes, through its launcher.
-      process.value().reset();
-    }
-    // A launcher that ended normally removed its cgroup; one that was killed left it, and its
-    // jail may still run there.
-    end_cgroup(record.process->cgroup_version, record.process->cgroup_paths);
-    end_cgroup_from_status(record.process->status_file);
-    remove_runtime_dir(record.process->runtime_dir);
-  }
-  if (record.id.empty() || record.id.find('/') != std::string::npos || record.id[0] == '.') {
-    ::unlink(record.path.c_str());
-    return;
-  }
-  const std::string home = options_.state_dir + "/kernels/" + record.id;
-  ::umount2((home + "/work").c_str(), MNT_DETACH);
-  std::error_code ec;
-  fs::remove_all(home, ec);
-  ::unlink(record.path.c_str());
 }
 
 }  // namespace cellgate::kernels

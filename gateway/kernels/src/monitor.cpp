@@ -1,13 +1,18 @@
 // The death monitor and the culler: one pass every 250 ms (sooner when a connection reports a
 // death) restarts kernels that died, declares dead those past --restart-limit, and, every
 // cull_interval on the injected clock, shuts down kernels idle longer than cull_idle_timeout.
+// The passes run on a thread of the registry's own, or as timers on the monitor loop it was
+// given (registry.hpp; tests move a util::ManualLoop).
 #include <spdlog/spdlog.h>
 
 #include "cellgate/kernels/registry.hpp"
 #include "records.hpp"
+#include "registry_impl.hpp"
 
 namespace cellgate::kernels {
 namespace {
+
+constexpr std::chrono::milliseconds kPassInterval(250);
 
 std::chrono::milliseconds from_seconds(double s) {
   return std::chrono::milliseconds(static_cast<long long>(s * 1000));
@@ -15,10 +20,54 @@ std::chrono::milliseconds from_seconds(double s) {
 
 }  // namespace
 
-void KernelRegistry::monitor_loop() {
+void KernelRegistry::Impl::start_monitor() {
+  std::lock_guard lock(monitor_mu_);
+  if (stopping_) {
+    return;
+  }
+  if (monitor_loop_ == nullptr) {
+    if (!monitor_.joinable()) {
+      monitor_ = std::thread([this] { monitor_loop(); });
+    }
+    return;
+  }
+  if (!monitor_strand_) {
+    monitor_strand_ = monitor_loop_->strand();
+    schedule_pass();
+  }
+}
+
+void KernelRegistry::Impl::schedule_pass() {
+  std::weak_ptr<bool> alive = alive_;
+  monitor_timer_ = monitor_strand_->at(monitor_loop_->now() + kPassInterval, [this, alive] {
+    if (alive.expired()) {
+      return;
+    }
+    monitor_once();
+    std::lock_guard lock(monitor_mu_);
+    if (!stopping_) {
+      schedule_pass();
+    }
+  });
+}
+
+void KernelRegistry::Impl::wake_monitor() {
+  std::lock_guard lock(monitor_mu_);
+  if (monitor_strand_ && !stopping_) {
+    std::weak_ptr<bool> alive = alive_;
+    monitor_strand_->post([this, alive] {
+      if (!alive.expired()) {
+        monitor_once();
+      }
+    });
+  }
+  monitor_cv_.notify_all();
+}
+
+void KernelRegistry::Impl::monitor_loop() {
   std::unique_lock lock(monitor_mu_);
   while (!stopping_) {
-    monitor_cv_.wait_for(lock, std::chrono::milliseconds(250));
+    monitor_cv_.wait_for(lock, kPassInterval);
     if (stopping_) {
       break;
     }
@@ -28,17 +77,25 @@ void KernelRegistry::monitor_loop() {
   }
 }
 
-void KernelRegistry::monitor_once() {
-  std::lock_guard pass(pass_mu_);
-  backend_.tick();
-  std::vector<std::shared_ptr<ManagedKernel>> snapshot;
+void KernelRegistry::Impl::stop_monitor() {
   {
-    std::lock_guard lock(mu_);
-    for (const auto& [id, k] : kernels_) {
-      snapshot.push_back(k);
+    std::lock_guard lock(monitor_mu_);
+    stopping_ = true;
+    alive_.reset();
+    if (monitor_timer_) {
+      monitor_timer_->cancel();
     }
   }
-  for (const auto& k : snapshot) {
+  monitor_cv_.notify_all();
+  if (monitor_.joinable()) {
+    monitor_.join();
+  }
+}
+
+void KernelRegistry::Impl::monitor_once() {
+  std::lock_guard pass(pass_mu_);
+  backend_.tick();
+  for (const auto& k : snapshot()) {
     if (std::string reason = k->death_reason(); !reason.empty()) {
       handle_death(k, reason);
     }
@@ -49,7 +106,7 @@ void KernelRegistry::monitor_once() {
   }
 }
 
-void KernelRegistry::handle_death(const std::shared_ptr<ManagedKernel>& k,
+void KernelRegistry::Impl::handle_death(const std::shared_ptr<ManagedKernel>& k,
                                   const std::string& reason) {
   const auto after = k->died(reason, options_.restart_limit);
   if (after != ManagedKernel::AfterDeath::kIgnored) {
@@ -83,18 +140,11 @@ void KernelRegistry::handle_death(const std::shared_ptr<ManagedKernel>& k,
   }
 }
 
-void KernelRegistry::cull() {
+void KernelRegistry::Impl::cull() {
   const auto now = now_();
   const auto idle_limit = from_seconds(options_.cull_idle_timeout);
-  std::vector<std::shared_ptr<ManagedKernel>> snapshot;
-  {
-    std::lock_guard lock(mu_);
-    for (const auto& [id, k] : kernels_) {
-      snapshot.push_back(k);
-    }
-  }
   std::vector<std::string> victims;
-  for (const auto& k : snapshot) {
+  for (const auto& k : snapshot()) {
     const KernelModel model = k->model();
     const bool idle_long = now - k->last_activity() > idle_limit;
     const bool busy_ok = options_.cull_busy || model.execution_state != "busy";

@@ -1,4 +1,5 @@
-// The registry proper: start, find, list, interrupt, restart, shut down.
+// The registry proper: start, find, list, interrupt, restart, shut down; and KernelRegistry's
+// forwarding to its parts (registry_impl.hpp).
 #include "cellgate/kernels/registry.hpp"
 
 #include <spdlog/spdlog.h>
@@ -13,6 +14,7 @@
 #include <filesystem>
 
 #include "cellgate/jail/userns.hpp"
+#include "cellgate/kernel/client.hpp"
 #include "cellgate/kernel/process.hpp"
 #include "cellgate/kernel/progress.hpp"
 #include "cellgate/util/fs.hpp"
@@ -21,6 +23,7 @@
 #include "kernelspecs.hpp"
 #include "kernel_jail.hpp"
 #include "records.hpp"
+#include "registry_impl.hpp"
 
 namespace cellgate::kernels {
 namespace {
@@ -48,13 +51,59 @@ UidRangeOptions uid_options(const RegistryOptions& o) {
   return u;
 }
 
+// The built-in python3 unless kernelspecs say otherwise: the first one found then.
+std::string choose_default_kernel() {
+  std::string name = "python3";
+  if (!find_kernelspec(name)) {
+    auto specs = list_kernelspecs();
+    if (!specs.empty()) {
+      name = specs.front().name;
+    }
+  }
+  return name;
+}
+
+// The pooled kernelspecs (those that exist, each once) and the pool's size bounds.
+WarmPoolOptions pool_options(const RegistryOptions& o, const std::string& default_kernel) {
+  WarmPoolOptions p;
+  if (o.pool_size <= 0) {
+    return p;
+  }
+  std::vector<std::string> wanted = o.pool_kernels;
+  if (wanted.empty()) {
+    wanted.push_back(default_kernel);
+  }
+  for (const auto& name : wanted) {
+    if (std::find(p.names.begin(), p.names.end(), name) != p.names.end()) {
+      continue;
+    }
+    if (auto spec = find_kernelspec(name); !spec) {
+      spdlog::warn("kernel pool: not pooling '{}': {}", name, spec.error().describe());
+      continue;
+    }
+    p.names.push_back(name);
+  }
+  p.floor = static_cast<std::size_t>(o.pool_size);
+  p.max = std::max(p.floor, static_cast<std::size_t>(std::max(0, o.pool_max)));
+  p.parallel = o.pool_parallel > 0 ? static_cast<std::size_t>(o.pool_parallel)
+                                   : std::max(1u, std::thread::hardware_concurrency());
+  return p;
+}
+
 }  // namespace
 
-KernelRegistry::KernelRegistry(RegistryOptions options, kernel::KernelBackend& backend, Now now)
+KernelRegistry::Impl::Impl(RegistryOptions options, kernel::KernelBackend& backend, Now now,
+                           util::Loop* loop)
     : options_(std::move(options)),
+      default_kernel_(choose_default_kernel()),
       backend_(backend),
-      now_(std::move(now)),
-      uids_(uid_options(options_)) {
+      now_(loop != nullptr ? Now([loop] { return loop->now(); }) : std::move(now)),
+      uids_(uid_options(options_)),
+      admission_(options_.max_kernels),
+      pool_(pool_options(options_, default_kernel_), admission_, backend_,
+            [this](const std::string& name) { return launch_pooled(name); },
+            [this](const std::shared_ptr<ManagedKernel>& k) { discard(k); }, now_),
+      monitor_loop_(loop) {
   if (options_.state_dir.empty()) {
     spdlog::error("kernel registry: no state dir configured; kernels cannot start");
   } else {
@@ -69,31 +118,9 @@ KernelRegistry::KernelRegistry(RegistryOptions options, kernel::KernelBackend& b
       }
     }
   }
-  if (!kernelspec(default_kernel_)) {
-    auto specs = kernelspecs();
-    if (!specs.empty()) {
-      default_kernel_ = specs.front().name;
-    }
-  }
-  if (options_.pool_size > 0) {
-    std::vector<std::string> wanted = options_.pool_kernels;
-    if (wanted.empty()) {
-      wanted.push_back(default_kernel_);
-    }
-    for (const auto& name : wanted) {
-      if (is_pooled(name)) {
-        continue;
-      }
-      if (auto spec = kernelspec(name); !spec) {
-        spdlog::warn("kernel pool: not pooling '{}': {}", name, spec.error().describe());
-        continue;
-      }
-      pool_names_.push_back(name);
-    }
-  }
 }
 
-Result<void> KernelRegistry::claim_state_dir() {
+Result<void> KernelRegistry::Impl::claim_state_dir() {
   std::lock_guard lock(mu_);
   if (state_lock_) {
     return {};
@@ -123,7 +150,7 @@ Result<void> KernelRegistry::claim_state_dir() {
   return {};
 }
 
-void KernelRegistry::start() {
+void KernelRegistry::Impl::start() {
   // The uid range now, so a gateway that cannot have one says so at startup; kernel starts
   // fail closed (allocate() answers the same error) until one is free.
   if (!options_.no_jail) {
@@ -137,41 +164,28 @@ void KernelRegistry::start() {
   } else {
     spdlog::error("{}; not adopting or cleaning up any kernel of it", claimed.error().message);
   }
-  if (!monitor_.joinable()) {
-    monitor_ = std::thread([this] { monitor_loop(); });
-  }
-  if (!pool_names_.empty() && pool_threads_.empty()) {
-    for (std::size_t i = 0; i < pool_parallel(); ++i) {
-      pool_threads_.emplace_back([this] { pool_loop(); });
-    }
-  }
+  start_monitor();
+  pool_.start();
 }
 
-KernelRegistry::~KernelRegistry() {
-  {
-    std::lock_guard lock(monitor_mu_);
-    stopping_ = true;
-  }
-  monitor_cv_.notify_all();
-  if (monitor_.joinable()) {
-    monitor_.join();
-  }
+KernelRegistry::Impl::~Impl() {
+  stop_monitor();
   shutdown_all();
 }
 
 // ---- kernelspecs ------------------------------------------------------------------------------
 
-std::vector<kernel::KernelSpec> KernelRegistry::kernelspecs() const {
+std::vector<kernel::KernelSpec> KernelRegistry::Impl::kernelspecs() const {
   return list_kernelspecs();
 }
 
-Result<kernel::KernelSpec> KernelRegistry::kernelspec(const std::string& name) const {
+Result<kernel::KernelSpec> KernelRegistry::Impl::kernelspec(const std::string& name) const {
   return find_kernelspec(name);
 }
 
 // ---- starting ---------------------------------------------------------------------------------
 
-Result<std::shared_ptr<ManagedKernel>> KernelRegistry::new_kernel_locked(
+Result<std::shared_ptr<ManagedKernel>> KernelRegistry::Impl::new_kernel(
     kernel::KernelSpec spec, std::map<std::string, std::string> env) {
   // Unjailed kernels run as the gateway itself: no uid of a range to draw.
   uid_t uid = ::geteuid();
@@ -182,7 +196,7 @@ Result<std::shared_ptr<ManagedKernel>> KernelRegistry::new_kernel_locked(
   return make_kernel(id, std::move(spec), uid, std::move(env));
 }
 
-std::shared_ptr<ManagedKernel> KernelRegistry::make_kernel(const std::string& id,
+std::shared_ptr<ManagedKernel> KernelRegistry::Impl::make_kernel(const std::string& id,
                                                            kernel::KernelSpec spec, uid_t uid,
                                                            std::map<std::string, std::string> env) {
   const bool broker = options_.privilege_separated;
@@ -191,7 +205,7 @@ std::shared_ptr<ManagedKernel> KernelRegistry::make_kernel(const std::string& id
       broker ? options_.state_dir + "/work/" + id : std::string(), /*shared_files=*/broker);
 }
 
-kernel::ClientOptions KernelRegistry::client_options(const std::shared_ptr<ManagedKernel>& k,
+kernel::ClientOptions KernelRegistry::Impl::client_options(const std::shared_ptr<ManagedKernel>& k,
                                                      const kernel::KernelProcessHandle& process) {
   // The callbacks hold the kernel weakly; they run on the connection's I/O thread, which the
   // kernel stops (joins) before it goes.
@@ -208,6 +222,7 @@ kernel::ClientOptions KernelRegistry::client_options(const std::shared_ptr<Manag
   co.progress = kernel::progress_probe(process);
   co.log_name = k->id();
   co.limits.max_message_bytes = options_.max_kernel_message_bytes;
+  co.zmq_context = zmq_context_;
   co.on_iopub = [weak](const protocol::EnvelopePtr& msg) {
     if (auto self = weak.lock()) {
       self->on_iopub(msg);
@@ -219,8 +234,8 @@ kernel::ClientOptions KernelRegistry::client_options(const std::shared_ptr<Manag
     }
   };
   co.on_dead = [this](const std::string&) {
-    monitor_cv_.notify_all();
-    pool_cv_.notify_all();
+    wake_monitor();
+    pool_.wake();
   };
   // A kernel chooses how many bad messages it sends: the first few are logged, then one in 1000.
   co.on_wire_error = [id = k->id(), count = std::make_shared<std::atomic<std::uint64_t>>(0)](
@@ -234,7 +249,7 @@ kernel::ClientOptions KernelRegistry::client_options(const std::shared_ptr<Manag
   return co;
 }
 
-Result<ManagedKernel::Running> KernelRegistry::launch(const std::shared_ptr<ManagedKernel>& k) {
+Result<ManagedKernel::Running> KernelRegistry::Impl::launch(const std::shared_ptr<ManagedKernel>& k) {
   if (options_.state_dir.empty()) {
     return make_error(ErrorCode::kFailedPrecondition, "no_state_dir",
                       "the gateway has no state dir configured");
@@ -292,12 +307,12 @@ Result<ManagedKernel::Running> KernelRegistry::launch(const std::shared_ptr<Mana
   return ManagedKernel::Running{std::move(process), std::move(connection)};
 }
 
-Result<void> KernelRegistry::make_home(const ManagedKernel& k) const {
+Result<void> KernelRegistry::Impl::make_home(const ManagedKernel& k) const {
   // A broker makes the work dir (in a directory this gateway cannot write).
   return make_private_dirs(options_.privilege_separated ? k.home() : k.work_dir(), "state_dir");
 }
 
-Result<void> KernelRegistry::start_fresh(const std::shared_ptr<ManagedKernel>& k) {
+Result<void> KernelRegistry::Impl::start_fresh(const std::shared_ptr<ManagedKernel>& k) {
   CELLGATE_TRY(make_home(*k));
   CELLGATE_ASSIGN_OR_RETURN(auto running, launch(k));
   // Recorded as pooled: a gateway that restarts ends it rather than leaving it behind.
@@ -306,10 +321,60 @@ Result<void> KernelRegistry::start_fresh(const std::shared_ptr<ManagedKernel>& k
   return k->started(std::move(running));
 }
 
-Result<KernelModel> KernelRegistry::start(const std::string& name, const json& env) {
+Result<std::shared_ptr<ManagedKernel>> KernelRegistry::Impl::launch_pooled(
+    const std::string& name) {
+  CELLGATE_ASSIGN_OR_RETURN(kernel::KernelSpec spec, kernelspec(name));
+  CELLGATE_ASSIGN_OR_RETURN(auto k, new_kernel(std::move(spec), {}));
+  if (auto started = start_fresh(k); !started) {
+    discard(k);
+    return std::move(started).error();
+  }
+  if (is_ipykernel(k->spec())) {
+    // An ipykernel's first cell costs ~10 ms more than later ones (IPython sets up its input
+    // transformers and display machinery lazily): pay it here. Silent and without history, so
+    // the execution count and In/Out are still a fresh kernel's. Not for other kernels: `pass`
+    // is Python (in R it is an error, and IRkernel then aborts what is queued behind it).
+    if (auto conn = k->connection()) {
+      (void)conn->request(Channel::kShell, "execute_request",
+                          kernel::execute_content("pass", false, false, true),
+                          std::chrono::seconds(10));
+    }
+  }
+  return k;
+}
+
+std::shared_ptr<ManagedKernel> KernelRegistry::Impl::claim_pooled(const std::string& name) {
+  while (auto taken = pool_.take(name)) {
+    const std::shared_ptr<ManagedKernel>& k = taken->kernel;
+    const std::string dead = k->death_reason();
+    k->touch();
+    auto facts = k->process_facts();
+    Result<void> recorded =
+        !dead.empty() ? Result<void>()
+        : facts       ? write_record(options_.state_dir, *k, *facts, options_.jail)
+                      : Result<void>(make_error(ErrorCode::kUnavailable, "kernel_unavailable",
+                                                "the pooled kernel has no process"));
+    if (dead.empty() && recorded.ok()) {
+      taken->ticket.make_live();
+      {
+        std::lock_guard lock(mu_);
+        kernels_[k->id()] = Live{k, std::move(taken->ticket)};
+      }
+      spdlog::info("kernel {} started ({}), uid {}, from the pool", k->id(), name, k->uid());
+      return k;
+    }
+    spdlog::warn("kernel pool: dropping pooled kernel {} ({}): {}", k->id(), name,
+                 dead.empty() ? recorded.error().describe() : "it died: " + dead);
+    taken->ticket.reset();
+    discard(k);
+  }
+  return nullptr;
+}
+
+Result<KernelModel> KernelRegistry::Impl::start(const std::string& name, const json& env) {
   CELLGATE_ASSIGN_OR_RETURN(auto client_env, filter_env(env, options_.env_allowlist));
   const std::string spec_name = name.empty() ? default_kernel_ : name;
-  if (is_pooled(spec_name)) {
+  if (pool_.pools(spec_name)) {
     // A pooled kernel started with no client env: it can only stand in for a start without one.
     if (client_env.empty()) {
       if (auto k = claim_pooled(spec_name)) {
@@ -323,25 +388,11 @@ Result<KernelModel> KernelRegistry::start(const std::string& name, const json& e
                   client_env.empty() ? "none ready" : "the client sets env");
   }
   CELLGATE_ASSIGN_OR_RETURN(kernel::KernelSpec spec, kernelspec(spec_name));
-  std::shared_ptr<ManagedKernel> k;
-  std::vector<std::shared_ptr<ManagedKernel>> evicted;
-  {
-    std::lock_guard lock(mu_);
-    // Pooled kernels count towards max_kernels, but never cost a client its kernel: ready ones
-    // make room below.
-    if (kernels_.size() + pending_ >= options_.max_kernels) {
-      return make_error(ErrorCode::kResourceExhausted, "max_kernels",
-                        "Resource Limit: at most " + std::to_string(options_.max_kernels) +
-                            " kernels may run at once (--max-kernels)");
-    }
-    CELLGATE_ASSIGN_OR_RETURN(k, new_kernel_locked(std::move(spec), std::move(client_env)));
-    ++pending_;
-    evicted = evict_pooled_locked();
-  }
-  for (const auto& e : evicted) {
-    spdlog::debug("kernel pool: ending pooled kernel {} to make room (--max-kernels)", e->id());
-    discard(e);
-  }
+  // Pooled kernels count towards max_kernels, but never cost a client its kernel: ready ones
+  // make room below.
+  CELLGATE_ASSIGN_OR_RETURN(Admission::Ticket place, admission_.admit_client());
+  CELLGATE_ASSIGN_OR_RETURN(auto k, new_kernel(std::move(spec), std::move(client_env)));
+  pool_.evict_excess();
   auto launched = [&]() -> Result<void> {
     CELLGATE_TRY(make_home(*k));
     CELLGATE_ASSIGN_OR_RETURN(auto running, launch(k));
@@ -349,14 +400,14 @@ Result<KernelModel> KernelRegistry::start(const std::string& name, const json& e
         write_record(options_.state_dir, *k, ProcessFacts::of(*running.process), options_.jail));
     return k->started(std::move(running));
   }();
-  {
+  if (launched) {
+    place.make_live();
     std::lock_guard lock(mu_);
-    --pending_;
-    if (launched) {
-      kernels_[k->id()] = k;
-    }
+    kernels_[k->id()] = Live{k, std::move(place)};
+  } else {
+    place.reset();
   }
-  pool_cv_.notify_all();  // one client start fewer: the pool may start one more at once
+  pool_.wake();  // one client start fewer: the pool may start one more at once
   if (!launched) {
     stats_.start_failures.add();
     discard(k);
@@ -367,28 +418,50 @@ Result<KernelModel> KernelRegistry::start(const std::string& name, const json& e
   return k->model();
 }
 
+// ---- the pool's figures ----------------------------------------------------------------------
+
+std::size_t KernelRegistry::Impl::pool_ready(const std::string& name) const {
+  return pool_.ready(name.empty() ? default_kernel_ : name);
+}
+
+std::size_t KernelRegistry::Impl::pool_target(const std::string& name) const {
+  return pool_.target(name.empty() ? default_kernel_ : name);
+}
+
+std::vector<pid_t> KernelRegistry::Impl::pool_pids(const std::string& name) const {
+  std::vector<pid_t> out;
+  for (const auto& k : pool_.ready_kernels(name.empty() ? default_kernel_ : name)) {
+    if (auto facts = k->process_facts()) {
+      out.push_back(facts->pid);
+    }
+  }
+  return out;
+}
+
 // ---- finding ----------------------------------------------------------------------------------
 
-Result<std::shared_ptr<ManagedKernel>> KernelRegistry::find(const std::string& id) const {
+Result<std::shared_ptr<ManagedKernel>> KernelRegistry::Impl::find(const std::string& id) const {
   std::lock_guard lock(mu_);
   auto it = kernels_.find(id);
   if (it == kernels_.end()) {
     return no_such_kernel(id);
   }
-  return it->second;
+  return it->second.kernel;
 }
 
-std::vector<KernelModel> KernelRegistry::list() const {
-  std::vector<std::shared_ptr<ManagedKernel>> snapshot;
-  {
-    std::lock_guard lock(mu_);
-    for (const auto& [id, k] : kernels_) {
-      snapshot.push_back(k);
-    }
+std::vector<std::shared_ptr<ManagedKernel>> KernelRegistry::Impl::snapshot() const {
+  std::vector<std::shared_ptr<ManagedKernel>> out;
+  std::lock_guard lock(mu_);
+  out.reserve(kernels_.size());
+  for (const auto& [id, live] : kernels_) {
+    out.push_back(live.kernel);
   }
+  return out;
+}
+
+std::vector<KernelModel> KernelRegistry::Impl::list() const {
   std::vector<KernelModel> out;
-  out.reserve(snapshot.size());
-  for (const auto& k : snapshot) {
+  for (const auto& k : snapshot()) {
     out.push_back(k->model());
   }
   return out;
@@ -396,12 +469,12 @@ std::vector<KernelModel> KernelRegistry::list() const {
 
 // ---- interrupt, restart -----------------------------------------------------------------------
 
-Result<void> KernelRegistry::interrupt(const std::string& id) {
+Result<void> KernelRegistry::Impl::interrupt(const std::string& id) {
   CELLGATE_ASSIGN_OR_RETURN(auto k, find(id));
   return k->interrupt();
 }
 
-Result<KernelModel> KernelRegistry::restart(const std::string& id) {
+Result<KernelModel> KernelRegistry::Impl::restart(const std::string& id) {
   CELLGATE_ASSIGN_OR_RETURN(auto k, find(id));
   CELLGATE_TRY(k->begin_restart());
   k->stop_process();
@@ -420,7 +493,7 @@ Result<KernelModel> KernelRegistry::restart(const std::string& id) {
 
 // ---- shutting down ----------------------------------------------------------------------------
 
-void KernelRegistry::release(const ManagedKernel& k) {
+void KernelRegistry::Impl::release(const ManagedKernel& k) {
   // The launcher mounted a size-capped tmpfs on the work dir, which outlived each process.
   backend_.end_work_dir(k.id(), k.work_dir());
   std::error_code ec;
@@ -430,21 +503,23 @@ void KernelRegistry::release(const ManagedKernel& k) {
   }
 }
 
-void KernelRegistry::discard(const std::shared_ptr<ManagedKernel>& k) {
+void KernelRegistry::Impl::discard(const std::shared_ptr<ManagedKernel>& k) {
   k->end();  // the process and connection stop as the result goes
   release(*k);
   remove_record(options_.state_dir, k->id());  // a pooled kernel's
 }
 
-Result<void> KernelRegistry::shutdown(const std::string& id) {
+Result<void> KernelRegistry::Impl::shutdown(const std::string& id) {
   std::shared_ptr<ManagedKernel> k;
+  Admission::Ticket place;  // given back once the kernel is gone
   {
     std::lock_guard lock(mu_);
     auto it = kernels_.find(id);
     if (it == kernels_.end()) {
       return no_such_kernel(id);
     }
-    k = it->second;
+    k = it->second.kernel;
+    place = std::move(it->second.place);
     kernels_.erase(it);
   }
   ManagedKernel::Ended ended = k->end();
@@ -468,14 +543,15 @@ Result<void> KernelRegistry::shutdown(const std::string& id) {
   return {};
 }
 
-void KernelRegistry::hand_over() {
-  stop_pool();
-  std::map<std::string, std::shared_ptr<ManagedKernel>> kernels;
+void KernelRegistry::Impl::hand_over() {
+  pool_.stop();
+  std::map<std::string, Live> kernels;
   {
     std::lock_guard lock(mu_);
     kernels.swap(kernels_);
   }
-  for (const auto& [id, k] : kernels) {
+  for (const auto& [id, live] : kernels) {
+    const auto& k = live.kernel;
     ManagedKernel::Ended ended = k->end();
     ended.running.connection.reset();  // its I/O thread ends; the kernel's sockets stay
     if (ended.running.process) {
@@ -488,8 +564,8 @@ void KernelRegistry::hand_over() {
   }
 }
 
-void KernelRegistry::shutdown_all() {
-  stop_pool();
+void KernelRegistry::Impl::shutdown_all() {
+  pool_.stop();
   std::vector<std::string> ids;
   {
     std::lock_guard lock(mu_);
@@ -501,5 +577,50 @@ void KernelRegistry::shutdown_all() {
     (void)shutdown(id);
   }
 }
+
+
+// ---- KernelRegistry: the contract, forwarded to its parts ------------------------------------
+
+KernelRegistry::KernelRegistry(RegistryOptions options, kernel::KernelBackend& backend, Now now)
+    : impl_(std::make_unique<Impl>(std::move(options), backend, std::move(now), nullptr)) {}
+KernelRegistry::KernelRegistry(RegistryOptions options, kernel::KernelBackend& backend,
+                               util::Loop& loop)
+    : impl_(std::make_unique<Impl>(std::move(options), backend, Now(), &loop)) {}
+KernelRegistry::~KernelRegistry() = default;
+Result<void> KernelRegistry::claim_state_dir() { return impl_->claim_state_dir(); }
+void KernelRegistry::start() { impl_->start(); }
+Result<KernelModel> KernelRegistry::start(const std::string& name, const json& env) {
+  return impl_->start(name, env);
+}
+Result<std::shared_ptr<ManagedKernel>> KernelRegistry::find(const std::string& id) const {
+  return impl_->find(id);
+}
+std::vector<KernelModel> KernelRegistry::list() const { return impl_->list(); }
+Result<void> KernelRegistry::interrupt(const std::string& id) { return impl_->interrupt(id); }
+Result<KernelModel> KernelRegistry::restart(const std::string& id) { return impl_->restart(id); }
+Result<void> KernelRegistry::shutdown(const std::string& id) { return impl_->shutdown(id); }
+void KernelRegistry::shutdown_all() { impl_->shutdown_all(); }
+void KernelRegistry::hand_over() { impl_->hand_over(); }
+void KernelRegistry::monitor_once() { impl_->monitor_once(); }
+const RegistryStats& KernelRegistry::stats() const { return impl_->stats_; }
+std::size_t KernelRegistry::pool_ready_total() const { return impl_->pool_ready_total(); }
+std::size_t KernelRegistry::pool_ready(const std::string& name) const {
+  return impl_->pool_ready(name);
+}
+std::vector<pid_t> KernelRegistry::pool_pids(const std::string& name) const {
+  return impl_->pool_pids(name);
+}
+std::size_t KernelRegistry::pool_target(const std::string& name) const {
+  return impl_->pool_target(name);
+}
+std::vector<kernel::KernelSpec> KernelRegistry::kernelspecs() const {
+  return impl_->kernelspecs();
+}
+Result<kernel::KernelSpec> KernelRegistry::kernelspec(const std::string& name) const {
+  return impl_->kernelspec(name);
+}
+const std::string& KernelRegistry::default_kernel_name() const { return impl_->default_kernel_; }
+const RegistryOptions& KernelRegistry::options() const { return impl_->options_; }
+const std::string& KernelRegistry::state_dir() const { return impl_->options_.state_dir; }
 
 }  // namespace cellgate::kernels

@@ -93,6 +93,7 @@ kernels::RegistryOptions registry_options(const ServeOptions& o) {
   r.uids.range_size = o.kernel_uid_range_size;
   r.uids.ranges = o.kernel_uid_ranges;
   r.pool_size = o.pool_size;
+  r.pool_max = o.pool_max;
   r.pool_parallel = o.pool_parallel;
   r.pool_kernels = o.pool_kernels;
   r.jail = o.jail;

@@ -14,7 +14,8 @@
 //   for (auto& [channel, msg] : run->messages) { ... }
 //
 // Threading: all five ZeroMQ sockets belong to one I/O thread that the client owns; no socket is
-// touched from any other thread. Public methods are thread-safe: they queue work for the I/O
+// touched from any other thread (libzmq's own I/O thread is its context's, shared by a gateway's
+// clients: ClientOptions::zmq_context). Public methods are thread-safe: they queue work for the I/O
 // thread and wake it through an eventfd. Handlers run on the I/O thread and must not block.
 #pragma once
 
@@ -35,6 +36,11 @@
 #include "cellgate/result.hpp"
 
 namespace cellgate::kernel {
+
+// A ZeroMQ context for clients to share (ClientOptions::zmq_context). Making one starts no
+// thread: libzmq starts its I/O thread with the first socket. It ends when the last client
+// holding it goes.
+std::shared_ptr<ZmqContext> make_zmq_context();
 
 class KernelClient : public KernelConnection {
  public:

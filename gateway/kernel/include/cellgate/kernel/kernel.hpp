@@ -85,6 +85,8 @@ struct Progress {
 
 // How to talk to a kernel, and what the gateway hears from it besides the answers to its own
 // requests.
+class ZmqContext;  // client.hpp
+
 struct ClientOptions {
   // A ping every interval; `heartbeat_misses` unanswered pings in a row mean the kernel is dead.
   // Detection takes at most (misses + 1) * interval after the kernel stops. Death is only
@@ -112,6 +114,10 @@ struct ClientOptions {
   std::optional<bool> heartbeat_while_busy;
   protocol::Limits limits;
   std::string username = "cellgate";
+  // The ZeroMQ context the client's sockets live in: one per gateway (make_zmq_context(), held
+  // by the registry), so one libzmq I/O thread serves every kernel instead of one each. Null:
+  // the client makes its own.
+  std::shared_ptr<ZmqContext> zmq_context;
 
   // Every iopub message, whether or not it answers a request of ours (it is also given to that
   // request's handler).

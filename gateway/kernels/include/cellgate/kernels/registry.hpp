@@ -11,17 +11,20 @@
 //   kernel.value()->attach(listener, session_id);
 //
 // Where each facility lives (gateway/kernels/src/): registry.cpp (start/find/list/interrupt/
-// restart/shutdown), pool.cpp (the warm pool), monitor.cpp (death monitor and culler),
+// restart/shutdown; registry_impl.hpp holds the parts), admission.hpp (live + pending + pooled
+// kernels against max_kernels, one RAII ticket per place), warm_pool.hpp (the warm pool: its own
+// lock and fillers, given a launch function), monitor.cpp (death monitor and culler),
 // adoption.cpp (a previous gateway's kernels adopted, its leftovers cleaned up),
 // records.cpp (state records), kernelspecs.cpp, env.cpp (the client-env filter), and
 // managed_kernel.cpp (one kernel's state machine and its listeners), uid_allocator.cpp (the
 // gateway's kernel uid range, leased host-wide; no uid handed out while a process runs as it).
 //
-// The warm pool (pool_size, pool_kernels): per pooled kernelspec, filler threads keep that many
-// kernels fully started (kernel_info answered, one silent cell run) but invisible to clients.
-// start() with no client env claims one at once; it is then an ordinary kernel and never goes
-// back. A pooled kernel that dies is dropped and replaced, never restarted; ready ones are given
-// up when a client start needs the room under max_kernels.
+// The warm pool (pool_size, pool_max, pool_kernels): per pooled kernelspec, filler threads keep
+// kernels fully started (kernel_info answered, one silent cell run) but invisible to clients:
+// pool_size of them at least, more while recent starts ask for more (up to pool_max;
+// warm_pool.hpp says how). start() with no client env claims one at once; it is then an
+// ordinary kernel and never goes back. A pooled kernel that dies is dropped and replaced, never
+// restarted; ready ones are given up when a client start needs the room under max_kernels.
 //
 // Death and restarts: a kernel whose process ends, or whose heartbeats stop for
 // heartbeat_timeout while its process uses no CPU (a kernel starved by its own cell at its CPU
@@ -40,14 +43,11 @@
 
 #include <sys/types.h>
 
-#include <condition_variable>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "cellgate/jail/spec.hpp"
@@ -60,8 +60,6 @@
 #include "cellgate/unique_fd.hpp"
 
 namespace cellgate::kernels {
-
-struct Record;  // records.hpp
 
 // What the registry is configured with (the composition root fills it from `cellgate serve`'s
 // options).
@@ -87,6 +85,9 @@ struct RegistryOptions {
   std::size_t max_kernel_message_bytes = 64u << 20;
   bool no_jail = false;                   // run kernels unjailed (explicit only)
   int pool_size = 0;                      // ready kernels per pooled kernelspec (0: off)
+  // The most ready kernels per pooled kernelspec while recent starts ask for more than
+  // pool_size (warm_pool.hpp); at most pool_size (the default, 0): a fixed size.
+  int pool_max = 0;
   // Pool starts at once, at most (0: one per CPU); fewer while clients' starts are in flight, so
   // a refill after a burst takes the idle CPUs and never more than one from a client start.
   int pool_parallel = 0;
@@ -120,6 +121,11 @@ class KernelRegistry {
   // Makes the state dir; starts nothing (see start()). `backend` must outlive the registry.
   KernelRegistry(RegistryOptions options, kernel::KernelBackend& backend,
                  Now now = util::Clock::now);
+  // The same, with the monitor's passes run as timers on `loop` (one every 250 ms of its
+  // clock, and one posted when a connection reports a death) instead of on a thread of its own,
+  // and idle times read from its clock: tests drive the monitor with a util::ManualLoop. The
+  // passes block (a restart launches a kernel): never a loop that serves network I/O.
+  KernelRegistry(RegistryOptions options, kernel::KernelBackend& backend, util::Loop& loop);
   ~KernelRegistry();  // stops the threads, shuts every kernel down
   KernelRegistry(const KernelRegistry&) = delete;
   KernelRegistry& operator=(const KernelRegistry&) = delete;
@@ -152,105 +158,31 @@ class KernelRegistry {
 
   // One pass of the monitor: the backend's upkeep, dead kernels restarted (or declared dead),
   // and, when culling is on and cull_interval has passed on the clock, idle kernels culled.
-  // start() runs it every 250 ms (and when a connection reports a death); tests call it.
+  // start() runs it every 250 ms (and when a connection reports a death), on its own thread or
+  // on the monitor loop; tests may call it.
   void monitor_once();
 
-  const RegistryStats& stats() const { return stats_; }
+  const RegistryStats& stats() const;
   // Ready pooled kernels of every pooled kernelspec.
   std::size_t pool_ready_total() const;
 
   // Pooled kernels of kernelspec `name` ("" : the default) ready to be claimed.
   std::size_t pool_ready(const std::string& name) const;
+  // How many the pool keeps ready for `name` now: pool_size .. pool_max by recent demand.
+  std::size_t pool_target(const std::string& name) const;
   // Their kernel pids (host pid namespace), for tests.
   std::vector<pid_t> pool_pids(const std::string& name) const;
 
   // Kernelspecs: the standard directories, and a built-in python3 when none is installed.
   std::vector<kernel::KernelSpec> kernelspecs() const;
   Result<kernel::KernelSpec> kernelspec(const std::string& name) const;
-  const std::string& default_kernel_name() const { return default_kernel_; }
-  const RegistryOptions& options() const { return options_; }
-  const std::string& state_dir() const { return options_.state_dir; }
+  const std::string& default_kernel_name() const;
+  const RegistryOptions& options() const;
+  const std::string& state_dir() const;
 
  private:
-  // ---- registry.cpp ----
-  // Starts a process for `k` through the backend and waits until it answers; blocking.
-  Result<ManagedKernel::Running> launch(const std::shared_ptr<ManagedKernel>& k);
-  // Makes the work dir, launches, and moves `k` to idle (no state record).
-  Result<void> start_fresh(const std::shared_ptr<ManagedKernel>& k);
-  // A new kernel in state starting, with its uid; mu_ held. Fails when no uid is free.
-  Result<void> make_home(const ManagedKernel& k) const;
-  // A ManagedKernel with the work dir and file ownership of this gateway's mode.
-  std::shared_ptr<ManagedKernel> make_kernel(const std::string& id, kernel::KernelSpec spec,
-                                             uid_t uid, std::map<std::string, std::string> env);
-  Result<std::shared_ptr<ManagedKernel>> new_kernel_locked(
-      kernel::KernelSpec spec, std::map<std::string, std::string> env);
-  // Ends a kernel no client ever saw (a failed start, a pooled one): no shutdown_request.
-  void discard(const std::shared_ptr<ManagedKernel>& k);
-  // Removes its work dir and gives its uid back.
-  void release(const ManagedKernel& k);
-
-  kernel::ClientOptions client_options(const std::shared_ptr<ManagedKernel>& k,
-                                       const kernel::KernelProcessHandle& process);
-
-  // ---- adoption.cpp ----
-  // At start(): every client kernel a previous gateway left running is adopted; the rest it left
-  // (pooled kernels, ended ones, unfinished starts) is ended and removed.
-  void adopt_kernels();
-  Result<void> adopt(const Record& record);
-  void clean_up(const Record& record);
-
-  // ---- pool.cpp ----
-  bool is_pooled(const std::string& name) const;
-  // A ready pooled kernel of `name` moved into kernels_, or null.
-  std::shared_ptr<ManagedKernel> claim_pooled(const std::string& name);
-  // Ready pooled kernels given up so live + pending + pool fits max_kernels again; mu_ held.
-  std::vector<std::shared_ptr<ManagedKernel>> evict_pooled_locked();
-  std::size_t pool_total_locked() const;     // ready and starting, every kernelspec
-  std::size_t pool_starting_locked() const;  // starts in flight, every kernelspec
-  void pool_loop();
-  std::size_t pool_parallel() const;  // options_.pool_parallel, or the CPUs
-  // Pool starts allowed at once now: pool_parallel() less the client starts in flight, at
-  // least 1; mu_ held.
-  std::size_t pool_budget_locked() const;
-  // Starts one kernel for the pool of `name`; false when it failed.
-  bool refill(const std::string& name);
-  void reap_dead_pooled();
-  void stop_pool();
-
-  // ---- monitor.cpp ----
-  void monitor_loop();
-  void handle_death(const std::shared_ptr<ManagedKernel>& k, const std::string& reason);
-  void cull();
-
-  RegistryOptions options_;
-  kernel::KernelBackend& backend_;
-  const Now now_;
-  std::string default_kernel_ = "python3";
-
-  mutable std::mutex mu_;
-  std::map<std::string, std::shared_ptr<ManagedKernel>> kernels_;
-  std::size_t pending_ = 0;  // client starts in flight (and claims moving), for max_kernels
-  UidAllocator uids_;  // thread-safe itself
-  UniqueFd state_lock_;  // <state_dir>/lock, flock()ed; under mu_
-  RegistryStats stats_;  // thread-safe itself
-
-  std::vector<std::string> pool_names_;  // the pooled kernelspecs; fixed by the constructor
-  // The warm pool, under mu_: ready kernels per kernelspec name (oldest first), starts in flight.
-  std::map<std::string, std::vector<std::shared_ptr<ManagedKernel>>> pool_;
-  std::map<std::string, std::size_t> pool_starting_;
-  // After a failed start, no start of that kernelspec before retry_at (the backoff doubles).
-  std::map<std::string, util::Clock::time_point> pool_retry_at_;
-  std::map<std::string, util::Clock::duration> pool_backoff_;
-  std::condition_variable pool_cv_;  // with mu_; wakes pool_loop: a claim, a death, stopping
-  bool pool_stopping_ = false;       // under mu_: no more refills
-
-  std::mutex monitor_mu_;  // with monitor_cv_: wakes monitor_loop
-  std::condition_variable monitor_cv_;
-  bool stopping_ = false;                // under monitor_mu_: the monitor ends
-  std::mutex pass_mu_;                   // one monitor pass at a time
-  util::Clock::time_point next_cull_{};  // under pass_mu_
-  std::thread monitor_;
-  std::vector<std::thread> pool_threads_;  // the fillers, pool_parallel of them
+  class Impl;  // the parts: gateway/kernels/src/registry_impl.hpp
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace cellgate::kernels

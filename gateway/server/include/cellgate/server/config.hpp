@@ -63,6 +63,7 @@ struct ServeOptions {
   // The warm pool: ready kernels kept per pooled kernelspec (0: off). Off here so embedding
   // code and tests start nothing unasked; `cellgate serve` defaults to 2 (gateway/main.cpp).
   int pool_size = 0;
+  int pool_max = 0;  // the most ready per kernelspec by demand (0: pool_size; RegistryOptions)
   std::vector<std::string> pool_kernels;  // kernelspecs pooled; empty: the default one
   int pool_parallel = 0;  // pool starts at once, at most (0: one per CPU; RegistryOptions)
   // The zygote (fork server) python3 ipykernels are started from, jailed kernels only. Off here

@@ -1,0 +1,136 @@
+// The registry's parts behind KernelRegistry (registry.hpp), composed here in dependency order:
+// admission (the --max-kernels count, admission.hpp), the live kernels under their own lock, the
+// warm pool (warm_pool.hpp, its own lock and fillers, given launch_pooled and discard), the
+// death monitor and culler (monitor.cpp) and adoption (adoption.cpp). Not a public header: the
+// state lives here so that the public one is the contract alone.
+//
+// Lock order: pass_mu_ (one monitor pass), then the pool's lock, then mu_ or the admission's
+// (leaves; nothing is called while either is held).
+#pragma once
+
+#include <sys/types.h>
+
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "admission.hpp"
+#include "cellgate/kernel/client.hpp"
+#include "cellgate/kernels/registry.hpp"
+#include "warm_pool.hpp"
+
+namespace cellgate::kernels {
+
+struct Record;  // records.hpp
+
+class KernelRegistry::Impl {
+ public:
+  // With a loop, the monitor runs on it and `now` is its clock (registry.hpp).
+  Impl(RegistryOptions options, kernel::KernelBackend& backend, Now now, util::Loop* loop);
+  ~Impl();
+
+  Result<void> claim_state_dir();
+  void start();
+  Result<KernelModel> start(const std::string& name, const nlohmann::json& env);
+  Result<std::shared_ptr<ManagedKernel>> find(const std::string& id) const;
+  std::vector<KernelModel> list() const;
+  Result<void> interrupt(const std::string& id);
+  Result<KernelModel> restart(const std::string& id);
+  Result<void> shutdown(const std::string& id);
+  void shutdown_all();
+  void hand_over();
+  void monitor_once();
+
+  std::size_t pool_ready_total() const { return pool_.ready_total(); }
+  std::size_t pool_ready(const std::string& name) const;
+  std::vector<pid_t> pool_pids(const std::string& name) const;
+  std::size_t pool_target(const std::string& name) const;
+
+  std::vector<kernel::KernelSpec> kernelspecs() const;
+  Result<kernel::KernelSpec> kernelspec(const std::string& name) const;
+
+  RegistryOptions options_;
+  RegistryStats stats_;  // thread-safe itself
+  std::string default_kernel_ = "python3";
+
+ private:
+  // A client's kernel and its place under --max-kernels, given back as the entry goes.
+  struct Live {
+    std::shared_ptr<ManagedKernel> kernel;
+    Admission::Ticket place;
+  };
+
+  // ---- registry.cpp ----
+  // Starts a process for `k` through the backend and waits until it answers; blocking.
+  Result<ManagedKernel::Running> launch(const std::shared_ptr<ManagedKernel>& k);
+  // Makes the work dir, launches, and moves `k` to idle (a pooled state record).
+  Result<void> start_fresh(const std::shared_ptr<ManagedKernel>& k);
+  Result<void> make_home(const ManagedKernel& k) const;
+  // A ManagedKernel with the work dir and file ownership of this gateway's mode.
+  std::shared_ptr<ManagedKernel> make_kernel(const std::string& id, kernel::KernelSpec spec,
+                                             uid_t uid, std::map<std::string, std::string> env);
+  // A new kernel in state starting, with its uid; fails when no uid is free.
+  Result<std::shared_ptr<ManagedKernel>> new_kernel(kernel::KernelSpec spec,
+                                                    std::map<std::string, std::string> env);
+  // The pool's launch function: one kernel started, answered and warmed; blocking.
+  Result<std::shared_ptr<ManagedKernel>> launch_pooled(const std::string& name);
+  // A ready pooled kernel of `name` made a client's, or null.
+  std::shared_ptr<ManagedKernel> claim_pooled(const std::string& name);
+  // Ends a kernel no client ever saw (a failed start, a pooled one): no shutdown_request.
+  void discard(const std::shared_ptr<ManagedKernel>& k);
+  // Removes its work dir and gives its uid back.
+  void release(const ManagedKernel& k);
+  kernel::ClientOptions client_options(const std::shared_ptr<ManagedKernel>& k,
+                                       const kernel::KernelProcessHandle& process);
+  std::vector<std::shared_ptr<ManagedKernel>> snapshot() const;
+
+  // ---- adoption.cpp ----
+  // At start(): adopt_or_clean_up (adoption.hpp) with adopt() for each running client kernel.
+  void adopt_kernels();
+  // Connects to a previous gateway's running kernel and makes it a live kernel here.
+  Result<void> adopt(const Record& record);
+
+  // ---- monitor.cpp ----
+  void start_monitor();  // its thread, or its first timer on monitor_loop_
+  void monitor_loop();   // the thread's
+  void schedule_pass();  // the next timer on monitor_loop_; under monitor_mu_
+  void wake_monitor();   // a death reported: a pass now
+  void stop_monitor();
+  void handle_death(const std::shared_ptr<ManagedKernel>& k, const std::string& reason);
+  void cull();
+
+  kernel::KernelBackend& backend_;
+  const Now now_;
+  // One ZeroMQ context (and I/O thread) for every kernel's connection; made here, started by the
+  // first connection.
+  const std::shared_ptr<kernel::ZmqContext> zmq_context_ = kernel::make_zmq_context();
+  UidAllocator uids_;  // thread-safe itself
+  Admission admission_;
+
+  mutable std::mutex mu_;  // kernels_ and state_lock_
+  std::map<std::string, Live> kernels_;
+  UniqueFd state_lock_;  // <state_dir>/lock, flock()ed
+
+  WarmPool pool_;
+
+  std::mutex monitor_mu_;  // with monitor_cv_: wakes monitor_loop
+  std::condition_variable monitor_cv_;
+  bool stopping_ = false;                // under monitor_mu_: the monitor ends
+  std::mutex pass_mu_;                   // one monitor pass at a time
+  util::Clock::time_point next_cull_{};  // under pass_mu_
+  std::thread monitor_;
+  // With a monitor loop instead of the thread: its strand and the next pass's timer (under
+  // monitor_mu_). `alive_` is dropped first in stop_monitor(): a pass posted for a death and run
+  // later sees it gone and does nothing.
+  util::Loop* const monitor_loop_;
+  std::shared_ptr<util::Strand> monitor_strand_;
+  std::shared_ptr<util::Timer> monitor_timer_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+};
+
+}  // namespace cellgate::kernels
