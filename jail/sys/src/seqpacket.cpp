@@ -19,15 +19,24 @@ Result<std::pair<SeqpacketChannel, SeqpacketChannel>> SeqpacketChannel::pair(
 }
 
 Result<void> SeqpacketChannel::send(std::string_view data, std::span<const int> fds) const {
-  if (data.size() > limits_.max_bytes) {
+  return send_packet(fd_.get(), data, fds, limits_);
+}
+
+Result<std::optional<Message>> SeqpacketChannel::receive(bool nonblocking) const {
+  return receive_packet(fd_.get(), limits_, nonblocking);
+}
+
+Result<void> send_packet(int fd, std::string_view data, std::span<const int> fds,
+                         const ChannelLimits& limits) {
+  if (data.size() > limits.max_bytes) {
     return make_error(ErrorCode::kInvalidArgument, "message_too_large",
                       "a message of " + std::to_string(data.size()) + " bytes (at most " +
-                          std::to_string(limits_.max_bytes) + ")");
+                          std::to_string(limits.max_bytes) + ")");
   }
-  if (fds.size() > limits_.max_fds) {
+  if (fds.size() > limits.max_fds) {
     return make_error(ErrorCode::kInvalidArgument, "too_many_fds",
                       "a message with " + std::to_string(fds.size()) + " descriptors (at most " +
-                          std::to_string(limits_.max_fds) + ")");
+                          std::to_string(limits.max_fds) + ")");
   }
   iovec iov{const_cast<char*>(data.data()), data.size()};
   msghdr msg{};
@@ -44,7 +53,7 @@ Result<void> SeqpacketChannel::send(std::string_view data, std::span<const int> 
     std::memcpy(CMSG_DATA(cm), fds.data(), sizeof(int) * fds.size());
   }
   for (;;) {
-    const ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL);
+    const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
     if (n == static_cast<ssize_t>(data.size())) {
       return {};
     }
@@ -61,16 +70,17 @@ Result<void> SeqpacketChannel::send(std::string_view data, std::span<const int> 
   }
 }
 
-Result<std::optional<Message>> SeqpacketChannel::receive(bool nonblocking) const {
+Result<std::optional<Message>> receive_packet(int fd, const ChannelLimits& limits,
+                                              bool nonblocking) {
   Message out;
   // One byte more than the limit: a message of exactly max_bytes is not truncated, one longer
   // is (MSG_TRUNC is set either way when the buffer is short; the spare byte keeps the size
   // check independent of it).
-  out.data.resize(limits_.max_bytes + 1);
+  out.data.resize(limits.max_bytes + 1);
   iovec iov{out.data.data(), out.data.size()};
   // Room for max_fds descriptors and no more: a peer's extra ones are dropped by the kernel
   // (closed, MSG_CTRUNC), never installed in our table.
-  std::vector<char> control(CMSG_SPACE(sizeof(int) * std::max<std::size_t>(limits_.max_fds, 1)));
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * std::max<std::size_t>(limits.max_fds, 1)));
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
@@ -78,7 +88,7 @@ Result<std::optional<Message>> SeqpacketChannel::receive(bool nonblocking) const
   msg.msg_controllen = control.size();
   ssize_t n;
   do {
-    n = ::recvmsg(fd_.get(), &msg, MSG_CMSG_CLOEXEC | (nonblocking ? MSG_DONTWAIT : 0));
+    n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | (nonblocking ? MSG_DONTWAIT : 0));
   } while (n < 0 && errno == EINTR);
   if (n < 0) {
     const int err = errno;
@@ -95,9 +105,9 @@ Result<std::optional<Message>> SeqpacketChannel::receive(bool nonblocking) const
     if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
       const std::size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
       for (std::size_t i = 0; i < count; ++i) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
-        out.fds.emplace_back(fd);
+        int received;
+        std::memcpy(&received, CMSG_DATA(cm) + i * sizeof(int), sizeof received);
+        out.fds.emplace_back(received);
       }
     }
   }
@@ -106,14 +116,14 @@ Result<std::optional<Message>> SeqpacketChannel::receive(bool nonblocking) const
     // protocols on this channel never send an empty message, so this is the end.
     return std::optional<Message>();
   }
-  if ((msg.msg_flags & MSG_TRUNC) != 0 || static_cast<std::size_t>(n) > limits_.max_bytes) {
+  if ((msg.msg_flags & MSG_TRUNC) != 0 || static_cast<std::size_t>(n) > limits.max_bytes) {
     return make_error(ErrorCode::kInvalidArgument, "message_too_large",
-                      "a message over " + std::to_string(limits_.max_bytes) +
+                      "a message over " + std::to_string(limits.max_bytes) +
                           " bytes was refused (its descriptors closed)");
   }
-  if ((msg.msg_flags & MSG_CTRUNC) != 0 || out.fds.size() > limits_.max_fds) {
+  if ((msg.msg_flags & MSG_CTRUNC) != 0 || out.fds.size() > limits.max_fds) {
     return make_error(ErrorCode::kInvalidArgument, "too_many_fds",
-                      "a message with more than " + std::to_string(limits_.max_fds) +
+                      "a message with more than " + std::to_string(limits.max_fds) +
                           " descriptors was refused (those received closed)");
   }
   out.data.resize(static_cast<std::size_t>(n));

@@ -69,4 +69,10 @@ class SeqpacketChannel {
   ChannelLimits limits_;
 };
 
+// The same on a descriptor the caller owns (a connection accepted from a listening socket).
+Result<void> send_packet(int fd, std::string_view data, std::span<const int> fds,
+                         const ChannelLimits& limits);
+Result<std::optional<Message>> receive_packet(int fd, const ChannelLimits& limits,
+                                              bool nonblocking = false);
+
 }  // namespace cellgate::sys
