@@ -296,6 +296,10 @@ class Broker {
       send(encode_error(id, started.error()));
       return;
     }
+    if (it == entries_.end()) {  // not reachable: a starting entry is never ended; be safe
+      send(encode_error(id, make_error(ErrorCode::kInternal, "broker", "the launch was lost")));
+      return;  // `started` ends the kernel
+    }
     Entry& entry = it->second;
     entry.process = std::move(started).value();
     const auto& p = *entry.process;
