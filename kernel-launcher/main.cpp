@@ -12,19 +12,19 @@
 
 #include "cellgate/launcher/launcher.hpp"
 #include "cellgate/launcher/zygote.hpp"
+#include "cellgate/sys/file.hpp"
 
 namespace {
 
 // The zygote is its own binary beside this one (it links CPython; launchers do not): exec it
 // with an empty environment, so it never holds a secret of ours.
 int exec_zygote(const cellgate::launcher::ZygoteOptions& z) {
-  char self[4096];
-  const ssize_t len = ::readlink("/proc/self/exe", self, sizeof self - 1);
-  if (len <= 0) {
-    std::cerr << "cellgate-kernel: readlink('/proc/self/exe'): " << std::strerror(errno) << "\n";
+  auto self = cellgate::sys::read_link("/proc/self/exe");
+  if (!self) {
+    std::cerr << "cellgate-kernel: " << self.error().message << "\n";
     return 127;
   }
-  std::string path(self, static_cast<std::size_t>(len));
+  std::string path = *self;
   path = path.substr(0, path.rfind('/')) + "/cellgate-zygote";
   std::vector<std::string> args = {path, "--socket", z.socket_path};
   if (z.status_fd >= 0) {

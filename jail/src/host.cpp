@@ -4,21 +4,20 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
-#include <fstream>
+#include <cstdlib>
 #include <string>
 
 #include "cellgate/jail/cgroup.hpp"
 #include "cellgate/jail/jail.hpp"
 #include "cellgate/jail/seccomp.hpp"
+#include "cellgate/sys/file.hpp"
 
 namespace cellgate::jail {
 
 HostSupport probe_host() {
   HostSupport h;
   h.root = ::geteuid() == 0;
-  std::ifstream userns("/proc/sys/user/max_user_namespaces");
-  long max_userns = 0;
-  h.user_namespaces = (userns >> max_userns) && max_userns > 0;
+  h.user_namespaces = std::atol(sys::read_trimmed("/proc/sys/user/max_user_namespaces").c_str()) > 0;
   long abi = ::syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION);
   h.landlock_abi = abi > 0 ? static_cast<int>(abi) : 0;
   auto cg = CgroupHost::detect_system();

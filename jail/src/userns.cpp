@@ -11,44 +11,34 @@
 #include <algorithm>
 
 #include <cerrno>
-#include <fstream>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "cellgate/sys/file.hpp"
+#include "cellgate/sys/proc.hpp"
 #include "cellgate/unique_fd.hpp"
 
 namespace cellgate::jail {
 namespace {
 
-std::string read_trimmed(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string s = ss.str();
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) {
-    s.pop_back();
-  }
-  return s;
-}
+using sys::read_trimmed;
 
+// uid_map, gid_map and setgroups are written once each, whole, without O_TRUNC.
 Result<void> write_proc(const std::string& path, const std::string& value) {
-  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
-  if (!fd || ::write(fd.get(), value.data(), value.size()) != static_cast<ssize_t>(value.size())) {
-    return errno_error(ErrorCode::kFailedPrecondition, "userns",
-                       "write('" + path + "', '" + value + "')", errno);
+  auto written = sys::write_file(path, value, "userns", /*truncate=*/false);
+  if (!written) {
+    Error e = std::move(written).error();
+    e.code = ErrorCode::kFailedPrecondition;
+    return e;
   }
   return {};
 }
 
 int threads_of_self() {
-  std::ifstream in("/proc/self/status");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("Threads:", 0) == 0) {
-      return std::atoi(line.c_str() + 8);
-    }
-  }
-  return -1;
+  const auto threads = sys::read_status_field("self", "Threads");
+  return threads ? std::atoi(threads->c_str()) : -1;
 }
 
 std::string user_name(uid_t uid) {

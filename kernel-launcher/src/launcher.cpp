@@ -15,6 +15,7 @@
 #include "cellgate/launcher/status.hpp"
 #include "report.hpp"
 #include "cellgate/result.hpp"
+#include "cellgate/sys/pipe.hpp"
 #include "cellgate/unique_fd.hpp"
 
 extern char** environ;
@@ -92,14 +93,14 @@ int run_exec_mode(const LaunchOptions& options) {
   sigaddset(&wait_set, SIGCHLD);
   ::sigprocmask(SIG_BLOCK, &wait_set, &original_mask);
 
-  int pipe_fds[2];
-  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
-    failed.message = errno_error(ErrorCode::kInternal, "", "pipe2()", errno).message;
+  auto err_pipe = sys::make_pipe();
+  if (!err_pipe) {
+    failed.message = err_pipe.error().message;
     status.report(failed);
     return 127;
   }
-  UniqueFd err_read(pipe_fds[0]);
-  UniqueFd err_write(pipe_fds[1]);
+  UniqueFd err_read = std::move(err_pipe->read);
+  UniqueFd err_write = std::move(err_pipe->write);
 
   std::vector<char*> argv;
   for (const auto& a : options.argv) {

@@ -45,6 +45,21 @@ def messages():
     return s, out
 
 
+def broker_seeds():
+    """Requests as the gateway's BrokerBackend sends them (kernel-launcher/broker/src/client.cpp)."""
+    put("broker_request", "launch.json", json.dumps({
+        "op": "launch", "id": 1, "kernel_id": "3f2a-k1", "kernelspec": "python3", "uid": 2900000,
+        "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+        "conn_files": {"cellgate_display.py": "print('hi')\n"}}))
+    put("broker_request", "signal.json", '{"op":"signal","id":2,"handle":1,"signal":2}')
+    put("broker_request", "stop.json", '{"op":"stop","id":3,"handle":1}')
+    put("broker_request", "detach.json", '{"op":"detach","id":4,"handle":1}')
+    put("broker_request", "log_tail.json", '{"op":"log_tail","id":5,"handle":1,"max_bytes":2000}')
+    put("broker_request", "release_work.json", '{"op":"release_work","id":6,"kernel_id":"3f2a-k1"}')
+    put("broker_request", "wait_fast.json", '{"op":"wait_fast","id":7,"timeout_ms":5000}')
+    put("broker_request", "weaker-jail.json", '{"op":"launch","id":8,"kernel_id":"k","kernelspec":"python3","uid":1,"env":{},"jail":{"network":true}}')
+
+
 def main():
     if os.path.isdir(CORPUS):
         shutil.rmtree(CORPUS)
@@ -117,6 +132,8 @@ def main():
         "optional": ["swap"], "uid": 60001, "gid": 60001, "name": "k1", "hostname": "jail",
         "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}}, indent=1))
     put("jail_spec", "minimal.json", "{}")
+
+    broker_seeds()
 
     put("api_requests", "execute.json", '{"code": "import numpy\\nprint(numpy.arange(3))", "timeout": 30, "stdin": ["yes"]}')
     put("api_requests", "oneshot.json", json.dumps({"code": "print(open('data/in.csv').read())", "kernel_name": "python3",

@@ -1,4 +1,4 @@
-// The privileged broker of `serve --user` (kernels/broker.hpp), seen from where an attacker who
+// The privileged broker of `serve --user` (kernel-launcher/broker/, broker.hpp), seen from where an attacker who
 // took over the gateway would stand: a process running as the gateway's unprivileged uid,
 // holding the broker's channel and writing raw requests on it. It must get jailed kernels of the
 // configured policy only, be refused everything else with a reason, and be unable to signal any
@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,10 +24,10 @@
 #include <thread>
 
 #include "cellgate/jail/jail.hpp"
-#include "cellgate/kernels/broker.hpp"
+#include "cellgate/broker/broker.hpp"
 #include "placement.hpp"
 
-namespace cellgate::kernels {
+namespace cellgate::broker {
 namespace {
 
 namespace fs = std::filesystem;
@@ -249,6 +250,81 @@ TEST_F(BrokerTest, RefusesEverythingOutsideItsPolicyWithAReason) {
   EXPECT_TRUE(fs::is_empty(state_dir_ + "/work"));
 }
 
+// The request parser (kernel-launcher/broker/src/request.cpp) from the attacker's seat: messages
+// too large or too deep, fields of the wrong type, ops that do not exist and descriptors passed
+// along are each refused with a reason, and the broker goes on serving.
+TEST_F(BrokerTest, ItsParserRefusesOversizedMistypedAndUnknownRequests) {
+  const std::string report = as_gateway([this](int fd) {
+    json out = json::object();
+    json uid_text = launch_request("k1", kFirstUid);
+    uid_text["uid"] = std::to_string(kFirstUid);
+    out["uid_as_text"] = call(fd, uid_text);
+    json env_number = launch_request("k1", kFirstUid);
+    env_number["env"] = {{"PATH", 7}};
+    out["env_value_number"] = call(fd, env_number);
+    json env_list = launch_request("k1", kFirstUid);
+    env_list["env"] = json::array({"PATH=/bin"});
+    out["env_as_list"] = call(fd, env_list);
+    out["handle_as_text"] = call(fd, {{"op", "signal"}, {"handle", "1"}, {"signal", SIGTERM}});
+    out["signal_missing"] = call(fd, {{"op", "signal"}, {"handle", 1}});
+    out["timeout_as_text"] = call(fd, {{"op", "wait_fast"}, {"timeout_ms", "10"}});
+    out["op_ptrace"] = call(fd, {{"op", "ptrace"}, {"pid", 1}});
+    out["op_number"] = call(fd, {{"op", 3}});
+    json deep = {{"op", "stop"}};
+    json* at = &deep["handle"];
+    for (int i = 0; i < 5000; ++i) {
+      *at = json::array({nullptr});
+      at = &(*at)[0];
+    }
+    out["deep"] = call(fd, deep);
+    json long_spec = launch_request("k1", kFirstUid);
+    long_spec["kernelspec"] = std::string(100000, 'p');
+    out["long_kernelspec"] = call(fd, long_spec);
+    // More than the channel's 4 MiB: the kernel may refuse to send it (EMSGSIZE, past the
+    // socket's buffer) or the broker refuses it; either way nothing of it is taken.
+    int sndbuf = 16 << 20;
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
+    const std::string huge((4u << 20) + 16, ' ');
+    out["huge_sent"] = ::send(fd, huge.data(), huge.size(), MSG_NOSIGNAL) >= 0;
+    // A descriptor passed along with a request: the broker takes none.
+    {
+      const std::string text = json{{"op", "wait_fast"}, {"id", 777}, {"timeout_ms", 0}}.dump();
+      iovec iov{const_cast<char*>(text.data()), text.size()};
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof control;
+      cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+      cm->cmsg_level = SOL_SOCKET;
+      cm->cmsg_type = SCM_RIGHTS;
+      cm->cmsg_len = CMSG_LEN(sizeof(int));
+      const int passed = 0;
+      std::memcpy(CMSG_DATA(cm), &passed, sizeof passed);
+      out["fd_sent"] = ::sendmsg(fd, &msg, MSG_NOSIGNAL) >= 0;
+    }
+    out["after"] = call(fd, {{"op", "wait_fast"}, {"timeout_ms", 0}});
+    return out.dump();
+  });
+  json r = json::parse(report, nullptr, false);
+  ASSERT_TRUE(r.is_object()) << report;
+  for (const char* refused : {"uid_as_text", "env_value_number", "env_as_list", "handle_as_text",
+                              "signal_missing", "timeout_as_text", "op_ptrace", "op_number",
+                              "deep", "long_kernelspec"}) {
+    SCOPED_TRACE(refused);
+    EXPECT_FALSE(r[refused].value("ok", true)) << r[refused].dump();
+    EXPECT_EQ(r[refused].value("reason", ""), "broker_refused") << r[refused].dump();
+    EXPECT_FALSE(r[refused].value("message", "").empty()) << r[refused].dump();
+  }
+  EXPECT_NE(r["uid_as_text"].value("message", "").find("wrong type"), std::string::npos);
+  EXPECT_NE(r["op_ptrace"].value("message", "").find("unknown op 'ptrace'"), std::string::npos);
+  // The message with a descriptor was refused (its id unread: answered as 0), the next served.
+  EXPECT_TRUE(r["fd_sent"].get<bool>());
+  EXPECT_TRUE(r["after"].value("ok", false)) << r["after"].dump();
+  EXPECT_TRUE(fs::is_empty(state_dir_ + "/work"));
+}
+
 TEST_F(BrokerTest, TheGatewayGetsAJailedKernelAndSignalsOnlyItsOwn) {
   const std::string report = as_gateway([this](int fd) {
     json out = json::object();
@@ -329,4 +405,4 @@ TEST_F(BrokerTest, ItsKernelsEndWhenTheGatewayGoes) {
 }
 
 }  // namespace
-}  // namespace cellgate::kernels
+}  // namespace cellgate::broker

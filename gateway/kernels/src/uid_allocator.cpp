@@ -2,7 +2,6 @@
 // while a process still runs as it (/proc).
 #include "cellgate/kernels/uid_allocator.hpp"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
@@ -12,10 +11,11 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <vector>
+
+#include "cellgate/sys/file.hpp"
+#include "cellgate/sys/proc.hpp"
 
 namespace cellgate::kernels {
 namespace {
@@ -24,42 +24,21 @@ namespace fs = std::filesystem;
 
 std::string errno_text(int err) { return std::strerror(err); }
 
-// "Uid:\t0\t0\t0\t0" (real, effective, saved, fs) of one /proc/<pid>/status; empty when the
-// process is gone (a race with its exit: then it holds no uid either).
-std::vector<uid_t> uids_of(const std::string& status_path) {
-  std::ifstream in(status_path);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("Uid:", 0) == 0) {
-      std::istringstream fields(line.substr(4));
-      std::vector<uid_t> out;
-      unsigned long long u = 0;
-      while (fields >> u) {
-        out.push_back(static_cast<uid_t>(u));
-      }
-      return out;
-    }
-  }
-  return {};
-}
-
 }  // namespace
 
 std::set<uid_t> uids_with_live_processes(const std::string& proc) {
   std::set<uid_t> out;
-  DIR* dir = ::opendir(proc.c_str());
-  if (dir == nullptr) {
-    return out;
-  }
-  while (const dirent* e = ::readdir(dir)) {
-    if (e->d_name[0] < '0' || e->d_name[0] > '9') {
-      continue;  // not a pid
+  for (const pid_t pid : sys::list_pids(proc)) {
+    // "Uid:\t0\t0\t0\t0" (real, effective, saved, fs); nothing when the process is gone (a
+    // race with its exit: then it holds no uid either).
+    auto status = sys::read_file(proc + "/" + std::to_string(pid) + "/status", 1 << 16);
+    if (!status) {
+      continue;
     }
-    for (uid_t u : uids_of(proc + "/" + e->d_name + "/status")) {
+    for (uid_t u : sys::status_ids(*status, "Uid")) {
       out.insert(u);
     }
   }
-  ::closedir(dir);
   return out;
 }
 

@@ -1,15 +1,16 @@
 #include "metrics.hpp"
 
-#include <dirent.h>
 #include <unistd.h>
 
-#include <fstream>
+#include <cstdlib>
 #include <map>
 #include <string>
 
 #include "cellgate/http/message.hpp"
 #include "cellgate/util/descriptors.hpp"
 #include "cellgate/util/metrics.hpp"
+#include "cellgate/sys/dir_stream.hpp"
+#include "cellgate/sys/proc.hpp"
 
 namespace cellgate::server {
 namespace {
@@ -17,28 +18,12 @@ namespace {
 using http::Status;
 
 // Entries of a /proc directory (the threads), or 0.
-std::size_t count_entries(const char* dir) {
-  DIR* d = ::opendir(dir);
-  if (d == nullptr) {
-    return 0;
-  }
-  std::size_t n = 0;
-  while (const dirent* e = ::readdir(d)) {
-    n += e->d_name[0] != '.';
-  }
-  ::closedir(d);
-  return n;
-}
+std::size_t count_entries(const char* dir) { return sys::list_dir(dir).size(); }
 
-// VmRSS from /proc/self/status, in bytes (0 when unreadable).
+// VmRSS from /proc/self/status ("123 kB"), in bytes (0 when unreadable).
 double resident_bytes() {
-  std::ifstream in("/proc/self/status");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("VmRSS:", 0) == 0) {
-      return std::stod(line.substr(6)) * 1024;
-    }
-  }
-  return 0;
+  const auto rss = sys::read_status_field("self", "VmRSS");
+  return rss ? std::strtod(rss->c_str(), nullptr) * 1024 : 0;
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // `cellgate serve --user`: the split into a privileged broker and an unprivileged gateway
-// (kernels/broker.hpp), and what the gateway's user needs of the state dir.
+// (cellgate/broker/broker.hpp), and what the gateway's user needs of the state dir.
 //
 //   <state>/            root 0711        the gateway cannot rename or replace what is in it
 //     run/, work/       root:gw 0710     the broker's: runtime and work dirs (kernels' sockets

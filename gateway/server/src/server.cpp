@@ -30,7 +30,7 @@
 #include "cellgate/jail/userns.hpp"
 #include "cellgate/kernel/backend.hpp"
 #include "cellgate/kernel/connection.hpp"
-#include "cellgate/kernels/broker.hpp"
+#include "cellgate/broker/broker.hpp"
 #include "cellgate/kernels/registry.hpp"
 #include "cellgate/kernels/uid_allocator.hpp"
 #include "cellgate/mcp/http_endpoint.hpp"
@@ -385,7 +385,7 @@ Result<std::unique_ptr<kernel::KernelBackend>> split_privileges(
   CELLGATE_TRY(lease->lease());
   const auto range = *lease->range();
 
-  kernels::BrokerPolicy policy;
+  broker::BrokerPolicy policy;
   policy.state_dir = o.state_dir;
   policy.jail = o.jail;
   policy.work_dir_aliases = work_dir_aliases();
@@ -393,7 +393,7 @@ Result<std::unique_ptr<kernel::KernelBackend>> split_privileges(
   policy.last_uid = range.last;
   policy.access_gid = user.gid;
   policy.backend = backend_options(o);
-  CELLGATE_ASSIGN_OR_RETURN(auto channel, kernels::broker_channel());
+  CELLGATE_ASSIGN_OR_RETURN(auto channel, broker::broker_channel());
   std::cout << std::flush;
   std::cerr << std::flush;
   const pid_t pid = ::fork();
@@ -403,7 +403,7 @@ Result<std::unique_ptr<kernel::KernelBackend>> split_privileges(
   if (pid == 0) {
     channel.first.reset();
     ::prctl(PR_SET_NAME, "cellgate-broker", 0, 0, 0);
-    ::_exit(kernels::serve_broker(std::move(channel.second), std::move(policy)));
+    ::_exit(broker::serve_broker(std::move(channel.second), std::move(policy)));
   }
   broker_pid = pid;
   channel.second.reset();
@@ -415,7 +415,7 @@ Result<std::unique_ptr<kernel::KernelBackend>> split_privileges(
                "capabilities; kernels start in the broker, pid {} (root), as uids {}-{}",
                user.name, user.uid, user.gid, pid, range.first, range.last);
   return std::unique_ptr<kernel::KernelBackend>(
-      std::make_unique<kernels::BrokerBackend>(std::move(channel.first)));
+      std::make_unique<broker::BrokerBackend>(std::move(channel.first)));
 }
 
 }  // namespace

@@ -1,11 +1,12 @@
 #include "cellgate/util/descriptors.hpp"
 
-#include <dirent.h>
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+
+#include "cellgate/sys/dir_stream.hpp"
 
 namespace cellgate {
 
@@ -29,38 +30,31 @@ bool near_descriptor_limit(int fd) {
 }
 
 std::size_t descriptors_open() {
-  DIR* dir = ::opendir("/proc/self/fd");
-  if (dir == nullptr) {
+  auto dir = sys::DirStream::open("/proc/self/fd");
+  if (!dir) {
     return 0;  // /proc missing or out of descriptors: nothing to count with
   }
   std::size_t n = 0;
-  while (const dirent* entry = ::readdir(dir)) {
-    if (entry->d_name[0] != '.') {
-      ++n;
-    }
+  while (dir->next()) {
+    ++n;
   }
-  ::closedir(dir);
   return n > 0 ? n - 1 : 0;  // not the directory's own descriptor
 }
 
 std::size_t descriptors_free() {
   const std::size_t limit = descriptor_limit();
-  DIR* dir = ::opendir("/proc/self/fd");
-  if (dir == nullptr) {
+  auto dir = sys::DirStream::open("/proc/self/fd");
+  if (!dir) {
     return 0;
   }
-  const int own = ::dirfd(dir);
+  const int own = dir->fd();
   std::size_t below = 0;
-  while (const dirent* entry = ::readdir(dir)) {
-    if (entry->d_name[0] == '.') {
-      continue;
-    }
-    const long fd = std::strtol(entry->d_name, nullptr, 10);
+  while (auto entry = dir->next()) {
+    const long fd = std::strtol(entry->name.c_str(), nullptr, 10);
     if (fd != own && fd >= 0 && static_cast<std::size_t>(fd) < limit) {
       ++below;
     }
   }
-  ::closedir(dir);
   return limit - std::min(below, limit);
 }
 

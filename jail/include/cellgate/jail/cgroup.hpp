@@ -54,7 +54,7 @@ struct CgroupStats {
   std::int64_t pids_current = 0;
   std::uint64_t pids_limit_hits = 0;  // pids.events "max"
   std::uint64_t cpu_usage_usec = 0;   // v1 cpuacct.usage / 1000 if available; v2 cpu.stat usage_usec
-  // read_cgroup_stats only: whether cpu_usage_usec was measured. Where v1 has no cpuacct next to
+  // Whether cpu_usage_usec was measured. Where v1 has no cpuacct next to
   // cpu, it is the user+system time of the cgroup's processes (and their reaped children).
   bool cpu_usage_known = false;
   // The quota's doing (cpu.stat; 0 without the cpu controller): periods in which the cgroup had

@@ -96,7 +96,7 @@ struct ServeOptions {
   std::string cgroup_parent;
   // Started as root: everything that speaks HTTP and WebSocket runs as this user (a name, or
   // uid[:gid]) with no capabilities and no_new_privs, and kernels start in a privileged broker
-  // (kernels/broker.hpp). "": one process, as started.
+  // (cellgate/broker/broker.hpp). "": one process, as started.
   std::string user;
 };
 

@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "cellgate/result.hpp"
+#include "cellgate/sys/file.hpp"
 
 namespace cellgate {
 
@@ -33,14 +34,8 @@ inline Result<void> make_private_dirs(const std::string& path, const char* reaso
   return {};
 }
 
-// Replaces `path` with `data`, all or nothing: a temp file beside it (created exclusively with
-// `mode`, never following a symlink), written, fsync'd, renamed over `path`, and the directory
-// fsync'd, so a crash leaves either the old file or the new one. Errors (kInternal, `reason`)
-// name the failed call. Without `durable` nothing is fsync'd: a reader still never sees half a
-// file, but a crash may lose the write (content-addressed artifacts, checked by size).
-enum class Durability { kFsync, kNone };
-Result<void> atomic_write(const std::string& path, std::string_view data, mode_t mode = 0600,
-                          Durability durability = Durability::kFsync,
-                          const char* reason = "io_error");
+// The one atomic write (temp file, fsync, rename) lives in the sys floor (cellgate/sys/file.hpp).
+using sys::atomic_write;
+using sys::Durability;
 
 }  // namespace cellgate

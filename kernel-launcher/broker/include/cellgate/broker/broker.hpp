@@ -1,19 +1,18 @@
 // Privilege separation: `cellgate serve` started as root keeps a small privileged process, the
 // broker, and runs everything that speaks HTTP and WebSocket as an unprivileged user. The broker
-// starts, signals and stops jailed kernels on request over a socketpair, and nothing else: the
-// jail, the kernelspec's argv, the runtime and work dirs and the allowed uids are its own
-// configuration, fixed before the split; a request names a kernelspec, a kernel id, a uid from
-// the range and the kernel's environment. Every request is validated and logged.
+// starts, signals and stops jailed kernels on request over a SOCK_SEQPACKET channel, and nothing
+// else: the jail, the kernelspec's argv, the runtime and work dirs and the allowed uids are its
+// own configuration, fixed before the split; a request names a kernelspec, a kernel id, a uid
+// from the range and the kernel's environment (request.hpp, the wire). Every request is
+// validated and logged.
 //
-//   auto [gateway_end, broker_end] = broker_channel();
+//   auto [gateway_end, broker_end] = broker_channel().value();
 //   if (fork() == 0) { _exit(serve_broker(std::move(broker_end), policy)); }   // root
 //   drop_privileges…;
 //   BrokerBackend backend(std::move(gateway_end));      // a KernelBackend for the registry
 //
-// The wire: one JSON object per SOCK_SEQPACKET message. Requests carry an "id" and an "op"
-// (launch, signal, stop, detach, log_tail, release_work, wait_fast); each gets one reply
-// {"id", "ok": true, …} or {"id", "ok": false, "code", "reason", "message"}. The broker also
-// sends {"event": "exited", "handle", "status"} once a kernel has ended.
+// The broker is one thread: an event loop over the channel and its kernels' launcher pidfds,
+// with the calls that block (a launch, a stop, wait_fast) on a small bounded pool of workers.
 //
 // Thread-safety: BrokerBackend and its handles may be used from any thread.
 #pragma once
@@ -32,7 +31,7 @@
 #include "cellgate/result.hpp"
 #include "cellgate/unique_fd.hpp"
 
-namespace cellgate::kernels {
+namespace cellgate::broker {
 
 // What the broker runs kernels with. Nothing in it can be changed by a request.
 struct BrokerPolicy {
@@ -77,4 +76,4 @@ class BrokerBackend : public kernel::KernelBackend {
   std::shared_ptr<Shared> shared_;
 };
 
-}  // namespace cellgate::kernels
+}  // namespace cellgate::broker
