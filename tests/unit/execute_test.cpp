@@ -48,7 +48,14 @@ struct Outcome {
     return static_cast<std::size_t>(std::count_if(
         events.begin(), events.end(), [&](const json& e) { return e["type"] == type; }));
   }
-  json json_answer() const { return answer->value().to_json(); }
+  // The answer's JSON, as the agent API sends it; made once, so references into it stay valid.
+  const json& json_answer() const {
+    if (!rendered) {
+      rendered = answer->value().to_json();
+    }
+    return *rendered;
+  }
+  mutable std::optional<json> rendered;
 };
 
 class ExecutorTest : public ::testing::Test {
