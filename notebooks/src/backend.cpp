@@ -123,7 +123,7 @@ class EmbeddedSession final : public KernelSession {
     return ok_result();
   }
 
-  Result<json> execute(const std::string& code, double timeout_seconds) override {
+  Result<CellAnswer> execute(const std::string& code, double timeout_seconds) override {
     if (cancelled_->load()) {
       return aborted_error();
     }
@@ -137,10 +137,10 @@ class EmbeddedSession final : public KernelSession {
     // last event (its promise orders them).
     auto events = std::make_shared<CellEvents>();
     run.on_event = [events](const json& event) { events->add(event); };
-    auto answer = executor_.run_and_wait(id_, std::move(request), std::move(run), cancelled_);
-    if (answer) {
-      events->finish(*answer);
-    }
+    CELLGATE_ASSIGN_OR_RETURN(
+        auto result, executor_.run_and_wait(id_, std::move(request), std::move(run), cancelled_));
+    CellAnswer answer{std::move(result), std::nullopt};
+    events->finish(answer);
     return answer;
   }
 

@@ -231,19 +231,11 @@ json CellEvents::take() {
   return out;
 }
 
-void CellEvents::finish(json& answer) {
+void CellEvents::finish(CellAnswer& answer) {
   const std::vector<std::string> said = notices();
-  answer["events"] = take();
-  if (said.empty()) {
-    return;
-  }
-  json& notices = answer["notices"];
-  if (!notices.is_array()) {
-    notices = json::array();
-  }
-  for (const auto& line : said) {
-    notices.push_back(line);
-  }
+  answer.events = take();
+  auto& notices = answer.result.notices;
+  notices.insert(notices.end(), said.begin(), said.end());
 }
 
 }  // namespace cellgate::notebooks

@@ -18,7 +18,7 @@
 //   CellEvents events;
 //   run.on_event = [&events](const json& e) { events.add(e); };
 //   …
-//   events.finish(answer);   // answer["events"], and what was cut added to answer["notices"]
+//   events.finish(answer);   // answer.events, and what was cut added to answer.result.notices
 //
 // Thread-safety: none; a cell's events arrive one at a time (on the cell's strand, or on the
 // thread reading a remote answer).
@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "cellgate/notebooks/backend.hpp"
 #include "cellgate/notebooks/notebook.hpp"
 
 namespace cellgate::notebooks {
@@ -66,8 +67,8 @@ class CellEvents {
   nlohmann::json take();
   // What was cut, one line each (empty when nothing was).
   std::vector<std::string> notices() const;
-  // answer["events"] = take(), and notices() appended to answer["notices"].
-  void finish(nlohmann::json& answer);
+  // answer.events = take(), and notices() appended to answer.result.notices.
+  void finish(CellAnswer& answer);
 
   std::size_t size() const { return events_.size(); }
   std::size_t bytes() const { return bytes_; }

@@ -62,7 +62,7 @@ void NdjsonAnswer::line(std::string_view text) {
   }
 }
 
-Result<json> NdjsonAnswer::answer() {
+Result<CellAnswer> NdjsonAnswer::answer() {
   if (!pending_.empty() && !skipping_) {
     line(pending_);
   }
@@ -95,15 +95,16 @@ Result<json> NdjsonAnswer::answer() {
                       "POST /api/kernels/{id}/execute: " +
                           (message.empty() ? std::string("no answer") : message) + dropped);
   }
-  json out = std::move(*answer);
+  auto result = execute::CellResult::from_json(*answer);
   end_ = json();
+  if (!result) {
+    return make_error(ErrorCode::kUnavailable, "execute_failed",
+                      "POST /api/kernels/{id}/execute: " + result.error().message + dropped);
+  }
+  CellAnswer out{std::move(result).value(), std::nullopt};
   events_.finish(out);
   if (!dropped.empty()) {
-    json& notices = out["notices"];
-    if (!notices.is_array()) {
-      notices = json::array();
-    }
-    notices.push_back("the gateway's answer was cut" + dropped);
+    out.result.notices.push_back("the gateway's answer was cut" + dropped);
   }
   return out;
 }

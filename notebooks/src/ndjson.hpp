@@ -7,7 +7,7 @@
 //
 //   NdjsonAnswer lines;
 //   client.stream(…, [&lines](std::string_view piece) { lines.feed(piece); }, …);
-//   CELLGATE_ASSIGN_OR_RETURN(json answer, lines.answer());   // with "events"
+//   CELLGATE_ASSIGN_OR_RETURN(CellAnswer answer, lines.answer());   // with its events
 //
 // Thread-safety: none; the thread that reads the answer.
 #pragma once
@@ -38,9 +38,9 @@ class NdjsonAnswer {
 
   // The next bytes of the body, cut anywhere.
   void feed(std::string_view piece);
-  // At the end of the body: the end line's answer with "events" (and what was cut in
-  // "notices"), or kUnavailable when there is none.
-  Result<nlohmann::json> answer();
+  // At the end of the body: the end line's answer (CellResult::from_json) with its events (and
+  // what was cut in its notices), or kUnavailable when there is none.
+  Result<CellAnswer> answer();
 
   const CellEvents& events() const { return events_; }
 

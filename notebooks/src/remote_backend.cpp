@@ -126,7 +126,7 @@ class Gateway {
 
   // POST /api/kernels/{id}/execute {code, timeout}, streamed as NDJSON: the answer, with the
   // events that came before it as "events".
-  Result<json> execute(const std::string& id, const std::string& code,
+  Result<CellAnswer> execute(const std::string& id, const std::string& code,
                        double timeout_seconds) const {
     if (cancelled_.load()) {
       return aborted_error();
@@ -180,7 +180,7 @@ class RemoteSession final : public KernelSession {
   Result<void> put_file(const std::string& rel, const std::string& bytes) override {
     return gateway_.put_file(id_, rel, bytes);
   }
-  Result<json> execute(const std::string& code, double timeout_seconds) override {
+  Result<CellAnswer> execute(const std::string& code, double timeout_seconds) override {
     return gateway_.execute(id_, code, timeout_seconds);
   }
   // The REST API has no kernel_info: the kernelspec's language is what is known.

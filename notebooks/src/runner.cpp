@@ -32,38 +32,20 @@ std::string choose_kernel(const Backend& backend, const NotebookRun& run, const 
   return fallback;
 }
 
-// The answer comes from a gateway over the network with a remote backend: read it defensively.
-std::string string_at(const json& object, const char* key) {
-  auto it = object.find(key);
-  return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-
-json array_at(const json& object, const char* key) {
-  auto it = object.find(key);
-  return it != object.end() && it->is_array() ? *it : json::array();
-}
-
 void fail_at(Outcome& out, Status status, std::size_t index, const json& cell) {
   out.status = status;
   out.cell = index;
   out.cell_source = notebook::first_line(notebook::source_of(cell));
 }
 
-void take_error(Outcome& out, const json& answer) {
-  const json& error = answer.contains("error") ? answer["error"] : json();
-  if (!error.is_object()) {
+void take_error(Outcome& out, const execute::CellResult& answer) {
+  if (!answer.error) {
     return;
   }
-  out.ename = string_at(error, "ename");
-  out.evalue = string_at(error, "evalue");
-  out.line =
-      error.contains("line") && error["line"].is_number_integer() ? error["line"].get<int>() : 0;
-  out.traceback.clear();
-  for (const auto& line : array_at(error, "traceback")) {
-    if (line.is_string()) {
-      out.traceback.push_back(line.get<std::string>());
-    }
-  }
+  out.ename = answer.error->ename;
+  out.evalue = answer.error->evalue;
+  out.line = answer.error->line;
+  out.traceback = answer.error->traceback;
 }
 
 // What a timed-out cell ran past, for the message.
@@ -78,47 +60,46 @@ std::string timeout_limit(const Backend& backend, const NotebookRun& run) {
 }
 
 // Fills the cell from its answer and judges it: true when the run goes on to the next cell.
-bool take_answer(const Backend& backend, const NotebookRun& run, const json& answer,
+bool take_answer(const Backend& backend, const NotebookRun& run, const CellAnswer& cell_answer,
                  std::size_t i, json& cell, NotebookOutputs& outputs, Outcome& out) {
+  using execute::CellStatus;
+  const execute::CellResult& answer = cell_answer.result;
   std::vector<std::string> cut;
-  if (answer.contains("events") && answer["events"].is_array()) {
-    cut = outputs.apply(i, answer["events"]);  // may update displays of earlier cells too
+  if (cell_answer.events) {
+    cut = outputs.apply(i, *cell_answer.events);  // may update displays of earlier cells too
   } else {
-    cell["outputs"] = array_at(answer, "outputs");
+    cell["outputs"] = answer.outputs;
   }
-  const json count = answer.contains("execution_count") ? answer["execution_count"] : json();
-  cell["execution_count"] = count.is_number_integer() ? count : json();
+  cell["execution_count"] = answer.execution_count ? json(*answer.execution_count) : json();
   ++out.executed;
-  for (const auto& notice : array_at(answer, "notices")) {
-    if (notice.is_string()) {
-      out.warnings.push_back("cells[" + std::to_string(i) + "]: " + notice.get<std::string>());
-    }
+  for (const auto& notice : answer.notices) {
+    out.warnings.push_back("cells[" + std::to_string(i) + "]: " + notice);
   }
   for (const auto& notice : cut) {
     out.warnings.push_back("cells[" + std::to_string(i) + "]: " + notice);
   }
-  const std::string status = string_at(answer, "status");
-  if (backend.cancelled() && status != "ok") {
+  const CellStatus status = answer.status;
+  if (backend.cancelled() && status != CellStatus::kOk) {
     take_error(out, answer);
     fail_at(out, Status::kAborted, i, cell);
     out.message = "interrupted";
     return false;
   }
-  if (status == "ok") {
+  if (status == CellStatus::kOk) {
     return true;
   }
-  if (status == "error" && notebook::has_tag(cell, "raises-exception")) {
+  if (status == CellStatus::kError && notebook::has_tag(cell, "raises-exception")) {
     return true;  // the error is the point of the cell (nbclient's convention)
   }
-  if (status == "error" && run.allow_errors) {
+  if (status == CellStatus::kError && run.allow_errors) {
     ++out.errors;
     return true;
   }
   // nbclient with interrupt_on_timeout and allow_errors: the interrupted cell's error (its
   // KeyboardInterrupt) is recorded and the run goes on with the kernel's state. A cell that did
   // not stop when interrupted cost the kernel (restarted, its state lost): the run ends there.
-  const bool state_lost = answer.contains("state_lost") && answer["state_lost"] == true;
-  if (status == "timeout" && run.allow_errors && !state_lost) {
+  const bool state_lost = answer.state_lost;
+  if (status == CellStatus::kTimeout && run.allow_errors && !state_lost) {
     ++out.errors;
     out.warnings.push_back("cells[" + std::to_string(i) + "] ran past " +
                            timeout_limit(backend, run) +
@@ -126,22 +107,29 @@ bool take_answer(const Backend& backend, const NotebookRun& run, const json& ans
     return true;
   }
   take_error(out, answer);
-  if (status == "error") {
-    fail_at(out, Status::kError, i, cell);
-  } else if (status == "timeout") {
-    fail_at(out, Status::kTimeout, i, cell);
-    out.message = "the cell ran past " + timeout_limit(backend, run) + " and was interrupted" +
-                  (state_lost ? "; the kernel was restarted" : "");
-  } else if (status == "aborted") {
-    fail_at(out, Status::kAborted, i, cell);
-    out.message = "interrupted";
-  } else if (status == "dead") {
-    const std::string said = string_at(answer, "message");
-    fail_at(out, Status::kError, i, cell);
-    out.message = said.empty() ? "the kernel died while running the cell" : said;
-  } else {
-    fail_at(out, Status::kError, i, cell);
-    out.message = "the gateway answered an unknown status '" + status + "'";
+  switch (status) {
+    case CellStatus::kError:
+      fail_at(out, Status::kError, i, cell);
+      break;
+    case CellStatus::kTimeout:
+      fail_at(out, Status::kTimeout, i, cell);
+      out.message = "the cell ran past " + timeout_limit(backend, run) + " and was interrupted" +
+                    (state_lost ? "; the kernel was restarted" : "");
+      break;
+    case CellStatus::kAborted:
+      fail_at(out, Status::kAborted, i, cell);
+      out.message = "interrupted";
+      break;
+    case CellStatus::kDead:
+      fail_at(out, Status::kError, i, cell);
+      out.message = answer.message.empty() ? "the kernel died while running the cell"
+                                           : answer.message;
+      break;
+    case CellStatus::kOk:
+    case CellStatus::kOther:
+      fail_at(out, Status::kError, i, cell);
+      out.message = "the gateway answered an unknown status '" + answer.other_status + "'";
+      break;
   }
   return false;
 }

@@ -81,8 +81,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* bytes, std::size_t siz
     collector.on_message(kTypes[pick], content);
   }
 
-  json answer = {{"status", collector.error().is_null() ? "ok" : "error"}};
-  collector.fields(answer);
+  cellgate::execute::CellResult result;
+  result.status = collector.error() ? cellgate::execute::CellStatus::kError
+                                    : cellgate::execute::CellStatus::kOk;
+  collector.fields(result);
+  const json answer = result.to_json();
   check(answer["stdout"].get_ref<const std::string&>().size() <= limits.stream_bytes,
         "stdout over its cap");
   check(answer["stderr"].get_ref<const std::string&>().size() <= limits.stream_bytes,
@@ -100,13 +103,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* bytes, std::size_t siz
           std::to_string(traceback));
   }
   const std::string text = cellgate::protocol::dump_json(answer);
-  check(!json::parse(text, nullptr, false).is_discarded(), "the answer does not parse back",
+  const json parsed = json::parse(text, nullptr, false);
+  check(!parsed.is_discarded(), "the answer does not parse back", text.substr(0, 500));
+  // What a remote client reads back is the answer the executor made.
+  auto back = cellgate::execute::CellResult::from_json(parsed);
+  check(back.ok() && back->to_json() == parsed, "the answer does not read back as itself",
         text.substr(0, 500));
   json end = {{"type", "end"}, {"answer", answer}};
   for (const json& line : e2b.translate(end)) {
     check(line.is_object(), "an E2B end line is not an object");
   }
-  const json mcp = cellgate::mcp::run_code_result(answer, {.session = "s", .kernel_id = "k"}, "/a/");
+  const json mcp =
+      cellgate::mcp::run_code_result(result, {.session = "s", .kernel_id = "k"}, "/a/");
   check(mcp["content"].is_array() && !mcp["content"].empty(), "MCP content is empty",
         mcp.dump().substr(0, 500));
   (void)events;

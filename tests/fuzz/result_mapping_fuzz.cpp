@@ -5,9 +5,10 @@
 //
 // Input: NDJSON; each line that is JSON at most 264 levels deep (http::parse_json, as the
 // remote clients read it) is an event for E2B's translator, and the last object line is also
-// the answer for MCP. Invariants: every E2B line is an object with a string "type" and dumps as
-// ASCII; MCP's result has a non-empty content array of typed items, a structuredContent object
-// and a boolean isError. Run with -max_len of a few MiB (the CTest entry does).
+// the answer for MCP (read by CellResult::from_json, as they read it). Invariants: every E2B
+// line is an object with a string "type" and dumps as ASCII; a CellResult's JSON reads back;
+// MCP's result has a non-empty content array of typed items, a structuredContent object and a
+// boolean isError. Run with -max_len of a few MiB (the CTest entry does).
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -49,7 +50,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* bytes, std::size_t siz
       answer = std::move(event);
     }
   }
-  const json r = cellgate::mcp::run_code_result(answer, {.session = "s", .kernel_id = "k"}, "/a/");
+  // The remote clients read the answer with CellResult::from_json: one without a status is an
+  // error there, and nothing is shown.
+  auto result = cellgate::execute::CellResult::from_json(answer);
+  if (!result) {
+    return 0;
+  }
+  check(cellgate::execute::CellResult::from_json(result->to_json()).ok(),
+        "an answer from_json read does not read back");
+  const json r =
+      cellgate::mcp::run_code_result(*result, {.session = "s", .kernel_id = "k"}, "/a/");
   check(r.contains("content") && r["content"].is_array() && !r["content"].empty(),
         "MCP content is empty", r.dump().substr(0, 500));
   for (const json& item : r["content"]) {

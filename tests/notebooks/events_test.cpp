@@ -147,12 +147,13 @@ TEST(CellEvents, PastTheBudgetEventsAreDroppedWithANote) {
                              "its events (" + std::to_string(93 * json_size(shown).bytes) +
                              " bytes) were dropped";
   EXPECT_EQ(events.notices(), std::vector<std::string>{notice});
-  json answer = {{"status", "ok"}, {"notices", json::array({"from the gateway"})}};
+  CellAnswer answer;
+  answer.result.notices = {"from the gateway"};
   events.finish(answer);
-  EXPECT_EQ(answer["notices"], json::array({"from the gateway", notice}));
+  EXPECT_EQ(json(answer.result.notices), json::array({"from the gateway", notice}));
   // The clear_output(wait=True) no output followed does not wipe the outputs for the note.
   json cells = json::array({{{"outputs", json::array()}}});
-  NotebookOutputs(cells).apply(0, answer["events"]);
+  NotebookOutputs(cells).apply(0, *answer.events);
   const json& outputs = cells[0]["outputs"];
   ASSERT_EQ(outputs.size(), 8u);
   EXPECT_EQ(outputs[7], (json{{"output_type", "stream"}, {"name", "stderr"},
@@ -191,8 +192,8 @@ TEST(NdjsonAnswer, ReadsEventsAndTheAnswerCutAnywhere) {
     lines.feed(body.substr(cut));
     auto answer = lines.answer();
     ASSERT_TRUE(answer) << answer.error().message;
-    EXPECT_EQ((*answer)["status"], "ok");
-    EXPECT_EQ((*answer)["events"], json::array({stream("ab")}));
+    EXPECT_EQ(answer->result.status_name(), "ok");
+    EXPECT_EQ(answer->events, json::array({stream("ab")}));
   }
 }
 
@@ -207,8 +208,8 @@ TEST(NdjsonAnswer, ALineOverTheLimitIsSkipped) {
   lines.feed("\n" + stream("more").dump() + "\n" + end_line());
   auto answer = lines.answer();
   ASSERT_TRUE(answer) << answer.error().message;
-  EXPECT_EQ((*answer)["events"], json::array({stream("keptmore")}));
-  EXPECT_EQ((*answer)["notices"],
+  EXPECT_EQ(answer->events, json::array({stream("keptmore")}));
+  EXPECT_EQ(json(answer->result.notices),
             json::array({"the gateway's answer was cut; 1 of its lines were over 1000 bytes and "
                          "were dropped"}));
 }

@@ -42,10 +42,17 @@ class FakeSession final : public KernelSession {
     calls_.files[rel] = bytes;
     return ok_result();
   }
-  Result<json> execute(const std::string& code, double timeout_seconds) override {
+  Result<CellAnswer> execute(const std::string& code, double timeout_seconds) override {
     calls_.executed.push_back(code);
     calls_.timeouts.push_back(timeout_seconds);
-    return answer_(code, ++count_);
+    // The script's JSON, read as a gateway's answer is (its "events" as the backends keep them).
+    CELLGATE_ASSIGN_OR_RETURN(json answer, answer_(code, ++count_));
+    CELLGATE_ASSIGN_OR_RETURN(auto result, execute::CellResult::from_json(answer));
+    CellAnswer out{std::move(result), std::nullopt};
+    if (auto events = answer.find("events"); events != answer.end() && events->is_array()) {
+      out.events = *events;
+    }
+    return out;
   }
   Result<json> kernel_info() override {
     return json{{"status", "ok"},

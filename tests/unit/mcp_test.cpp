@@ -22,6 +22,11 @@ namespace {
 
 using nlohmann::json;
 
+// An answer as the executor gives it, from its JSON.
+execute::CellResult result_of(const json& answer) {
+  return execute::CellResult::from_json(answer).value();
+}
+
 // Kernels in a map; cells answer at once with what the test queued (or an echo of the code).
 class FakeKernels : public Kernels {
  public:
@@ -71,14 +76,15 @@ class FakeKernels : public Kernels {
     } else if (!answers.empty()) {
       json a = answers.front();
       answers.erase(answers.begin());
-      cb.done(a);
+      cb.done(execute::CellResult::from_json(a));
     } else {
-      cb.done(json{{"status", "ok"},
-                   {"execution_count", 1},
-                   {"stdout", request["code"]},
-                   {"outputs", json::array({{{"output_type", "stream"},
-                                             {"name", "stdout"},
-                                             {"text", request["code"]}}})}});
+      cb.done(execute::CellResult::from_json(
+          json{{"status", "ok"},
+               {"execution_count", 1},
+               {"stdout", request["code"]},
+               {"outputs", json::array({{{"output_type", "stream"},
+                                         {"name", "stdout"},
+                                         {"text", request["code"]}}})}}));
     }
     return cell;
   }
@@ -307,7 +313,7 @@ TEST_F(McpServerTest, CancelledNotificationStopsTheCellAndProgressFlows) {
                      {"params", {{"requestId", "r9"}}}},
                 {});
   EXPECT_TRUE(kernels.last_cell->cancelled);
-  kernels.held.done(json{{"status", "aborted"}});
+  kernels.held.done(execute::CellResult::from_json(json{{"status", "aborted"}}));
   EXPECT_EQ(response["id"], "r9");
   EXPECT_EQ(response["result"]["isError"], true);
 }
@@ -333,7 +339,8 @@ TEST(McpContent, AnswerBecomesTextImagesAndStructuredContent) {
                  {"traceback", {"\x1b[31mKeyError\x1b[0m: 'k'"}}}},
       {"artifacts", {{{"sha256", "abc"}, {"mime_type", "image/png"}}}},
       {"state_lost", false}};
-  json r = run_code_result(answer, {"s", "k1", "python3", false, ""}, "/api/artifacts/");
+  json r =
+      run_code_result(result_of(answer), {"s", "k1", "python3", false, ""}, "/api/artifacts/");
   ASSERT_EQ(r["content"].size(), 3u) << r["content"];
   EXPECT_EQ(r["content"][0], (json{{"type", "text"}, {"text", "a\n"}}));
   EXPECT_EQ(r["content"][1], (json{{"type", "image"}, {"data", png}, {"mimeType", "image/png"}}));
@@ -351,7 +358,7 @@ TEST(McpContent, AnswerBecomesTextImagesAndStructuredContent) {
   EXPECT_EQ(s["charts"], json::array({{{"type", "line"}, {"title", "t"}}}));
 
   json timeout = {{"status", "timeout"}, {"state_lost", true}, {"message", "ran past 2 s"}};
-  r = run_code_result(timeout, {"s", "k1", "python3", false, "a note"}, "");
+  r = run_code_result(result_of(timeout), {"s", "k1", "python3", false, "a note"}, "");
   const std::string t = r["content"][0]["text"];
   EXPECT_NE(t.find("[note] a note"), std::string::npos);
   EXPECT_NE(t.find("[timeout] ran past 2 s"), std::string::npos);
@@ -370,12 +377,12 @@ TEST(McpContent, AnswerBecomesTextImagesAndStructuredContent) {
         {{"output_type", "stream"}, {"name", "stdout"}, {"text", "after\n"}}}},
       {"charts", {chart}},
       {"artifacts", {{{"sha256", "abc"}, {"chart", chart}}}}};
-  r = run_code_result(formatted, {}, "");
+  r = run_code_result(result_of(formatted), {}, "");
   ASSERT_EQ(r["content"].size(), 2u) << r["content"];
   EXPECT_EQ(r["content"][1]["text"], "[chart] {\"type\":\"bar\"}\nafter\n");
   EXPECT_EQ(r["structuredContent"]["charts"], json::array({chart}));
 
-  r = run_code_result(json{{"status", "ok"}, {"outputs", json::array()}}, {}, "");
+  r = run_code_result(result_of(json{{"status", "ok"}, {"outputs", json::array()}}), {}, "");
   EXPECT_EQ(r["content"][0]["text"], "(no output)");
   EXPECT_EQ(r["isError"], false);
 }

@@ -381,48 +381,68 @@ std::vector<json> Translator::translate(const json& event) {
   } else if (type == "keepalive") {
     lines.push_back({{"type", "keepalive"}});
   } else if (type == "end") {
-    const json empty = json::object();
-    const json& answer =
-        event.contains("answer") && event["answer"].is_object() ? event["answer"] : empty;
-    const std::string status = string_field(answer, "status");
-    const bool state_lost = answer.contains("state_lost") && answer["state_lost"] == true;
-    const std::string message = string_field(answer, "message");
-    // The executor's message, else ours (with a word on lost state).
-    auto say = [&](const std::string& fallback) {
-      return message.empty() ? with_state_note(fallback, state_lost) : message;
-    };
-    if (status == "timeout") {
+    // A gateway's answer read back as a CellResult; one without a status ends as "no status".
+    execute::CellResult answer;
+    answer.status = execute::CellStatus::kOther;
+    if (auto it = event.find("answer"); it != event.end()) {
+      if (auto parsed = execute::CellResult::from_json(*it)) {
+        answer = std::move(parsed).value();
+      }
+    }
+    return end(answer);
+  }
+  return lines;
+}
+
+std::vector<json> Translator::end(const execute::CellResult& answer) {
+  using execute::CellStatus;
+  std::vector<json> lines;
+  // The executor's message, else ours (with a word on lost state).
+  auto say = [&](const std::string& fallback) {
+    return answer.message.empty() ? with_state_note(fallback, answer.state_lost) : answer.message;
+  };
+  switch (answer.status) {
+    case CellStatus::kOk:
+      break;
+    case CellStatus::kTimeout:
       lines.push_back(error_line("TimeoutError", say("the cell ran past its timeout"), ""));
-    } else if (status == "dead") {
+      break;
+    case CellStatus::kDead:
       lines.push_back(
           error_line("DeadKernelError", say("the kernel died while running the cell"), ""));
-    } else if (status == "aborted") {
+      break;
+    case CellStatus::kAborted:
       lines.push_back(error_line("ExecutionAborted", say("Execution was aborted"), ""));
-    } else if (status == "error") {
-      const json error = answer.contains("error") ? answer["error"] : json();
+      break;
+    case CellStatus::kError:
       if (error_sent_) {
         // The kernel's error line went out already.
-      } else if (!string_field(error, "ename").empty()) {
-        lines.push_back(kernel_error_line(error));
+      } else if (answer.error && !answer.error->ename.empty()) {
+        std::string traceback;
+        for (const auto& line : answer.error->traceback) {
+          traceback += (traceback.empty() ? "" : "\n") + line;
+        }
+        lines.push_back(error_line(answer.error->ename, answer.error->evalue, traceback));
       } else {
         lines.push_back(error_line("ExecutionError", say("the cell failed"), ""));
       }
-    } else if (status != "ok") {
-      lines.push_back(
-          error_line("ExecutionError",
-                     say(status.empty() ? "the cell ended without a status"
-                                        : "the cell ended with status '" + status + "'"),
-                     ""));
-    }
-    if (!lines.empty()) {
-      error_sent_ = true;
-    }
-    if (auto count = answer.find("execution_count");
-        count != answer.end() && count->is_number_integer()) {
-      lines.push_back({{"type", "number_of_executions"}, {"execution_count", *count}});
-    }
-    lines.push_back({{"type", "end_of_execution"}});
+      break;
+    case CellStatus::kOther:
+      lines.push_back(error_line(
+          "ExecutionError",
+          say(answer.other_status.empty()
+                  ? "the cell ended without a status"
+                  : "the cell ended with status '" + answer.other_status + "'"),
+          ""));
+      break;
   }
+  if (!lines.empty()) {
+    error_sent_ = true;
+  }
+  if (answer.execution_count) {
+    lines.push_back({{"type", "number_of_executions"}, {"execution_count", *answer.execution_count}});
+  }
+  lines.push_back({{"type", "end_of_execution"}});
   return lines;
 }
 

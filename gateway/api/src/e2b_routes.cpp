@@ -34,24 +34,21 @@ class E2bEventEncoder : public detail::EventEncoder {
   std::string content_type() const override { return "application/x-ndjson"; }
   std::string event(const json& event) override { return lines(event); }
   std::string end(const execute::Answer& answer) override {
-    json end = {{"type", "end"}};
     if (answer) {
-      end["answer"] = *answer;
-    } else {
-      end["answer"] = {{"status", "error"},
-                       {"execution_count", nullptr},
-                       {"error",
-                        {{"ename", "CellgateError"},
-                         {"evalue", answer.error().message},
-                         {"traceback", json::array()}}}};
+      return lines(translator_.end(*answer));
     }
-    return lines(end);
+    // Why the cell could not run, as E2B's SDK shows an error.
+    execute::CellResult failed;
+    failed.status = execute::CellStatus::kError;
+    failed.error = execute::CellError{"CellgateError", answer.error().message, {}, 0};
+    return lines(translator_.end(failed));
   }
 
  private:
-  std::string lines(const json& event) {
+  std::string lines(const json& event) { return lines(translator_.translate(event)); }
+  static std::string lines(const std::vector<json>& translated) {
     std::string out;
-    for (const auto& line : translator_.translate(event)) {
+    for (const auto& line : translated) {
       out += e2b::ndjson_line(line);
     }
     return out;

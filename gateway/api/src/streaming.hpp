@@ -61,7 +61,7 @@ class JupyterEventEncoder : public EventEncoder {
   std::string end(const execute::Answer& answer) override {
     nlohmann::json end = {{"type", "end"}, {"answer", nullptr}};
     if (answer) {
-      end["answer"] = *answer;
+      end["answer"] = answer->to_json();
     } else {
       end["error"] = {{"reason", answer.error().reason}, {"message", answer.error().message}};
     }
@@ -112,7 +112,7 @@ void answer_cell(const http::Request& req, std::shared_ptr<http::Exchange> excha
   execute::Done done;
   if (!encoder) {
     done = [exchange, head = http::Request(req.base(), "")](execute::Answer answer) {
-      exchange->reply(answer ? http::json_response(head, http::Status::ok, *answer)
+      exchange->reply(answer ? http::json_response(head, http::Status::ok, answer->to_json())
                              : http::error_response(head, answer.error()));
     };
   } else {

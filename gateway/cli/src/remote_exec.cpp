@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "cellgate/execute/cell_result.hpp"
 #include "cellgate/http/limits.hpp"
 #include "cellgate/http/client.hpp"
 #include "output.hpp"
@@ -47,16 +48,16 @@ class EventPrinter {
       std::cerr << "cellgate exec: " << failure_ << "\n";
       return kExitUsage;
     }
-    if (status_ == "ok") {
-      return kExitOk;
+    switch (status_) {
+      case execute::CellStatus::kOk:
+        return kExitOk;
+      case execute::CellStatus::kTimeout:
+        return kExitTimeout;
+      case execute::CellStatus::kError:
+        return kExitCellError;
+      default:
+        return kExitKernelDied;  // dead, aborted
     }
-    if (status_ == "timeout") {
-      return kExitTimeout;
-    }
-    if (status_ == "error") {
-      return kExitCellError;
-    }
-    return kExitKernelDied;  // dead, aborted
   }
 
  private:
@@ -85,11 +86,12 @@ class EventPrinter {
       std::cerr << "cellgate: " << ev.value("message", "") << "\n";
     } else if (type == "end") {
       ended_ = true;
-      if (ev.contains("answer") && ev["answer"].is_object()) {
-        const json& a = ev["answer"];
-        status_ = a.value("status", "error");
-        if (a.contains("message") && a["message"].is_string()) {
-          std::cerr << "cellgate exec: " << a["message"].get<std::string>() << "\n";
+      auto answer = ev.contains("answer") ? execute::CellResult::from_json(ev["answer"])
+                                          : Result<execute::CellResult>(Error{});
+      if (answer) {
+        status_ = answer->status;
+        if (!answer->message.empty()) {
+          std::cerr << "cellgate exec: " << answer->message << "\n";
         }
       } else if (ev.contains("error") && ev["error"].is_object()) {
         failure_ = ev["error"].value("message", "the gateway could not run the cell");
@@ -101,7 +103,7 @@ class EventPrinter {
   std::string pending_;
   bool fed_ = false;
   bool ended_ = false;
-  std::string status_ = "error";
+  execute::CellStatus status_ = execute::CellStatus::kError;
   std::string failure_;
 };
 

@@ -525,66 +525,64 @@ void Cell::finish_silent() {
     complete(make_error(ErrorCode::kInternal, "setup_failed",
                         "setting up the cell failed: " + reply_evalue(reply_)));
   } else {
-    complete(json{{"status", "ok"}});
+    complete(CellResult{});  // never rendered: run_silently answers Result<void>
   }
 }
 
-json Cell::answer_of(const std::string& status, const std::string& message, bool ran) {
-  const auto wall = context_->loop.now() - started_;
-  json metrics = {{"wall_ms", to_ms(wall)},
-                  {"cpu_ms", nullptr},
-                  {"memory_peak_bytes", nullptr},
-                  {"memory_current_bytes", nullptr}};
-  json changed = json::array();
+CellResult Cell::answer_of(const std::string& status, const std::string& message, bool ran) {
+  CellResult answer;
+  answer.status = cell_status_of(status);
+  if (answer.status == CellStatus::kOther) {
+    answer.other_status = status;
+  }
+  answer.metrics.wall_ms = to_ms(context_->loop.now() - started_);
   auto k = ran ? kernel() : nullptr;
   if (k) {
     if (auto after = k->cgroup_stats()) {
       if (before_stats_ && !state_lost_ && before_stats_->cpu_usage_known &&
           after->cpu_usage_known && after->cpu_usage_usec >= before_stats_->cpu_usage_usec) {
-        metrics["cpu_ms"] = (after->cpu_usage_usec - before_stats_->cpu_usage_usec) / 1000;
+        answer.metrics.cpu_ms = (after->cpu_usage_usec - before_stats_->cpu_usage_usec) / 1000;
       }
-      metrics["memory_peak_bytes"] = after->memory_peak_bytes;
-      metrics["memory_current_bytes"] = after->memory_current_bytes;
+      answer.metrics.memory_peak_bytes = after->memory_peak_bytes;
+      answer.metrics.memory_current_bytes = after->memory_current_bytes;
     }
     if (before_files_) {
       if (auto after = snapshot_work_dir(*k)) {
-        for (const auto& change : files::diff(*before_files_, *after)) {
+        for (auto& change : files::diff(*before_files_, *after)) {
           if (change.type == files::FileType::kDirectory || is_housekeeping(change.path)) {
             continue;
           }
-          changed.push_back(json{{"path", change.path},
-                                 {"change", files::to_string(change.kind)},
-                                 {"type", files::to_string(change.type)},
-                                 {"size", change.size}});
           if (change.kind != files::ChangeKind::kDeleted && change.type == files::FileType::kFile) {
             (void)context_->artifacts.record_file(params_.kernel_id, collector_.execution_count(),
                                                   change.path, change.size);
           }
+          answer.files.push_back(std::move(change));
         }
       }
     }
   }
 
-  json answer = {{"status", status},
-                 {"execution_count", reply_ ? reply_->value("execution_count", json()) : json()},
-                 {"files", changed},
-                 {"state_lost", state_lost_},
-                 {"metrics", metrics}};
+  if (reply_) {
+    // A kernel's count of any other type reads as unknown.
+    if (auto count = reply_->find("execution_count");
+        count != reply_->end() && count->is_number_integer()) {
+      answer.execution_count = count->get<std::int64_t>();
+    }
+  }
+  answer.state_lost = state_lost_;
   collector_.fields(answer);
   // An error only the execute_reply names (IPython's UsageError for an unknown %magic goes to
   // stderr, with no iopub error message): named from the reply, as nbclient's
   // CellExecutionError does.
-  if (status == "error" && answer["error"].is_null() && reply_) {
+  if (answer.status == CellStatus::kError && !answer.error && reply_) {
     if (auto ename = reply_->find("ename"); ename != reply_->end() && ename->is_string()) {
-      answer["error"] = {
-          {"ename", *ename}, {"evalue", reply_evalue(reply_)}, {"traceback", json::array()}};
+      answer.error = CellError{ename->get<std::string>(), reply_evalue(reply_), {}, 0};
     }
   }
-  if (!message.empty()) {
-    answer["message"] = message;
-  }
+  answer.message = message;
 
   const auto& request = params_.request;
+  const json optional_metric = answer.metrics.cpu_ms ? json(*answer.metrics.cpu_ms) : json();
   json audit = {{"time", protocol::iso8601(std::chrono::system_clock::now())},
                 {"kernel", params_.kernel_id},
                 {"client", params_.options.client},
@@ -596,23 +594,23 @@ json Cell::answer_of(const std::string& status, const std::string& message, bool
                   {"output_bytes", context_->limits.output_bytes}}},
                 {"status", status},
                 {"state_lost", state_lost_},
-                {"duration_ms", metrics["wall_ms"]},
-                {"cpu_ms", metrics["cpu_ms"]},
-                {"memory_peak_bytes", metrics["memory_peak_bytes"]},
+                {"duration_ms", answer.metrics.wall_ms},
+                {"cpu_ms", optional_metric},
+                {"memory_peak_bytes", answer.metrics.memory_peak_bytes
+                                          ? json(*answer.metrics.memory_peak_bytes)
+                                          : json()},
                 {"output_bytes",
                  {{"stdout", collector_.stdout_bytes()},
                   {"stderr", collector_.stderr_bytes()},
                   {"dropped", collector_.dropped_bytes()}}},
                 {"artifacts", collector_.artifacts().size()},
-                {"files_changed", changed.size()}};
-  if (collector_.error().is_object()) {
-    audit["error"] = collector_.error().value("ename", "");
+                {"files_changed", answer.files.size()}};
+  if (const auto& error = collector_.error()) {
+    audit["error"] = error->ename;
   }
   context_->audit.write(std::move(audit));
   context_->stats.by_status.add(status);
-  context_->stats.duration_seconds.observe(metrics["wall_ms"].is_number()
-                                               ? metrics["wall_ms"].get<double>() / 1000.0
-                                               : 0.0);
+  context_->stats.duration_seconds.observe(static_cast<double>(answer.metrics.wall_ms) / 1000.0);
   context_->stats.dropped_output_bytes.add(collector_.dropped_bytes());
   return answer;
 }

@@ -171,7 +171,7 @@ class Cell : public std::enable_shared_from_this<Cell> {
   void finish_silent();
   // Makes the answer and hands it over: the turn is passed on, timers stopped, done called.
   void complete(Answer answer);
-  nlohmann::json answer_of(const std::string& status, const std::string& message, bool ran);
+  CellResult answer_of(const std::string& status, const std::string& message, bool ran);
 
   const std::shared_ptr<CellContext> context_;
   const std::shared_ptr<util::Strand> strand_;

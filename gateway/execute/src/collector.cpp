@@ -2,6 +2,7 @@
 
 #include <simdjson.h>
 
+#include <algorithm>
 #include <climits>
 #include <utility>
 
@@ -489,12 +490,12 @@ void Collector::on_error(const json& c) {
                                   std::to_string(cut_bytes) + " bytes were cut");
     traceback.push_back("<" + std::to_string(cut_bytes) + " bytes of traceback cut>");
   }
-  error_ = json{{"ename", ename}, {"evalue", evalue}, {"traceback", traceback}};
-  if (int line = failing_line(traceback); line > 0) {
-    error_["line"] = line;
+  const int line = failing_line(traceback);
+  json event = {{"type", "error"}, {"ename", ename}, {"evalue", evalue}, {"traceback", traceback}};
+  if (line > 0) {
+    event["line"] = line;
   }
-  json event = error_;
-  event["type"] = "error";
+  error_ = CellError{ename, evalue, traceback, std::max(line, 0)};
   emit(event);
   const std::size_t bytes = ename.size() + evalue.size() + traceback_bytes;
   add_output(json{{"output_type", "error"},
@@ -504,20 +505,20 @@ void Collector::on_error(const json& c) {
              bytes);
 }
 
-void Collector::fields(json& answer) const {
-  answer["stdout"] = out_[0];
-  answer["stderr"] = out_[1];
-  answer["outputs"] = outputs_;
-  answer["result"] = result_;
-  answer["error"] = error_;
-  answer["artifacts"] = artifacts_;
-  answer["charts"] = charts_;
-  answer["data"] = data_;
-  answer["notices"] = notices_;
-  answer["truncated"] = {{"stdout", out_truncated_[0]},
-                         {"stderr", out_truncated_[1]},
-                         {"outputs", outputs_truncated_},
-                         {"dropped_bytes", dropped_bytes_}};
+void Collector::fields(CellResult& r) const {
+  r.stdout_text = out_[0];
+  r.stderr_text = out_[1];
+  r.outputs = outputs_;
+  r.result = result_.is_null() ? std::nullopt : std::optional<json>(result_);
+  r.error = error_;
+  r.artifacts = artifacts_;
+  r.charts = charts_;
+  r.data = data_;
+  r.notices = notices_;
+  r.truncated = {.stdout_cut = out_truncated_[0],
+                 .stderr_cut = out_truncated_[1],
+                 .outputs_cut = outputs_truncated_,
+                 .dropped_bytes = dropped_bytes_};
 }
 
 }  // namespace cellgate::execute

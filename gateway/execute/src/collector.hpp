@@ -4,7 +4,7 @@
 //
 //   Collector c(limits, on_event, &artifacts, kernel_id);
 //   c.on_message("stream", content);          // {"name": "stdout", "text": "hi\n"}
-//   c.fields(answer);                         // "stdout", "outputs", "truncated", …
+//   c.fields(result);                         // stdout, outputs, truncation, … of a CellResult
 //
 // Artifacts (images, PDFs) are decoded, hashed and written by ArtifactStore::put from
 // on_message, so the collector runs where the cell does (its strand), never on a kernel's I/O
@@ -17,11 +17,13 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "cellgate/execute/cell_result.hpp"
 #include "cellgate/execute/executor.hpp"
 
 namespace cellgate::execute {
@@ -49,12 +51,12 @@ class Collector {
   // No event reaches the sink after this (the answer is made).
   void close() { sink_ = nullptr; }
 
-  // Adds stdout, stderr, outputs, result, error, artifacts, charts, data, notices and truncated
-  // to `answer`.
-  void fields(nlohmann::json& answer) const;
+  // Sets stdout, stderr, outputs, result, error, artifacts, charts, data, notices and truncated
+  // of `result`.
+  void fields(CellResult& result) const;
 
   const nlohmann::json& execution_count() const { return execution_count_; }
-  const nlohmann::json& error() const { return error_; }
+  const std::optional<CellError>& error() const { return error_; }
   const nlohmann::json& artifacts() const { return artifacts_; }
   std::size_t stdout_bytes() const { return out_[0].size(); }
   std::size_t stderr_bytes() const { return out_[1].size(); }
@@ -84,13 +86,13 @@ class Collector {
   std::size_t kept_bytes_ = 0;             // against ExecuteLimits::total_output_bytes
   std::map<std::string, std::vector<std::size_t>> displays_;  // display_id → output indices
   nlohmann::json result_;                                     // null
-  nlohmann::json error_;                                      // null
+  std::optional<CellError> error_;
   nlohmann::json artifacts_ = nlohmann::json::array();
   // What the kernel's display formatters added (kernels/display_formatters.hpp), in order: each
   // displayed figure's chart and each DataFrame's columns.
   nlohmann::json charts_ = nlohmann::json::array();
   nlohmann::json data_ = nlohmann::json::array();
-  nlohmann::json notices_ = nlohmann::json::array();
+  std::vector<std::string> notices_;
   std::set<std::string> noticed_;   // reasons already noticed, so each is said once
   nlohmann::json execution_count_;  // from execute_input, for the artifacts of display_data
 };

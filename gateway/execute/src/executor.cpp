@@ -150,7 +150,7 @@ std::shared_ptr<CellHandle> Executor::run_once(OneShotRequest request, RunOption
     // kernel gone.
     auto finished = [context, shutdown, answer, id](Answer a) {
       if (a) {
-        (*a)["kernel_id"] = id;
+        a->kernel_id = id;
       }
       context->offload([shutdown, answer, a = std::move(a)]() mutable {
         shutdown();

@@ -126,18 +126,32 @@ void add_charts(ContentBuilder& b, const json& v) {
   }
 }
 
-std::string status_line(const std::string& status, const json& answer) {
-  std::string message = answer.value("message", std::string());
+// A CellError's traceback, as traceback_text does an error output's.
+std::string traceback_text(const execute::CellError& error) {
+  std::string tb;
+  for (const auto& line : error.traceback) {
+    tb += strip_ansi(line);
+    end_line(tb);
+  }
+  if (tb.empty()) {
+    tb = (error.ename.empty() ? std::string("Error") : error.ename) + ": " + error.evalue;
+  }
+  return tb;
+}
+
+std::string status_line(const execute::CellResult& answer) {
+  using execute::CellStatus;
+  std::string message = answer.message;
   if (message.empty()) {
-    if (status == "timeout") {
+    if (answer.status == CellStatus::kTimeout) {
       message = "the cell ran past its timeout and was interrupted";
-    } else if (status == "aborted") {
+    } else if (answer.status == CellStatus::kAborted) {
       message = "the cell was cancelled";
-    } else if (status == "dead") {
+    } else if (answer.status == CellStatus::kDead) {
       message = "the kernel died; restart_session starts it again (its state is lost)";
     }
   }
-  return "[" + status + "]" + (message.empty() ? "" : " " + message);
+  return "[" + answer.status_name() + "]" + (message.empty() ? "" : " " + message);
 }
 
 }  // namespace
@@ -184,92 +198,75 @@ bool valid_utf8(std::string_view s) {
   return true;
 }
 
-json run_code_result(const json& answer, const RunInfo& info, const std::string& artifact_base) {
-  const std::string status = answer.value("status", std::string("error"));
+json run_code_result(const execute::CellResult& answer, const RunInfo& info,
+                     const std::string& artifact_base) {
+  using execute::CellStatus;
+  const std::string status = answer.status_name();
   ContentBuilder b;
   if (!info.note.empty()) {
     b.line("[note] " + info.note);
   }
-  const json* error = nullptr;
-  if (auto e = answer.find("error"); e != answer.end() && e->is_object()) {
-    error = &*e;
-  }
+  const std::optional<execute::CellError>& error = answer.error;
   bool error_shown = false;
-  if (auto outputs = answer.find("outputs"); outputs != answer.end() && outputs->is_array()) {
-    for (const auto& out : *outputs) {
-      if (!out.is_object()) {
-        continue;
+  for (const auto& out : answer.outputs) {
+    if (!out.is_object()) {
+      continue;
+    }
+    const std::string type = out.value("output_type", std::string());
+    if (type == "stream") {
+      b.text(join_text(out.value("text", json())));
+    } else if (type == "execute_result" || type == "display_data") {
+      const json data = out.value("data", json::object());
+      bool imaged = false;
+      if (data.is_object()) {
+        for (const char* mime : kImageMimes) {
+          if (auto it = data.find(mime); it != data.end()) {
+            std::string b64 = compact_base64(*it);
+            if (!b64.empty()) {
+              b.image(mime, std::move(b64));
+              imaged = true;
+            }
+          }
+        }
+        // A figure's text/plain ("<Figure size 640x480 with 1 Axes>") says nothing the
+        // image does not.
+        if (!imaged) {
+          if (auto plain = data.find("text/plain"); plain != data.end()) {
+            b.line(join_text(*plain));
+          }
+        }
       }
-      const std::string type = out.value("output_type", std::string());
-      if (type == "stream") {
-        b.text(join_text(out.value("text", json())));
-      } else if (type == "execute_result" || type == "display_data") {
-        const json data = out.value("data", json::object());
-        bool imaged = false;
-        if (data.is_object()) {
-          for (const char* mime : kImageMimes) {
-            if (auto it = data.find(mime); it != data.end()) {
-              std::string b64 = compact_base64(*it);
-              if (!b64.empty()) {
-                b.image(mime, std::move(b64));
-                imaged = true;
-              }
-            }
-          }
-          // A figure's text/plain ("<Figure size 640x480 with 1 Axes>") says nothing the
-          // image does not.
-          if (!imaged) {
-            if (auto plain = data.find("text/plain"); plain != data.end()) {
-              b.line(join_text(*plain));
-            }
-          }
-        }
-        // A figure's data, from the kernel's display formatters (kernels/display_formatters):
-        // right after its picture.
-        if (data.is_object()) {
-          if (auto chart = data.find(kChartMime); chart != data.end()) {
-            add_charts(b, *chart);
-          }
-        }
-        if (auto chart = out.find("chart"); chart != out.end()) {
+      // A figure's data, from the kernel's display formatters (kernels/display_formatters):
+      // right after its picture.
+      if (data.is_object()) {
+        if (auto chart = data.find(kChartMime); chart != data.end()) {
           add_charts(b, *chart);
         }
-      } else if (type == "error") {
-        b.line(traceback_text(error != nullptr ? *error : out));
-        error_shown = true;
       }
+      if (auto chart = out.find("chart"); chart != out.end()) {
+        add_charts(b, *chart);
+      }
+    } else if (type == "error") {
+      b.line(error ? traceback_text(*error) : traceback_text(out));
+      error_shown = true;
     }
   }
-  if (error != nullptr && !error_shown) {
+  if (error && !error_shown) {
     b.line(traceback_text(*error));
   }
-  if (auto artifacts = answer.find("artifacts");
-      artifacts != answer.end() && artifacts->is_array()) {
-    for (const auto& a : *artifacts) {
-      if (a.is_object() && a.contains("chart")) {
-        add_charts(b, a["chart"]);
-      }
+  for (const auto& a : answer.artifacts) {
+    if (a.is_object() && a.contains("chart")) {
+      add_charts(b, a["chart"]);
     }
   }
-  for (const char* field : {"charts", "chart"}) {
-    if (auto chart = answer.find(field); chart != answer.end()) {
-      add_charts(b, *chart);
-    }
+  add_charts(b, answer.charts);
+  for (const auto& n : answer.notices) {
+    b.line("[notice] " + n);
   }
-  if (auto notices = answer.find("notices"); notices != answer.end() && notices->is_array()) {
-    for (const auto& n : *notices) {
-      if (n.is_string()) {
-        b.line("[notice] " + n.get<std::string>());
-      } else if (n.is_object() && n.contains("message") && n["message"].is_string()) {
-        b.line("[notice] " + n["message"].get<std::string>());
-      }
-    }
+  if (answer.status != CellStatus::kOk && answer.status != CellStatus::kError) {
+    b.line(status_line(answer));
   }
-  const bool state_lost = answer.value("state_lost", false);
-  if (status != "ok" && status != "error") {
-    b.line(status_line(status, answer));
-  }
-  if (state_lost) {
+  if (answer.state_lost) {
     b.line("[state_lost] the kernel was restarted: variables and imports are gone");
   }
 
@@ -278,56 +275,45 @@ json run_code_result(const json& answer, const RunInfo& info, const std::string&
                      {"kernel", info.kernelspec},
                      {"new_session", info.new_session},
                      {"status", status},
-                     {"state_lost", state_lost}};
-  const json count = answer.value("execution_count", json());
-  structured["execution_count"] = count.is_number_integer() ? count : json();
-  for (const char* stream : {"stdout", "stderr"}) {
-    const json v = answer.value(stream, json());
-    structured[stream] = v.is_string() ? v : json("");
-  }
+                     {"state_lost", answer.state_lost}};
+  structured["execution_count"] =
+      answer.execution_count ? json(*answer.execution_count) : json();
+  structured["stdout"] = answer.stdout_text;
+  structured["stderr"] = answer.stderr_text;
   structured["result"] = nullptr;
-  if (auto r = answer.find("result"); r != answer.end() && r->is_object() &&
-                                      r->contains("text/plain")) {
-    structured["result"] = join_text((*r)["text/plain"]);
+  if (answer.result && answer.result->is_object() && answer.result->contains("text/plain")) {
+    structured["result"] = join_text((*answer.result)["text/plain"]);
   }
   structured["error"] = nullptr;
-  if (error != nullptr) {
-    json e = {{"ename", error->value("ename", std::string())},
-              {"evalue", error->value("evalue", std::string())}};
-    if (auto line = error->find("line"); line != error->end() && line->is_number_integer()) {
-      e["line"] = *line;
+  if (error) {
+    json e = {{"ename", error->ename}, {"evalue", error->evalue}};
+    if (error->line > 0) {
+      e["line"] = error->line;
     }
     structured["error"] = std::move(e);
   }
   json artifacts = json::array();
-  if (auto list = answer.find("artifacts"); list != answer.end() && list->is_array()) {
-    for (const auto& a : *list) {
-      if (!a.is_object()) {
-        continue;
-      }
-      json record = a;
-      if (!artifact_base.empty() && a.contains("sha256") && a["sha256"].is_string()) {
-        record["url"] = artifact_base + a["sha256"].get<std::string>();
-      }
-      artifacts.push_back(std::move(record));
+  for (const auto& a : answer.artifacts) {
+    if (!a.is_object()) {
+      continue;
     }
+    json record = a;
+    if (!artifact_base.empty() && a.contains("sha256") && a["sha256"].is_string()) {
+      record["url"] = artifact_base + a["sha256"].get<std::string>();
+    }
+    artifacts.push_back(std::move(record));
   }
   structured["artifacts"] = std::move(artifacts);
-  for (const char* field : {"files", "notices"}) {
-    const json v = answer.value(field, json());
-    structured[field] = v.is_array() ? v : json::array();
-  }
+  structured["files"] = answer.files_json();
+  structured["notices"] = answer.notices;
   // DataFrames as data (the display formatters' other mime type), as the agent API gives them.
-  if (auto d = answer.find("data"); d != answer.end() && d->is_array() && !d->empty()) {
-    structured["data"] = *d;
+  if (!answer.data.empty()) {
+    structured["data"] = answer.data;
   }
-  for (const char* field : {"truncated", "metrics"}) {
-    if (auto v = answer.find(field); v != answer.end() && v->is_object()) {
-      structured[field] = *v;
-    }
-  }
-  if (auto m = answer.find("message"); m != answer.end() && m->is_string()) {
-    structured["message"] = *m;
+  structured["truncated"] = answer.truncated_json();
+  structured["metrics"] = answer.metrics_json();
+  if (!answer.message.empty()) {
+    structured["message"] = answer.message;
   }
 
   json content = b.finish();

@@ -1,5 +1,5 @@
-// Internal: MCP tool results (CallToolResult) from what the kernels answered — the agent API's
-// execute answer for run_code, a file's bytes for read_file, a message for the rest.
+// Internal: MCP tool results (CallToolResult) from what the kernels answered — the executor's
+// CellResult for run_code, a file's bytes for read_file, a message for the rest.
 //
 //   json r = run_code_result(answer, {.session = "default", .kernel_id = id, …}, "");
 //   // {"content": [{"type":"text",…}, {"type":"image","mimeType":"image/png","data":…}],
@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+
+#include "cellgate/execute/cell_result.hpp"
 
 namespace cellgate::mcp {
 
@@ -27,7 +29,7 @@ struct RunInfo {
 // error with its traceback), every displayed PNG (and JPEG, GIF) as image content where it was
 // shown, chart data as text, and the details in structuredContent. isError unless status "ok".
 // `artifact_base` ("/api/artifacts/" or "") gives each artifact a url.
-nlohmann::json run_code_result(const nlohmann::json& answer, const RunInfo& info,
+nlohmann::json run_code_result(const execute::CellResult& answer, const RunInfo& info,
                                const std::string& artifact_base);
 
 // A result with one text item (isError as given) and optional structured content.

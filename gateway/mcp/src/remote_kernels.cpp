@@ -197,8 +197,8 @@ class RemoteKernels : public Kernels {
  private:
   // POST /api/kernels/{id}/execute with Accept: application/x-ndjson: events, then
   // {"type":"end","answer":…}.
-  Result<json> stream_cell(const std::string& id, const json& body,
-                           const std::function<void()>& on_keepalive) {
+  Result<execute::CellResult> stream_cell(const std::string& id, const json& body,
+                                          const std::function<void()>& on_keepalive) {
     double timeout = 30;
     if (auto t = body.find("timeout"); t != body.end() && t->is_number()) {
       timeout = std::min(t->get<double>(), options_.max_timeout);
@@ -207,7 +207,7 @@ class RemoteKernels : public Kernels {
                           std::chrono::duration<double>(timeout)) +
                       kAnswerSlack;
     std::string pending;
-    std::optional<Result<json>> end;
+    std::optional<Result<execute::CellResult>> end;
     auto on_line = [&](std::string_view line) {
       json event = http::parse_json(line, http::kMaxKernelJsonDepth);
       if (!event.is_object()) {
@@ -218,7 +218,7 @@ class RemoteKernels : public Kernels {
         on_keepalive();
       } else if (type == "end") {
         if (event.contains("answer") && event["answer"].is_object()) {
-          end = event["answer"];
+          end = execute::CellResult::from_json(event["answer"]);
         } else {
           std::string message = "the gateway ended the cell without an answer";
           if (auto e = event.find("error"); e != event.end() && e->is_object()) {

@@ -474,7 +474,7 @@ void Tools::run_in(const std::string& name, json request, Conversation::Named na
   callbacks.on_keepalive = call.keepalive;
   const json request_copy = request;
   callbacks.done = [this, name, request = request_copy, named, fresh, note, call, pending,
-                    retried](Result<json> answer) mutable {
+                    retried](Result<execute::CellResult> answer) mutable {
     // Off the cell's strand: building the result (base64 images) and writing it may take time.
     offload_([this, name, request = std::move(request), named, fresh, note = std::move(note),
               call = std::move(call), pending, retried, answer = std::move(answer)]() mutable {

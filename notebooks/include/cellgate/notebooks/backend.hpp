@@ -6,13 +6,13 @@
 //   CELLGATE_ASSIGN_OR_RETURN(auto backend, make_embedded_backend(settings));
 //   CELLGATE_ASSIGN_OR_RETURN(auto session, backend->start("python3"));
 //   CELLGATE_TRY(session->put_file("data/sales.csv", bytes));
-//   CELLGATE_ASSIGN_OR_RETURN(nlohmann::json answer, session->execute("1 + 1", 30));
+//   CELLGATE_ASSIGN_OR_RETURN(CellAnswer answer, session->execute("1 + 1", 30));
 //   session.reset();                      // the kernel is shut down
 //
-// An answer also carries "events": the executor's events of the cell in order (stream,
-// display_data, execute_result, update_display_data with its display_id, error, clear_output
-// with its wait flag; no keepalives), from which the runner builds outputs as nbclient does
-// (outputs.hpp); the answer's own "outputs" are one cell's view.
+// An answer also carries the executor's events of the cell in order (stream, display_data,
+// execute_result, update_display_data with its display_id, error, clear_output with its wait
+// flag; no keepalives), from which the runner builds outputs as nbclient does (outputs.hpp); the
+// result's own outputs are one cell's view.
 //
 // Remote: POST /api/kernels {name}; PUT /api/kernels/{id}/files/{path};
 // POST /api/kernels/{id}/execute {code, timeout} streamed as NDJSON (the events, then the
@@ -26,12 +26,21 @@
 #include <cstddef>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 
+#include "cellgate/execute/cell_result.hpp"
 #include "cellgate/result.hpp"
 
 namespace cellgate::notebooks {
+
+// One cell's answer: the executor's (or a gateway's) CellResult, and the cell's events when the
+// backend kept them (a JSON array; none: the runner uses result.outputs).
+struct CellAnswer {
+  execute::CellResult result;
+  std::optional<nlohmann::json> events;
+};
 
 class KernelSession {
  public:
@@ -39,7 +48,7 @@ class KernelSession {
   // Places a file in the kernel's work dir (its cwd); missing directories are made.
   virtual Result<void> put_file(const std::string& rel, const std::string& bytes) = 0;
   // Runs one cell; timeout_seconds <= 0: no limit (a remote gateway clamps it to its maximum).
-  virtual Result<nlohmann::json> execute(const std::string& code, double timeout_seconds) = 0;
+  virtual Result<CellAnswer> execute(const std::string& code, double timeout_seconds) = 0;
   // The kernel's kernel_info_reply content (its "language_info" goes into the notebook's
   // metadata, as nbclient writes it). A remote gateway offers no kernel_info over REST: there it
   // is {"language_info": {"name": <the kernelspec's language>}}.

@@ -24,6 +24,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cellgate/execute/cell_result.hpp"
 #include "cellgate/result.hpp"
 
 namespace cellgate::api::e2b {
@@ -103,6 +104,9 @@ std::optional<std::string> context_setup_code(const std::string& language,
 class Translator {
  public:
   std::vector<nlohmann::json> translate(const nlohmann::json& event);
+  // The lines of the cell's end, from its answer ("end" events come here through
+  // CellResult::from_json).
+  std::vector<nlohmann::json> end(const execute::CellResult& answer);
 
  private:
   bool error_sent_ = false;

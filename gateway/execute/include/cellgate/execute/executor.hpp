@@ -9,6 +9,7 @@
 //      "data": [{column: [values]} of DataFrames], "files": [work-dir changes], "notices": [...],
 //      "truncated": {"stdout", "stderr", "outputs", "dropped_bytes"}, "state_lost",
 //      "metrics": {"wall_ms", "cpu_ms", "memory_peak_bytes", "memory_current_bytes"}}
+// — a CellResult (cell_result.hpp), whose to_json() writes exactly that.
 //
 // While the cell runs, RunOptions::on_event receives the same things as events, in order:
 //   {"type":"stream","name":"stdout"|"stderr","text"}      (only what is kept under the caps)
@@ -20,7 +21,7 @@
 //   {"type":"keepalive"}                                      (every RunOptions::keepalive)
 // and then `done` is called once with the answer above (or an error: no such kernel, …).
 //
-//   auto cell = executor.run(id, request, {.on_event = write_event}, [](Result<json> answer) {…});
+//   auto cell = executor.run(id, request, {.on_event = write_event}, [](Answer answer) {…});
 //   exchange->watch([cell] { cell->cancel(); });              // the client left
 //
 // Each cell is a state machine on its own strand of the event loop, driven by the kernel's
@@ -51,6 +52,7 @@
 #include <string>
 #include <vector>
 
+#include "cellgate/execute/cell_result.hpp"
 #include "cellgate/kernels/registry.hpp"
 #include "cellgate/result.hpp"
 #include "cellgate/util/loop.hpp"
@@ -101,7 +103,7 @@ struct RunOptions {
   std::string client;                                         // who asked, for the audit log
 };
 
-using Answer = Result<nlohmann::json>;
+using Answer = Result<CellResult>;
 using Done = std::function<void(Answer)>;
 
 // A cell on its way; cancel() stops it as a timeout would (the client left), and the answer
@@ -132,7 +134,7 @@ class Executor {
   std::shared_ptr<CellHandle> run(const std::string& kernel_id, ExecuteRequest request,
                                   RunOptions options, Done done);
   // A fresh kernel (started on the offload pool), files put in its work dir, one cell, the kernel
-  // shut down; the answer has "kernel_id" too.
+  // shut down; the answer has its kernel_id too.
   std::shared_ptr<CellHandle> run_once(OneShotRequest request, RunOptions options, Done done);
   // Code with no outputs and no history (set-up such as os.chdir), in the kernel's FIFO like a
   // cell; an error if it raised (setup_failed) or ran past `timeout` (then it is interrupted).

@@ -7,7 +7,7 @@
 //   LocalKernels kernels(registry, executor, {.max_timeout = 600}, offload);
 //   CELLGATE_ASSIGN_OR_RETURN(std::string id, kernels.start("python3"));   // blocking
 //   auto cell = kernels.execute(id, {{"code", "1 + 1"}, {"timeout", 30}},
-//                               {.on_keepalive = …, .done = [](Result<json> answer) {…}});
+//                               {.on_keepalive = …, .done = [](Result<CellResult> answer) {…}});
 //   cell->cancel();                       // the cell is interrupted; the answer says "aborted"
 //
 // Cells never hold a thread in LocalKernels (the executor's state machines); RemoteKernels waits
@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "cellgate/execute/cell_result.hpp"
 #include "cellgate/http/client.hpp"
 #include "cellgate/result.hpp"
 #include "cellgate/util/loop.hpp"
@@ -53,7 +54,7 @@ struct CellCallbacks {
   // The cell still runs (about every KernelsOptions::keepalive); optional.
   std::function<void()> on_keepalive;
   // Once: the agent API's answer, or why the cell could not run (kNotFound: no such kernel).
-  std::function<void(Result<nlohmann::json>)> done;
+  std::function<void(Result<execute::CellResult>)> done;
 };
 
 class Cell {
