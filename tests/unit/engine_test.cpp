@@ -1,7 +1,8 @@
 // The engine over the fake kernel backend: it builds everything and starts nothing, start()
 // brings up the threads and the registry, a cell runs through the parts it composed, and stop()
-// is the documented teardown (kernels end, queued blocking work finishes, threads stop). And the
-// host's steps with no jail: the probe only. No root, no Python.
+// is the documented teardown (kernels end, queued blocking work finishes, threads stop); a bad
+// audit option fails create(). And the host's steps with no jail: the probe only. No root, no
+// Python.
 #include "cellgate/engine/engine.hpp"
 
 #include <gtest/gtest.h>
@@ -9,7 +10,6 @@
 
 #include <atomic>
 #include <filesystem>
-#include <fstream>
 #include <future>
 #include <vector>
 
@@ -113,12 +113,11 @@ TEST_F(EngineTest, StopEndsTheKernelsThenFinishesQueuedWorkThenTheThreads) {
   engine.reset();  // the parts go after the threads
 }
 
-TEST_F(EngineTest, AnAuditLogThatCannotBeOpenedFailsCreate) {
-  fs::create_directories(root_);
-  std::ofstream(root_ + "/not-a-dir") << "x";
-  options_.audit.path = root_ + "/not-a-dir/audit.log";
+TEST_F(EngineTest, AnAuditLogThatCannotBeMadeFailsCreate) {
+  options_.audit.redact = {"("};  // not a regular expression
   auto made = engine::Engine::create(options_, std::make_unique<FakeBackend>());
-  EXPECT_FALSE(made.ok());
+  ASSERT_FALSE(made.ok());
+  EXPECT_EQ(made.error().reason, "bad_redact_pattern");
 }
 
 TEST_F(EngineTest, TheLauncherGetsAZygoteInTheStateDirOnlyWhenJailed) {

@@ -8,7 +8,7 @@
 // in it) and reaches every one of them.
 //
 //   auto engine = engine::Engine::create(options);   // builds; starts no thread, no process
-//   if (!engine) { … }                               // the audit log could not be opened
+//   if (!engine) { … }                               // e.g. a bad audit redact pattern
 //   api::Api api((*engine)->registry(), (*engine)->executor(), api_options, (*engine)->offload());
 //   (*engine)->start();                              // threads, then the registry
 //   …
@@ -70,7 +70,7 @@ class Engine {
  public:
   // Builds every part; starts no thread and no process. `backend`: where kernels start (a
   // privileged broker's, or a wrapper around a launcher); nullptr: kernel::ProcessBackend with
-  // launcher_options(options). Fails when the audit log cannot be opened.
+  // launcher_options(options). Fails when the audit log cannot be made (a bad redact pattern).
   static Result<std::unique_ptr<Engine>> create(
       EngineOptions options, std::unique_ptr<kernel::KernelBackend> backend = nullptr);
   ~Engine();  // stop(), then the parts in reverse dependency order
