@@ -1,14 +1,10 @@
-// The embedded backend: the gateway's parts composed in this process, as `cellgate serve`
-// composes them. The remote one is remote_backend.cpp.
+// The embedded backend: an engine in this process, as `cellgate serve` builds one. The remote
+// one is remote_backend.cpp.
 #include "cellgate/notebooks/backend.hpp"
 
 #include <stdlib.h>  // mkdtemp
 
 #include <atomic>
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/post.hpp>
-#include <boost/asio/thread_pool.hpp>
 #include <spdlog/spdlog.h>
 #include <chrono>
 #include <filesystem>
@@ -19,14 +15,10 @@
 
 #include "backend_internal.hpp"
 #include "events.hpp"
-#include "cellgate/execute/executor.hpp"
-#include "cellgate/jail/cgroup.hpp"
-#include "cellgate/jail/userns.hpp"
+#include "cellgate/engine/engine.hpp"
+#include "cellgate/engine/host.hpp"
 #include "cellgate/kernel/backend.hpp"
 #include "cellgate/kernel/process.hpp"
-#include "cellgate/kernels/registry.hpp"
-#include "cellgate/store/artifacts.hpp"
-#include "cellgate/store/audit.hpp"
 #include "cellgate/store/files.hpp"
 
 namespace cellgate::notebooks {
@@ -47,26 +39,26 @@ constexpr auto kKernelInfoTimeout = 10s;
 // writes no history.sqlite and parallel runs do not contend for one.
 class RunKernels final : public kernel::KernelBackend {
  public:
-  explicit RunKernels(kernel::KernelBackend& inner) : inner_(inner) {}
+  explicit RunKernels(std::unique_ptr<kernel::KernelBackend> inner) : inner_(std::move(inner)) {}
 
-  void start() override { inner_.start(); }
-  void tick() override { inner_.tick(); }
-  bool wait_fast(std::chrono::milliseconds timeout) override { return inner_.wait_fast(timeout); }
+  void start() override { inner_->start(); }
+  void tick() override { inner_->tick(); }
+  bool wait_fast(std::chrono::milliseconds timeout) override { return inner_->wait_fast(timeout); }
   Result<std::unique_ptr<kernel::KernelProcessHandle>> launch(
       kernel::LaunchRequest request) override {
     const std::string& name = request.spec.name;
     if (name == "python" || name == "python2" || name == "python3") {
       request.spec.argv.emplace_back("--HistoryManager.hist_file=:memory:");
     }
-    return inner_.launch(std::move(request));
+    return inner_->launch(std::move(request));
   }
   Result<std::unique_ptr<kernel::KernelConnection>> connect(
       const kernel::KernelProcessHandle& process, kernel::ClientOptions options) override {
-    return inner_.connect(process, std::move(options));
+    return inner_->connect(process, std::move(options));
   }
 
  private:
-  kernel::KernelBackend& inner_;
+  std::unique_ptr<kernel::KernelBackend> inner_;
 };
 
 // ---- embedded --------------------------------------------------------------------------------
@@ -168,49 +160,21 @@ class EmbeddedSession final : public KernelSession {
   std::size_t max_file_bytes_;
 };
 
-// The gateway's parts, composed in this process as `cellgate serve` composes them (server.cpp):
-// a registry, an artifact store, an executor whose cells run on two threads, and a pool for
-// blocking work.
+// An engine (engine/engine.hpp) in this process, as `cellgate serve` builds one, over kernels
+// started with their history in memory (RunKernels).
 class EmbeddedBackend final : public Backend {
  public:
-  EmbeddedBackend(TempDir state, kernels::RegistryOptions options, bool zygote)
-      : state_(std::move(state)),
-        zygote_(zygote),
-        process_backend_(backend_options(state_.path(), zygote)),
-        registry_(std::move(options), run_kernels_),
-        artifacts_(state_.path() + "/artifacts", store::ArtifactCaps{}),
-        loop_(cells_) {
-    for (const auto& spec : registry_.kernelspecs()) {
+  EmbeddedBackend(TempDir state, std::unique_ptr<engine::Engine> engine, bool zygote)
+      : state_(std::move(state)), engine_(std::move(engine)), zygote_(zygote) {
+    for (const auto& spec : engine_->registry().kernelspecs()) {
       names_.insert(spec.name);
     }
   }
-  ~EmbeddedBackend() override {
-    registry_.shutdown_all();
-    executor_.reset();
-    if (offload_pool_) {
-      offload_pool_->join();
-    }
-    work_.reset();
-    cells_.stop();
-    if (cell_thread_.joinable()) {
-      cell_thread_.join();
-    }
-  }
+  ~EmbeddedBackend() override { engine_.reset(); }  // engine.hpp's teardown
 
   Result<void> init() {
-    CELLGATE_ASSIGN_OR_RETURN(audit_, store::AuditLog::create({}));  // no audit log for runs
-    execute::ExecuteLimits limits;
-    limits.stream_bytes = kNotebookOutputBytes;
-    limits.output_bytes = kNotebookOutputBytes;
-    executor_ = std::make_unique<execute::Executor>(
-        registry_, artifacts_, *audit_, limits, loop_, [this](std::function<void()> fn) {
-          boost::asio::post(*offload_pool_, std::move(fn));
-        });
-    // Threads start here, not in the constructor.
-    offload_pool_.emplace(8);
-    cell_thread_ = std::thread([this] { cells_.run(); });
-    registry_.start();
-    if (zygote_ && !process_backend_.wait_fast(kZygoteWait)) {
+    engine_->start();  // threads start here, not in a constructor
+    if (zygote_ && !engine_->backend().wait_fast(kZygoteWait)) {
       // Kernels start cold instead (slower, the same jail): the zygote's log says why.
       spdlog::warn("cellgate run: the zygote was not ready after {} s; kernels start cold",
                    kZygoteWait.count());
@@ -219,16 +183,16 @@ class EmbeddedBackend final : public Backend {
   }
 
   const std::set<std::string>& kernelspecs() const override { return names_; }
-  std::string default_kernel() const override { return registry_.default_kernel_name(); }
+  std::string default_kernel() const override { return engine_->registry().default_kernel_name(); }
   std::size_t max_file_bytes() const override { return kMaxFileBytes; }
 
   Result<std::unique_ptr<KernelSession>> start(const std::string& kernel) override {
     if (cancelled_->load()) {
       return aborted_error();
     }
-    CELLGATE_ASSIGN_OR_RETURN(auto model, registry_.start(kernel, json::object()));
-    return std::unique_ptr<KernelSession>(
-        new EmbeddedSession(registry_, *executor_, model.id, cancelled_, kMaxFileBytes));
+    CELLGATE_ASSIGN_OR_RETURN(auto model, engine_->registry().start(kernel, json::object()));
+    return std::unique_ptr<KernelSession>(new EmbeddedSession(
+        engine_->registry(), engine_->executor(), model.id, cancelled_, kMaxFileBytes));
   }
 
   bool clamps_timeouts() const override { return false; }
@@ -241,31 +205,9 @@ class EmbeddedBackend final : public Backend {
   // cold beside them on the same cores.
   static constexpr std::chrono::seconds kZygoteWait{30};
 
-  static kernel::ProcessBackendOptions backend_options(const std::string& state, bool zygote) {
-    kernel::ProcessBackendOptions b;
-    if (zygote) {
-      kernel::ZygoteOptions z;
-      z.socket_path = state + "/run/zygote.sock";
-      z.log_file = state + "/zygote.log";
-      b.zygote = std::move(z);
-    }
-    return b;
-  }
-
-  TempDir state_;  // declared first, so removed after the registry has shut every kernel down
+  TempDir state_;  // declared first, so removed after the engine has shut every kernel down
+  std::unique_ptr<engine::Engine> engine_;
   bool zygote_;
-  kernel::ProcessBackend process_backend_;  // the launcher (and a zygote); outlives the registry
-  RunKernels run_kernels_{process_backend_};
-  kernels::KernelRegistry registry_;
-  store::ArtifactStore artifacts_;
-  std::unique_ptr<store::AuditLog> audit_;
-  boost::asio::io_context cells_;
-  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_{
-      cells_.get_executor()};
-  util::AsioLoop loop_;
-  std::optional<boost::asio::thread_pool> offload_pool_;
-  std::unique_ptr<execute::Executor> executor_;
-  std::thread cell_thread_;
   std::set<std::string> names_;
   std::shared_ptr<std::atomic<bool>> cancelled_ = std::make_shared<std::atomic<bool>>(false);
 };
@@ -274,19 +216,29 @@ class EmbeddedBackend final : public Backend {
 
 Result<std::unique_ptr<Backend>> make_embedded_backend(const EmbeddedSettings& settings) {
   CELLGATE_ASSIGN_OR_RETURN(TempDir state, TempDir::make("cellgate-run"));
-  kernels::RegistryOptions options;
-  options.state_dir = state.path();
-  options.max_kernels = std::max<std::size_t>(1, settings.kernels);
-  options.no_jail = settings.no_jail;
-  if (!settings.no_jail) {
-    CELLGATE_ASSIGN_OR_RETURN(const auto placed, jail::place_kernel_cgroups({}));
-    options.jail.cgroup_parent = placed.parent;
-    CELLGATE_TRY(jail::enter_gateway_user_namespace());  // not root: rootless mode
-  }
-  const bool zygote = !settings.no_jail && settings.notebooks > 1;
-  auto backend = std::make_unique<EmbeddedBackend>(std::move(state), std::move(options), zygote);
-  CELLGATE_TRY(backend->init());
-  return std::unique_ptr<Backend>(std::move(backend));
+  engine::EngineOptions options;
+  options.registry.state_dir = state.path();
+  options.registry.max_kernels = std::max<std::size_t>(1, settings.kernels);
+  options.registry.no_jail = settings.no_jail;
+  engine::HostOptions host;  // the host's steps, before the engine and its threads
+  host.jailed = !settings.no_jail;
+  CELLGATE_ASSIGN_OR_RETURN(const auto prepared, engine::prepare_host(host));
+  options.registry.jail.cgroup_parent = prepared.cgroup_parent;
+  options.zygote = !settings.no_jail && settings.notebooks > 1;
+  // No audit log for runs; outputs as large as a notebook may hold.
+  options.limits.stream_bytes = kNotebookOutputBytes;
+  options.limits.output_bytes = kNotebookOutputBytes;
+  options.offload_threads = 8;
+  options.cell_threads = 1;
+  const bool zygote = options.zygote;
+  auto backend = std::make_unique<RunKernels>(
+      std::make_unique<kernel::ProcessBackend>(engine::launcher_options(options)));
+  CELLGATE_ASSIGN_OR_RETURN(auto engine,
+                            engine::Engine::create(std::move(options), std::move(backend)));
+  auto embedded =
+      std::make_unique<EmbeddedBackend>(std::move(state), std::move(engine), zygote);
+  CELLGATE_TRY(embedded->init());
+  return std::unique_ptr<Backend>(std::move(embedded));
 }
 
 }  // namespace cellgate::notebooks

@@ -9,6 +9,7 @@
 #include "cellgate/protocol/message.hpp"
 #include "cellgate/protocol/ws_frames.hpp"
 #include "cellgate/store/artifacts.hpp"
+#include "openapi_yaml.hpp"  // generated from openapi.yaml
 
 namespace cellgate::api {
 namespace {
@@ -286,6 +287,10 @@ void Api::add_jupyter_routes() {
   router_.add(Verb::get, "/api", [](Call& c) {
     c.reply(json_response(c.req, Status::ok,
                           json{{"version", kApiVersion}, {"gateway_version", kGatewayVersion}}));
+  });
+  // This API as OpenAPI 3 (gateway/api/openapi.yaml), where jupyter_server serves its own.
+  router_.add(Verb::get, "/api/spec.yaml", [](Call& c) {
+    c.reply(http::bytes_response(c.req, std::string(kOpenApiYaml), "text/x-yaml"));
   });
 
   // ---- kernelspecs ----

@@ -13,9 +13,7 @@
 #include <optional>
 #include <variant>
 
-#include "cellgate/jail/cgroup.hpp"
-#include "cellgate/jail/jail.hpp"
-#include "cellgate/jail/userns.hpp"
+#include "cellgate/engine/host.hpp"
 #include "cellgate/kernel/client.hpp"
 #include "cellgate/kernel/process.hpp"
 #include "cellgate/launcher/spec_json.hpp"
@@ -162,28 +160,33 @@ int run_exec(const ExecOptions& options) {
   kernel::LaunchRequest launch;
   launch.spec = std::move(spec).value();
   launch.die_with_parent = true;
+  // The host's steps (engine/host.hpp), after the jail spec, whose cgroup parent is taken as
+  // given.
+  jail::JailSpec jail_spec;
+  if (!options.no_jail && !options.jail_spec.empty()) {
+    auto loaded = launcher::load_spec(options.jail_spec);
+    if (!loaded) {
+      return fail(loaded.error().describe());
+    }
+    jail_spec = std::move(loaded).value();
+  }
+  engine::HostOptions host;
+  host.jailed = !options.no_jail;
+  host.cgroup_parent = jail_spec.cgroup_parent;
+  host.place_cgroups = jail_spec.cgroup_parent.empty();
   if (options.verbose) {
-    std::cerr << "cellgate exec: host: " << jail::probe_host().describe() << "\n";
+    host.report = [](engine::HostStep step, const std::string& line) {
+      if (step == engine::HostStep::kProbe) {
+        std::cerr << "cellgate exec: host: " << line << "\n";
+      }
+    };
+  }
+  auto prepared = engine::prepare_host(host);
+  if (!prepared) {
+    return fail(prepared.error().message);
   }
   if (!options.no_jail) {
-    jail::JailSpec jail_spec;
-    if (!options.jail_spec.empty()) {
-      auto loaded = launcher::load_spec(options.jail_spec);
-      if (!loaded) {
-        return fail(loaded.error().describe());
-      }
-      jail_spec = std::move(loaded).value();
-    }
-    if (jail_spec.cgroup_parent.empty()) {
-      auto placed = jail::place_kernel_cgroups({});
-      if (!placed) {
-        return fail(placed.error().message);
-      }
-      jail_spec.cgroup_parent = placed->parent;
-    }
-    if (auto userns = jail::enter_gateway_user_namespace(); !userns) {  // rootless mode
-      return fail(userns.error().message);
-    }
+    jail_spec.cgroup_parent = prepared->cgroup_parent;
     launch.jail = std::move(jail_spec);
   }
   auto process = kernel::KernelProcess::start(std::move(launch));

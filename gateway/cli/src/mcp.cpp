@@ -1,6 +1,5 @@
-// `cellgate mcp`: the composition root of the stdio MCP server. Embedded, it builds the
-// gateway's parts in this process (as server.cpp does for `cellgate serve`: a registry, an
-// artifact store, an audit log, an executor whose cells run on a loop thread, an offload pool);
+// `cellgate mcp`: the composition root of the stdio MCP server. Embedded, it builds an engine in
+// this process (engine/engine.hpp, as server.cpp does for `cellgate serve`);
 // with --url it talks to a running gateway. Either way mcp::Server serves the tools and
 // mcp::serve_stdio the transport.
 #include "cellgate/cli/mcp.hpp"
@@ -13,8 +12,6 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <csignal>
@@ -24,17 +21,11 @@
 #include <thread>
 
 #include "cellgate/cli/exit_codes.hpp"
-#include "cellgate/execute/executor.hpp"
-#include "cellgate/jail/cgroup.hpp"
-#include "cellgate/jail/jail.hpp"
-#include "cellgate/jail/userns.hpp"
-#include "cellgate/kernel/backend.hpp"
-#include "cellgate/kernels/registry.hpp"
+#include "cellgate/engine/engine.hpp"
+#include "cellgate/engine/host.hpp"
 #include "cellgate/mcp/kernels.hpp"
 #include "cellgate/mcp/server.hpp"
 #include "cellgate/mcp/stdio.hpp"
-#include "cellgate/store/artifacts.hpp"
-#include "cellgate/store/audit.hpp"
 #include "cellgate/unique_fd.hpp"
 
 namespace cellgate::cli {
@@ -50,18 +41,22 @@ int mcp_usage_error(const std::string& what) {
   return kExitUsage;
 }
 
-// The embedded gateway: what `cellgate serve` composes, minus the listeners. State lives in
-// --state-dir, or in a temp dir removed when this is destroyed.
+// The embedded gateway: an engine (what `cellgate serve` composes, minus the listeners). State
+// lives in --state-dir, or in a temp dir removed when this is destroyed.
 class Embedded {
  public:
   static Result<std::unique_ptr<Embedded>> make(const McpOptions& o) {
-    std::string cgroup_parent;
-    if (!o.no_jail) {  // before anything is made: it can fail, and it moves this process
-      CELLGATE_ASSIGN_OR_RETURN(const auto placed, jail::place_kernel_cgroups({}));
-      spdlog::info("mcp: cgroups: {}", placed.summary);
-      cgroup_parent = placed.parent;
-      CELLGATE_TRY(jail::enter_gateway_user_namespace());  // not root: rootless mode
-    }
+    // Before anything is made: it can fail, and it moves this process.
+    engine::HostOptions host;
+    host.jailed = !o.no_jail;
+    host.report = [](engine::HostStep step, const std::string& line) {
+      if (step == engine::HostStep::kProbe) {
+        spdlog::info("mcp: host: {}", line);
+      } else if (step == engine::HostStep::kPlaceCgroups) {
+        spdlog::info("mcp: cgroups: {}", line);
+      }
+    };
+    CELLGATE_ASSIGN_OR_RETURN(const auto prepared, engine::prepare_host(host));
     std::string dir = o.state_dir;
     bool temporary = false;
     if (dir.empty()) {
@@ -72,11 +67,13 @@ class Embedded {
       }
       temporary = true;
     }
-    kernels::RegistryOptions r;
+    auto e = std::unique_ptr<Embedded>(new Embedded(dir, temporary));
+    engine::EngineOptions options;
+    kernels::RegistryOptions& r = options.registry;
     r.state_dir = dir;
     r.max_kernels = o.max_kernels;
     r.no_jail = o.no_jail;
-    r.jail.cgroup_parent = cgroup_parent;
+    r.jail.cgroup_parent = prepared.cgroup_parent;
     if (o.memory_bytes != 0) {
       r.jail.memory_bytes = o.memory_bytes;
     }
@@ -88,22 +85,21 @@ class Embedded {
     }
     // Agents get a figure's data beside its PNG, as from `cellgate serve`.
     r.display_formatters = true;
-    auto e = std::unique_ptr<Embedded>(new Embedded(dir, temporary, std::move(r)));
-    CELLGATE_TRY(e->init(o));
+    options.audit.path = o.audit_log;  // "": no audit log
+    options.limits.stream_bytes = o.execute_stream_bytes;
+    options.limits.output_bytes = o.execute_output_bytes;
+    options.limits.grace =
+        std::chrono::milliseconds(static_cast<long long>(o.execute_grace * 1000));
+    options.offload_threads = kOffloadThreads;
+    options.cell_threads = 1;
+    // The launcher, no zygote.
+    CELLGATE_ASSIGN_OR_RETURN(e->engine_, engine::Engine::create(std::move(options)));
+    e->engine_->start();  // threads start here, not in a constructor
     return e;
   }
 
   ~Embedded() {
-    registry_.shutdown_all();
-    if (offload_pool_) {
-      offload_pool_->join();
-    }
-    executor_.reset();
-    work_.reset();
-    cells_.stop();
-    if (cell_thread_.joinable()) {
-      cell_thread_.join();
-    }
+    engine_.reset();  // engine.hpp's teardown, before its state dir goes
     if (temporary_) {
       std::error_code ec;
       fs::remove_all(dir_, ec);
@@ -113,54 +109,18 @@ class Embedded {
     }
   }
 
-  util::Offload offload() {
-    return [this](std::function<void()> fn) { net::post(*offload_pool_, std::move(fn)); };
-  }
-  kernels::KernelRegistry& registry() { return registry_; }
-  execute::Executor& executor() { return *executor_; }
+  util::Offload offload() { return engine_->offload(); }
+  kernels::KernelRegistry& registry() { return engine_->registry(); }
+  execute::Executor& executor() { return engine_->executor(); }
   // Blocking work still queued (a close's shutdowns) finishes before the parts go.
-  void drain() {
-    registry_.shutdown_all();
-    offload_pool_->join();
-  }
+  void drain() { engine_->stop(); }
 
  private:
-  Embedded(std::string dir, bool temporary, kernels::RegistryOptions options)
-      : dir_(std::move(dir)),
-        temporary_(temporary),
-        registry_(std::move(options), process_backend_),
-        artifacts_(dir_ + "/artifacts", store::ArtifactCaps{}),
-        loop_(cells_) {}
-
-  Result<void> init(const McpOptions& o) {
-    store::AuditLog::Options audit;
-    audit.path = o.audit_log;  // "": no audit log
-    CELLGATE_ASSIGN_OR_RETURN(audit_, store::AuditLog::create(std::move(audit)));
-    execute::ExecuteLimits limits;
-    limits.stream_bytes = o.execute_stream_bytes;
-    limits.output_bytes = o.execute_output_bytes;
-    limits.grace = std::chrono::milliseconds(static_cast<long long>(o.execute_grace * 1000));
-    executor_ = std::make_unique<execute::Executor>(registry_, artifacts_, *audit_, limits, loop_,
-                                                    offload());
-    // Threads start here, not in the constructor.
-    offload_pool_.emplace(kOffloadThreads);
-    cell_thread_ = std::thread([this] { cells_.run(); });
-    registry_.start();
-    return ok_result();
-  }
+  Embedded(std::string dir, bool temporary) : dir_(std::move(dir)), temporary_(temporary) {}
 
   const std::string dir_;
   const bool temporary_;
-  kernel::ProcessBackend process_backend_{{}};  // the launcher, no zygote; outlives the registry
-  kernels::KernelRegistry registry_;
-  store::ArtifactStore artifacts_;
-  std::unique_ptr<store::AuditLog> audit_;
-  net::io_context cells_;
-  net::executor_work_guard<net::io_context::executor_type> work_{cells_.get_executor()};
-  util::AsioLoop loop_;
-  std::optional<net::thread_pool> offload_pool_;
-  std::unique_ptr<execute::Executor> executor_;
-  std::thread cell_thread_;
+  std::unique_ptr<engine::Engine> engine_;
 };
 
 // SIGINT, SIGTERM and SIGHUP (an MCP client closing down) end the stdio loop through a pipe.
@@ -284,7 +244,6 @@ int run_mcp(const McpOptions& options) {
     return status == 0 ? kExitOk : kExitUsage;
   }
 
-  spdlog::info("mcp: host: {}", jail::probe_host().describe());
   if (options.no_jail) {
     spdlog::warn("--no-jail: kernels run UNJAILED, as this user; do not give them untrusted code");
   }

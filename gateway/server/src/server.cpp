@@ -23,11 +23,9 @@
 
 #include "cellgate/api/api.hpp"
 #include "cellgate/api/e2b_api.hpp"
-#include "cellgate/execute/executor.hpp"
+#include "cellgate/engine/engine.hpp"
+#include "cellgate/engine/host.hpp"
 #include "cellgate/http/listener.hpp"
-#include "cellgate/jail/cgroup.hpp"
-#include "cellgate/jail/jail.hpp"
-#include "cellgate/jail/userns.hpp"
 #include "cellgate/kernel/backend.hpp"
 #include "cellgate/kernel/connection.hpp"
 #include "cellgate/broker/broker.hpp"
@@ -36,8 +34,6 @@
 #include "cellgate/mcp/http_endpoint.hpp"
 #include "cellgate/mcp/kernels.hpp"
 #include "cellgate/mcp/server.hpp"
-#include "cellgate/store/artifacts.hpp"
-#include "cellgate/store/audit.hpp"
 #include "metrics.hpp"
 #include "privsep.hpp"
 
@@ -75,8 +71,10 @@ std::chrono::milliseconds seconds_to_ms(double s) {
 // E2B's code runs in /home/user (its contexts' default cwd) and sometimes /root: the work dir.
 std::vector<std::string> work_dir_aliases() { return {"/home/user", "/root"}; }
 
-kernels::RegistryOptions registry_options(const ServeOptions& o) {
-  kernels::RegistryOptions r;
+// Every part below the front ends, from `cellgate serve`'s options.
+engine::EngineOptions engine_options(const ServeOptions& o) {
+  engine::EngineOptions e;
+  kernels::RegistryOptions& r = e.registry;
   r.state_dir = o.state_dir;
   r.max_kernels = o.max_kernels;
   r.cull_idle_timeout = o.cull_idle_timeout;
@@ -98,23 +96,26 @@ kernels::RegistryOptions registry_options(const ServeOptions& o) {
   r.pool_kernels = o.pool_kernels;
   r.jail = o.jail;
   // Agents get a figure's data and a DataFrame's columns beside the PNG and the HTML (notebook
-  // runs, which build their own registry, do not: nbclient's outputs have no such MIME types).
+  // runs do not: nbclient's outputs have no such MIME types).
   r.display_formatters = o.chart_data;
   r.work_dir_aliases = work_dir_aliases();
-  return r;
-}
-
-// Kernels start through the launcher; jailed python3 ipykernels fork from the zygote when asked.
-kernel::ProcessBackendOptions backend_options(const ServeOptions& o) {
-  kernel::ProcessBackendOptions b;
-  if (o.zygote && !o.no_jail) {
-    kernel::ZygoteOptions z;
-    z.socket_path = o.state_dir + "/run/zygote.sock";
-    z.log_file = o.state_dir + "/zygote.log";
-    z.preload = o.zygote_preload;
-    b.zygote = std::move(z);
+  // Kernels start through the launcher; jailed python3 ipykernels fork from the zygote.
+  e.zygote = o.zygote;
+  e.zygote_preload = o.zygote_preload;
+  e.artifacts.count = o.artifacts_per_kernel;
+  e.artifacts.bytes = o.artifact_bytes_per_kernel;
+  if (o.audit_log != "off") {
+    e.audit.path = o.audit_log.empty() ? o.state_dir + "/audit.log" : o.audit_log;
   }
-  return b;
+  e.audit.max_bytes = o.audit_max_bytes;
+  e.audit.keep = static_cast<unsigned>(std::max(0, o.audit_keep));
+  e.audit.redact.insert(e.audit.redact.end(), o.audit_redact.begin(), o.audit_redact.end());
+  e.limits.stream_bytes = o.execute_stream_bytes;
+  e.limits.output_bytes = o.execute_output_bytes;
+  e.limits.grace = seconds_to_ms(o.execute_grace);
+  e.cell_threads = kCellThreads;
+  e.offload_threads = kOffloadThreads;
+  return e;
 }
 
 }  // namespace
@@ -124,17 +125,7 @@ struct Server::Impl {
   std::string token;
 
   net::io_context network;
-  net::io_context cells;
-  net::executor_work_guard<net::io_context::executor_type> cells_work{cells.get_executor()};
-  std::vector<std::thread> cell_threads;
-  std::optional<net::thread_pool> offload_pool;  // made in start(): no thread before
-
-  std::unique_ptr<util::AsioLoop> loop;
-  std::unique_ptr<kernel::KernelBackend> backend;  // outlives the registry
-  std::unique_ptr<kernels::KernelRegistry> registry;
-  std::unique_ptr<store::ArtifactStore> artifacts;
-  std::unique_ptr<store::AuditLog> audit;
-  std::unique_ptr<execute::Executor> executor;
+  std::unique_ptr<engine::Engine> engine;  // the parts the front ends below are built over
   std::unique_ptr<api::Api> api;
   std::unique_ptr<api::E2bApi> e2b;
   std::unique_ptr<mcp::Kernels> mcp_kernels;  // the MCP server at /mcp, over the same parts
@@ -147,9 +138,7 @@ struct Server::Impl {
   std::unique_ptr<http::Listener> listener;
   std::unique_ptr<http::Listener> e2b_listener;
 
-  util::Offload offload() {
-    return [this](std::function<void()> fn) { net::post(*offload_pool, std::move(fn)); };
-  }
+  util::Offload offload() { return engine->offload(); }
 };
 
 Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> backend)
@@ -164,42 +153,19 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   }
   impl_->token = o.no_token ? "" : o.token;
 
-  impl_->loop = std::make_unique<util::AsioLoop>(impl_->cells);
-  kernels::RegistryOptions ro = registry_options(o);
+  engine::EngineOptions eo = engine_options(o);
   if (backend) {
-    impl_->backend = std::move(backend);
-    ro.privilege_separated = true;
+    eo.registry.privilege_separated = true;
     // The range is the broker's lease (run_serve); this is the gateway's own note of it.
-    ro.uids.lease_dir = o.state_dir + "/uid-ranges";
-  } else {
-    impl_->backend = std::make_unique<kernel::ProcessBackend>(backend_options(o));
+    eo.registry.uids.lease_dir = o.state_dir + "/uid-ranges";
   }
-  impl_->registry = std::make_unique<kernels::KernelRegistry>(
-      std::move(ro), *impl_->backend, [loop = impl_->loop.get()] { return loop->now(); });
-
-  store::ArtifactCaps caps;
-  caps.count = o.artifacts_per_kernel;
-  caps.bytes = o.artifact_bytes_per_kernel;
-  impl_->artifacts = std::make_unique<store::ArtifactStore>(o.state_dir + "/artifacts", caps);
-  store::AuditLog::Options audit;
-  if (o.audit_log != "off") {
-    audit.path = o.audit_log.empty() ? o.state_dir + "/audit.log" : o.audit_log;
+  auto made = engine::Engine::create(std::move(eo), std::move(backend));
+  if (!made) {
+    throw std::invalid_argument(made.error().message);
   }
-  audit.max_bytes = o.audit_max_bytes;
-  audit.keep = static_cast<unsigned>(std::max(0, o.audit_keep));
-  audit.redact.insert(audit.redact.end(), o.audit_redact.begin(), o.audit_redact.end());
-  auto log = store::AuditLog::create(std::move(audit));
-  if (!log) {
-    throw std::invalid_argument(log.error().message);
-  }
-  impl_->audit = std::move(log).value();
-
-  execute::ExecuteLimits limits;
-  limits.stream_bytes = o.execute_stream_bytes;
-  limits.output_bytes = o.execute_output_bytes;
-  limits.grace = seconds_to_ms(o.execute_grace);
-  impl_->executor = std::make_unique<execute::Executor>(
-      *impl_->registry, *impl_->artifacts, *impl_->audit, limits, *impl_->loop, impl_->offload());
+  impl_->engine = std::move(made).value();
+  auto& registry = impl_->engine->registry();
+  auto& executor = impl_->engine->executor();
 
   api::ApiOptions ao;
   ao.stats = impl_->http_stats;
@@ -210,14 +176,13 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   ao.execute_keepalive = o.execute_keepalive;
   ao.max_file_bytes = o.max_file_bytes;
   ao.jailed = !o.no_jail;
-  impl_->api = std::make_unique<api::Api>(*impl_->registry, *impl_->executor, std::move(ao),
-                                          impl_->offload());
-  api::E2bOptions eo;
-  eo.token = impl_->token;
-  eo.allow_missing_token = o.e2b_no_token;
-  eo.execute_max_timeout = o.execute_max_timeout;
-  eo.execute_keepalive = o.execute_keepalive;
-  impl_->e2b = std::make_unique<api::E2bApi>(*impl_->registry, *impl_->executor, std::move(eo),
+  impl_->api = std::make_unique<api::Api>(registry, executor, std::move(ao), impl_->offload());
+  api::E2bOptions e2b_options;
+  e2b_options.token = impl_->token;
+  e2b_options.allow_missing_token = o.e2b_no_token;
+  e2b_options.execute_max_timeout = o.execute_max_timeout;
+  e2b_options.execute_keepalive = o.execute_keepalive;
+  impl_->e2b = std::make_unique<api::E2bApi>(registry, executor, std::move(e2b_options),
                                              impl_->offload());
 
   mcp::KernelsOptions mo;
@@ -229,8 +194,7 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
     base.pop_back();
   }
   mo.artifact_base = base + "/api/artifacts/";
-  impl_->mcp_kernels =
-      mcp::make_local_kernels(*impl_->registry, *impl_->executor, mo, impl_->offload());
+  impl_->mcp_kernels = mcp::make_local_kernels(registry, executor, mo, impl_->offload());
   impl_->mcp = std::make_unique<mcp::Server>(*impl_->mcp_kernels, impl_->offload());
   mcp::HttpEndpointOptions mcp_http;
   mcp_http.allow_origins = o.allow_origins;
@@ -239,8 +203,8 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   impl_->api->mount("/mcp", *impl_->mcp_endpoint);
 
   MetricsSources sources;
-  sources.registry = impl_->registry.get();
-  sources.executor = impl_->executor.get();
+  sources.registry = &registry;
+  sources.executor = &executor;
   sources.http = impl_->http_stats;
   sources.open_connections = [impl = impl_.get()] {
     return (impl->listener ? impl->listener->open_connections() : 0) +
@@ -248,7 +212,7 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   };
   sources.zygote_restarts = [impl = impl_.get()] {
     // A broker's zygote is the broker's: not counted here.
-    auto* own = dynamic_cast<kernel::ProcessBackend*>(impl->backend.get());
+    auto* own = dynamic_cast<kernel::ProcessBackend*>(&impl->engine->backend());
     auto* zygote = own != nullptr ? own->zygote() : nullptr;
     return zygote != nullptr ? zygote->restarts() : -1;
   };
@@ -268,8 +232,8 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   impl_->http_options.ws_budget = std::make_shared<http::ByteBudget>(
       o.max_ws_total_bytes, trim_after, [impl = impl_.get()] {
         // On the offload pool: a trim walks every arena, and no network thread waits for it.
-        if (impl->offload_pool) {
-          net::post(*impl->offload_pool, [] { ::malloc_trim(0); });
+        if (impl->engine->started()) {
+          impl->engine->offload()([] { ::malloc_trim(0); });
         }
       });
   impl_->http_options.ws_ping_interval = o.ws_ping_interval;
@@ -279,27 +243,18 @@ Server::~Server() {
   stop();
   impl_->listener.reset();
   impl_->e2b_listener.reset();
-  // Cells end (their kernels go), then the threads they ran on.
-  impl_->registry->shutdown_all();
-  if (impl_->offload_pool) {
-    impl_->offload_pool->join();
-  }
-  impl_->cells_work.reset();
-  impl_->cells.stop();
-  for (auto& t : impl_->cell_threads) {
-    t.join();
-  }
+  // Kernels end, then the threads (engine.hpp's teardown); then the front ends, then the engine.
+  impl_->engine->stop();
   impl_->e2b.reset();
   impl_->mcp_endpoint.reset();
   impl_->mcp.reset();
   impl_->mcp_kernels.reset();
   impl_->api.reset();
-  impl_->executor.reset();
-  impl_->registry.reset();
+  impl_->engine.reset();
 }
 
 const std::string& Server::token() const { return impl_->token; }
-kernels::KernelRegistry& Server::registry() { return *impl_->registry; }
+kernels::KernelRegistry& Server::registry() { return impl_->engine->registry(); }
 const ServeOptions& Server::options() const { return impl_->options; }
 int Server::e2b_port() const { return impl_->e2b_listener ? impl_->e2b_listener->port() : 0; }
 
@@ -314,7 +269,7 @@ Result<int> Server::start() {
                       "allowed on a loopback --ip (127.0.0.1 or ::1), not " + o.ip);
   }
   // Before anything listens: a second gateway on one state dir would adopt the first's kernels.
-  CELLGATE_TRY(impl_->registry->claim_state_dir());
+  CELLGATE_TRY(impl_->engine->registry().claim_state_dir());
   http::raise_open_file_limit();  // each connection is a descriptor
   // A fixed threshold also stops glibc's raising it (see kMmapThresholdBytes).
   ::mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes);
@@ -326,11 +281,7 @@ Result<int> Server::start() {
                               http::Listener::open(impl_->network, o.ip, o.e2b_port, *impl_->e2b,
                                                    impl_->http_options, impl_->tls));
   }
-  impl_->offload_pool.emplace(kOffloadThreads);
-  impl_->registry->start();
-  for (int i = 0; i < kCellThreads; ++i) {
-    impl_->cell_threads.emplace_back([this] { impl_->cells.run(); });
-  }
+  impl_->engine->start();
   impl_->listener->start();
   if (impl_->e2b_listener) {
     impl_->e2b_listener->start();
@@ -379,7 +330,8 @@ Result<std::unique_ptr<kernel::KernelBackend>> split_privileges(
   if (o.audit_log.empty()) {
     o.audit_log = o.state_dir + "/audit/audit.log";  // rotated in a directory the gateway owns
   }
-  kernels::UidRangeOptions u = registry_options(o).uids;
+  const engine::EngineOptions parts = engine_options(o);
+  kernels::UidRangeOptions u = parts.registry.uids;
   u.fallback_lease_dir = o.state_dir + "/run/uid-ranges";
   lease.emplace(u);
   CELLGATE_TRY(lease->lease());
@@ -392,7 +344,7 @@ Result<std::unique_ptr<kernel::KernelBackend>> split_privileges(
   policy.first_uid = range.first;
   policy.last_uid = range.last;
   policy.access_gid = user.gid;
-  policy.backend = backend_options(o);
+  policy.backend = engine::launcher_options(parts);
   CELLGATE_ASSIGN_OR_RETURN(auto channel, broker::broker_channel());
   std::cout << std::flush;
   std::cerr << std::flush;
@@ -421,7 +373,6 @@ Result<std::unique_ptr<kernel::KernelBackend>> split_privileges(
 }  // namespace
 
 int run_serve(ServeOptions options) {
-  spdlog::info("host: {}", jail::probe_host().describe());
   if (options.no_jail) {
     spdlog::warn("--no-jail: kernels run UNJAILED, as this user; do not give them untrusted code");
   } else {
@@ -433,27 +384,28 @@ int run_serve(ServeOptions options) {
       spdlog::warn("--optional-limits: kernels start without the {} limit where this host cannot "
                    "enforce it", limit);
     }
-    // Before the zygote or any kernel: on cgroup v2 the gateway may have to leave its own
-    // cgroup for a leaf so that kernels' cgroups can get the memory, pids and cpu controllers.
-    jail::CgroupPlacementRequest placement;
-    placement.requested_parent = options.cgroup_parent;
-    auto placed = jail::place_kernel_cgroups(placement);
-    if (!placed) {
-      std::cerr << "cellgate serve: " << placed.error().message << "\n";
-      return 2;
+  }
+  // The host's steps (engine/host.hpp): before the zygote, any kernel and any thread.
+  engine::HostOptions host;
+  host.jailed = !options.no_jail;
+  host.cgroup_parent = options.cgroup_parent;
+  host.report = [](engine::HostStep step, const std::string& line) {
+    switch (step) {
+      case engine::HostStep::kProbe:
+        return spdlog::info("host: {}", line);
+      case engine::HostStep::kPlaceCgroups:
+        return spdlog::info("cgroups: {}", line);
+      case engine::HostStep::kEnterUserNamespace:
+        return spdlog::info("{}", line);
     }
-    spdlog::info("cgroups: {}", placed->summary);
-    options.jail.cgroup_parent = placed->parent;
-    // Not root: root of a user namespace of our own from here on (rootless mode). After the
-    // cgroups (they are the user's), before any thread.
-    auto userns = jail::enter_gateway_user_namespace();
-    if (!userns) {
-      std::cerr << "cellgate serve: " << userns.error().message << "\n";
-      return 2;
-    }
-    if (userns->entered) {
-      spdlog::info("{}", userns->summary);
-    }
+  };
+  auto prepared = engine::prepare_host(host);
+  if (!prepared) {
+    std::cerr << "cellgate serve: " << prepared.error().message << "\n";
+    return 2;
+  }
+  if (!options.no_jail) {
+    options.jail.cgroup_parent = prepared->cgroup_parent;
   }
   std::optional<kernels::UidAllocator> broker_uids;
   pid_t broker_pid = -1;

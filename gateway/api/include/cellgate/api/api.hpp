@@ -4,7 +4,8 @@
 //   api::Api api(registry, executor, {.base_url = "/", .token = token}, offload);
 //   auto listener = http::Listener::open(ioc, ip, port, api, http_options);
 //
-// Jupyter routes (under base_url): /api, /api/kernelspecs[/{name}], /kernelspecs/{name}/{file},
+// Jupyter routes (under base_url): /api, /api/spec.yaml (this API as OpenAPI 3, openapi.yaml),
+// /api/kernelspecs[/{name}], /kernelspecs/{name}/{file},
 // /api/kernels[/{id}[/interrupt|/restart]], /api/sessions[/{id}], and the WebSocket
 // /api/kernels/{id}/channels (both formats; channels.hpp). Agent routes: /api/kernels/{id}/execute,
 // /api/execute, /api/kernels/{id}/artifacts, /api/artifacts/{sha256}, /api/kernels/{id}/files/….

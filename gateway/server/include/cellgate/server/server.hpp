@@ -1,8 +1,8 @@
-// `cellgate serve`: the composition root. Server builds the parts — the kernel registry, the
-// artifact store, the audit log, the executor, the Jupyter/agent API, the E2B API and their
-// listeners — hands them to each other, and owns the threads they run on: the network threads,
-// the cell threads (every agent cell is a state machine on a strand there), and the offload
-// pool for blocking work (kernel starts, restarts, shutdowns, file I/O).
+// `cellgate serve`: the composition root. Server builds an engine (engine/engine.hpp: the kernel
+// backend, registry, artifact store, audit log, executor, the cell threads — every agent cell is
+// a state machine on a strand there — and the offload pool for blocking work) and the front
+// ends over it — the Jupyter/agent API, the E2B API, MCP at /mcp, /metrics — with their
+// listeners and the network threads.
 //
 //   Server server(options);          // builds; starts no thread and no process
 //   auto port = server.start();      // the zygote, the monitor, the pool, the listeners
