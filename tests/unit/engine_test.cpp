@@ -81,8 +81,9 @@ TEST_F(EngineTest, ACellRunsThroughThePartsItComposed) {
   request.timeout_seconds = 10;
   auto answer = engine->executor().run_and_wait(model->id, std::move(request), {});
   ASSERT_TRUE(answer.ok()) << answer.error().describe();
-  EXPECT_EQ(answer->value("status", ""), "ok");
-  EXPECT_EQ((*answer)["result"]["text/plain"], "3");
+  EXPECT_EQ(answer->status_name(), "ok");
+  ASSERT_TRUE(answer->result.has_value());
+  EXPECT_EQ((*answer->result)["text/plain"], "3");
 }
 
 TEST_F(EngineTest, StopEndsTheKernelsThenFinishesQueuedWorkThenTheThreads) {
