@@ -85,7 +85,7 @@ struct Progress {
 
 // How to talk to a kernel, and what the gateway hears from it besides the answers to its own
 // requests.
-class ZmqContext;  // client.hpp
+struct ZmqContext;  // client.hpp
 
 struct ClientOptions {
   // A ping every interval; `heartbeat_misses` unanswered pings in a row mean the kernel is dead.
