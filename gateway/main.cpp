@@ -96,6 +96,11 @@ int main(int argc, char** argv) {
                         "no CPU before it is declared dead and restarted (a kernel busy at its "
                         "CPU quota, e.g. starved by its own cell's workers, is never restarted)")
       ->envname("CELLGATE_HEARTBEAT_TIMEOUT")->check(CLI::PositiveNumber)->capture_default_str();
+  serve_cmd->add_option("--kernel-start-timeout", serve.kernel_start_timeout,
+                        "seconds a kernel may take to start: its launcher building the jail, "
+                        "then its first kernel_info answer (Enterprise Gateway's "
+                        "KERNEL_LAUNCH_TIMEOUT; raise it on slow or emulated hosts)")
+      ->envname("CELLGATE_KERNEL_START_TIMEOUT")->check(CLI::PositiveNumber)->capture_default_str();
   serve_cmd->add_option("--restart-limit", serve.restart_limit,
                         "automatic restarts of a dying kernel before it is left dead")
       ->capture_default_str();

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -167,6 +168,9 @@ TEST_F(KernelsTest, StartFindListShutdown) {
   EXPECT_EQ(fk->request().work_dir, options_.state_dir + "/kernels/" + model->id + "/work");
   ASSERT_TRUE(fk->request().jail.has_value());
   EXPECT_EQ(fk->request().jail->name, "k-" + model->id);
+  // The launcher's report has the whole start's bound (--kernel-start-timeout), not its own 10 s.
+  EXPECT_EQ(fk->request().start_timeout,
+            std::chrono::milliseconds(std::llround(options_.kernel_start_timeout * 1000)));
 
   auto found = registry().find(model->id);
   ASSERT_TRUE(found.ok());

@@ -259,6 +259,11 @@ Result<ManagedKernel::Running> KernelRegistry::Impl::launch(const std::shared_pt
   req.kernel_id = k->id();
   req.runtime_parent = options_.state_dir + "/run";
   req.work_dir = k->work_dir();
+  // The launcher's report (the jail built, the kernel forked) within the same bound as the
+  // kernel's first answer: a slow host (a guest under emulation, a loaded CI machine) can take
+  // longer than the launcher's own 10 s default for the jail alone.
+  req.start_timeout =
+      std::chrono::milliseconds(std::llround(options_.kernel_start_timeout * 1000));
   req.env = kernel::default_kernel_env(req.work_dir, !options_.no_jail);
   for (const auto& [key, value] : k->env()) {
     req.env[key] = value;

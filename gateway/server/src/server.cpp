@@ -14,6 +14,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <cstdlib>
 #include <iostream>
@@ -342,6 +344,7 @@ Result<std::unique_ptr<kernel::KernelBackend>> split_privileges(
   policy.jail = o.jail;
   policy.work_dir_aliases = work_dir_aliases();
   policy.first_uid = range.first;
+  policy.start_timeout = std::chrono::milliseconds(std::llround(o.kernel_start_timeout * 1000));
   policy.last_uid = range.last;
   policy.access_gid = user.gid;
   policy.backend = engine::launcher_options(parts);

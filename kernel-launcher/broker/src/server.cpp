@@ -450,6 +450,7 @@ class Broker {
     req.work_dir = work_dir;
     req.env = std::move(env);
     req.conn_files = std::move(conn_files);
+    req.start_timeout = policy_.start_timeout;
     req.jail = kernels::kernel_jail(policy_.jail, kernel_id, uid, work_dir,
                                     policy_.work_dir_aliases);
     req.jail->access_gid = policy_.access_gid;  // the kernel's gid then (the launcher sees to it)

@@ -75,7 +75,7 @@ struct RegistryOptions {
   bool cull_busy = false;
   std::set<std::string> env_allowlist;    // client env names passed besides KERNEL_*
   int restart_limit = 5;                  // auto-restarts of a dying kernel before it is dead
-  double kernel_start_timeout = 60;       // seconds until the kernel must answer kernel_info
+  double kernel_start_timeout = 60;       // seconds for the launcher's report and the first kernel_info
   // Seconds a kernel may go without answering heartbeats while its process uses no CPU before it
   // is declared dead and restarted (a hung kernel: stopped, deadlocked). Silence while it uses
   // CPU, or is held at its CPU quota with work waiting, never counts.

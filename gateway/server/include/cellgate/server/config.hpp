@@ -43,7 +43,7 @@ struct ServeOptions {
   int threads = 2;
   std::set<std::string> env_allowlist;  // client env names passed besides KERNEL_*
   int restart_limit = 5;                // auto-restarts of a dying kernel before it is dead
-  double kernel_start_timeout = 60;     // seconds until the kernel must answer kernel_info
+  double kernel_start_timeout = 60;     // seconds for the launcher's report and the first kernel_info
   // Seconds without heartbeats while the kernel's process uses no CPU before it is restarted
   // (RegistryOptions::heartbeat_timeout); a kernel busy at its CPU quota is never restarted.
   double heartbeat_timeout = 3;

@@ -19,6 +19,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -42,6 +43,8 @@ struct BrokerPolicy {
   uid_t last_uid = 0;
   gid_t access_gid = 0;   // the gateway's group: may use the kernels' sockets and work dirs
   kernel::ProcessBackendOptions backend;
+  // How long a launcher may take to report its kernel started (--kernel-start-timeout).
+  std::chrono::milliseconds start_timeout{60000};
   // The kernelspec of a name; unset: the registry's lookup (kernelspec dirs), done as root.
   std::function<Result<kernel::KernelSpec>(const std::string& name)> find_kernelspec;
 };
