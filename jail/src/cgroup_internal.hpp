@@ -18,6 +18,7 @@
 #include "cellgate/jail/cgroup.hpp"
 #include "cellgate/result.hpp"
 #include "cellgate/sys/proc.hpp"
+#include "cellgate/sys/text.hpp"
 
 namespace cellgate::jail::cgroup_internal {
 
@@ -35,8 +36,8 @@ inline constexpr auto kPollInterval = std::chrono::milliseconds(10);
 inline constexpr const char* kIoReason = "cgroup_io_failed";
 inline constexpr const char* kUnavailableReason = "limit_unavailable";
 
-std::string_view trim(std::string_view s);
-std::vector<std::string_view> split(std::string_view s, char sep);
+using sys::split;  // cellgate/sys/text.hpp
+using sys::trim;
 // Whitespace-separated tokens, as in cgroup.controllers ("cpu memory pids").
 std::vector<std::string> tokens(std::string_view s);
 bool contains(const std::vector<std::string>& v, std::string_view x);

@@ -272,6 +272,17 @@ void Cell::on_envelope(std::uint64_t request, const protocol::EnvelopePtr& envel
     if (request != cell_request_) {
       return;  // teardown: nothing of it is kept
     }
+    if (channel == Channel::kIopub && !kernel_began_) {
+      kernel_began_ = true;
+      if (interrupt_deferred_ && state_ == State::kStopping) {
+        interrupt_deferred_ = false;
+        interrupt();
+        if (grace_timer_) {
+          grace_timer_->cancel();
+        }
+        grace_timer_ = at(context_->loop.now() + context_->limits.grace, &Cell::on_grace);
+      }
+    }
     if (channel == Channel::kShell && type == "execute_reply") {
       reply_ = envelope->message().content;
     } else if (channel == Channel::kStdin && type == "input_request") {
@@ -414,8 +425,16 @@ void Cell::on_keepalive() {
 }
 
 void Cell::stop() {
+  // A cell whose request the kernel has not begun (it is still busy with what came before, or
+  // slow to read it) is interrupted once it begins; the grace timer bounds a kernel that never
+  // does.
+  const bool now = state_ != State::kRunning || kernel_began_;
   state_ = State::kStopping;
-  interrupt();
+  if (now) {
+    interrupt();
+  } else {
+    interrupt_deferred_ = true;
+  }
   grace_timer_ = at(context_->loop.now() + context_->limits.grace, &Cell::on_grace);
 }
 

@@ -208,6 +208,11 @@ class Cell : public std::enable_shared_from_this<Cell> {
   bool cancelled_ = false;
   bool abandoned_ = false;
   bool state_lost_ = false;
+  // The kernel has begun the cell's request (its first iopub message, `status: busy`, came).
+  // A SIGINT sent before that reaches a kernel still waiting for the request, which drops it,
+  // and the cell then runs past its grace: the interrupt waits for this instead.
+  bool kernel_began_ = false;
+  bool interrupt_deferred_ = false;
   std::optional<jail::CgroupStats> before_stats_;
   std::optional<store::files::Snapshot> before_files_;
 };
