@@ -110,7 +110,8 @@ Result<std::unique_ptr<Cgroup>> CgroupHost::create(const std::string& group,
         }
       } else if (errno != EEXIST) {
         const int err = errno;
-        return errno_error(sys::code_for_errno(err), kIoReason, "mkdir('" + group_dir + "', 0755)", err);
+        return errno_error(sys::code_for_errno(err), kIoReason, "mkdir('" + group_dir + "', 0755)",
+                           err);
       }
       if (!contains(cg->groups_, group_dir)) {
         cg->groups_.push_back(group_dir);
@@ -270,7 +271,6 @@ Result<void> Cgroup::add_process(pid_t pid) {
   }
   return ok_result();
 }
-
 
 Result<void> Cgroup::kill_all() {
   if (removed_ || paths_.empty()) {

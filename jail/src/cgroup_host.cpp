@@ -1,7 +1,5 @@
 // Detecting the cgroup hierarchies this process can make kernels' cgroups in (v1 and v2), from
 // proc(5) /proc/self/cgroup and /proc/self/mountinfo.
-#include "cellgate/jail/cgroup.hpp"
-
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -16,6 +14,7 @@
 #include <thread>
 #include <utility>
 
+#include "cellgate/jail/cgroup.hpp"
 #include "cgroup_internal.hpp"
 
 namespace cellgate::jail {
@@ -133,8 +132,9 @@ Result<CgroupHost> CgroupHost::detect(std::string_view proc_self_cgroup, std::st
     } else if (contains(offered, c)) {
       // cgroup-v2.rst "No Internal Process Constraint": only a cgroup without processes (or the
       // root) can enable controllers for its children.
-      host.missing_[c] = "the " + c + " controller is not delegated to this process's cgroup: " +
-                         *v2_dir + "/cgroup.subtree_control lacks it (delegate it, e.g. " +
+      host.missing_[c] = "the " + c +
+                         " controller is not delegated to this process's cgroup: " + *v2_dir +
+                         "/cgroup.subtree_control lacks it (delegate it, e.g. " +
                          "systemd Delegate=yes on the gateway's unit, and enable " + c +
                          " there; v2 allows that only in a cgroup with no processes of its own)";
     } else {

@@ -53,7 +53,6 @@ std::uint64_t keyed_value(std::string_view text, std::string_view key) {
   return 0;
 }
 
-
 std::uint64_t number_in(const std::optional<std::string>& text) {
   return text ? parse_int<std::uint64_t>(*text).value_or(0) : 0;
 }

@@ -1,7 +1,8 @@
 // Internal to jail/: what the cgroup files share (cgroup.cpp: creating and removing a kernel's
 // cgroup; cgroup_host.cpp: detecting the hierarchies; cgroup_stats.cpp: the one stats reader;
 // cgroup_placement.cpp: v2 delegation). Text helpers for control files, file access with the
-// cgroup errors, the names and limit files. /proc parsing is the sys floor's (cellgate/sys/proc.hpp).
+// cgroup errors, the names and limit files. /proc parsing is the sys floor's
+// (cellgate/sys/proc.hpp).
 #pragma once
 
 #include <sys/types.h>
@@ -53,7 +54,6 @@ inline std::optional<T> parse_int(std::string_view s) {
   }
   return value;
 }
-
 
 // The value of "key N" in a flat-keyed file (memory.events, pids.events, cpu.stat,
 // memory.oom_control); 0 when the key is absent or its value is not a number.

@@ -1,7 +1,5 @@
 // Placing kernels' cgroups on a v2 host (systemd.io/CGROUP_DELEGATION): the gateway moves itself
 // into a leaf of its delegated cgroup so that kernels' cgroups can go beside it.
-#include "cellgate/jail/cgroup.hpp"
-
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -16,6 +14,7 @@
 #include <thread>
 #include <utility>
 
+#include "cellgate/jail/cgroup.hpp"
 #include "cellgate/sys/file.hpp"
 #include "cgroup_internal.hpp"
 
@@ -97,13 +96,16 @@ std::vector<pid_t> procs_of(const std::string& dir) {
 
 std::string not_delegated_message(const std::string& own_path, uid_t euid,
                                   const std::string& command_line) {
-  std::string m = "kernels need cgroups of their own with the memory, pids and cpu controllers, "
-                  "but this process's cgroup " + own_path +
-                  " is not delegated to it (cgroup v2 enables controllers for child cgroups only "
-                  "where nobody else manages them and no process sits, and systemd did not "
-                  "delegate this one). ";
+  std::string m =
+      "kernels need cgroups of their own with the memory, pids and cpu controllers, "
+      "but this process's cgroup " +
+      own_path +
+      " is not delegated to it (cgroup v2 enables controllers for child cgroups only "
+      "where nobody else manages them and no process sits, and systemd did not "
+      "delegate this one). ";
   const std::string cmd = command_line.empty() ? "cellgate serve …" : command_line;
-  const bool session = own_path.find("/session-") != std::string::npos && own_path.ends_with(".scope");
+  const bool session =
+      own_path.find("/session-") != std::string::npos && own_path.ends_with(".scope");
   if (own_path.ends_with(".service")) {
     m += "Add Delegate=yes to the unit's [Service] section (scripts/systemd/cellgate.service is "
          "one that works), or start it in a delegated scope: ";
@@ -145,9 +147,9 @@ Result<KernelCgroupPlacement> place_kernel_cgroups(const CgroupPlacementRequest&
                     "); a delegated parent must hold no processes of its own";
         return e;
       }
-      CELLGATE_ASSIGN_OR_RETURN(host, CgroupHost::detect(view.proc_self_cgroup, view.mountinfo,
-                                                         view.root_prefix,
-                                                         request.requested_parent));
+      CELLGATE_ASSIGN_OR_RETURN(
+          host, CgroupHost::detect(view.proc_self_cgroup, view.mountinfo, view.root_prefix,
+                                   request.requested_parent));
     }
     return KernelCgroupPlacement{request.requested_parent,
                                  "kernels' cgroups below --cgroup-parent " +
@@ -243,13 +245,15 @@ Result<KernelCgroupPlacement> place_kernel_cgroups(const CgroupPlacementRequest&
           continue;
         }
         const bool plain = std::all_of(arg.begin(), arg.end(), [](char c) {
-          return std::isalnum(static_cast<unsigned char>(c)) || std::string_view("-_./=:,@+%").find(c) != std::string_view::npos;
+          return std::isalnum(static_cast<unsigned char>(c)) ||
+                 std::string_view("-_./=:,@+%").find(c) != std::string_view::npos;
         });
         std::string quoted = "'";
         for (const char c : arg) {
           quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
         }
-        r.command_line += (r.command_line.empty() ? "" : " ") + (plain ? std::string(arg) : quoted + "'");
+        r.command_line +=
+            (r.command_line.empty() ? "" : " ") + (plain ? std::string(arg) : quoted + "'");
       }
     }
   }

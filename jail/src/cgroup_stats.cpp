@@ -1,8 +1,6 @@
 // The one reader of a cgroup's figures (memory, pids, cpu, throttling), for the launcher's own
 // cgroup and for the gateway reading a launcher's from outside. v1 and v2 file names differ;
 // the numbers mean the same.
-#include "cellgate/jail/cgroup.hpp"
-
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -17,6 +15,7 @@
 #include <thread>
 #include <utility>
 
+#include "cellgate/jail/cgroup.hpp"
 #include "cgroup_internal.hpp"
 
 namespace cellgate::jail {
@@ -54,14 +53,14 @@ Result<CgroupStats> read_cgroup_stats(CgroupVersion version, const std::vector<s
     if (!is_dir(dir)) {
       return make_error(ErrorCode::kNotFound, "cgroup_removed", dir + " no longer exists");
     }
-    CELLGATE_ASSIGN_OR_RETURN(const auto current,
-                              read_optional(dir + (v1 ? "/memory.usage_in_bytes" : "/memory.current")));
+    CELLGATE_ASSIGN_OR_RETURN(const auto current, read_optional(dir + (v1 ? "/memory.usage_in_bytes"
+                                                                          : "/memory.current")));
     if (current) {
       s.memory_current_bytes = number_in(current);
     }
     // v2: memory.peak is there since Linux 5.19.
-    CELLGATE_ASSIGN_OR_RETURN(const auto peak,
-                              read_optional(dir + (v1 ? "/memory.max_usage_in_bytes" : "/memory.peak")));
+    CELLGATE_ASSIGN_OR_RETURN(
+        const auto peak, read_optional(dir + (v1 ? "/memory.max_usage_in_bytes" : "/memory.peak")));
     if (peak) {
       s.memory_peak_bytes = number_in(peak);
     }

@@ -39,8 +39,9 @@ Result<void> drop_privileges(uid_t uid, gid_t gid) {
   const unsigned long securebits = SECBIT_NOROOT | SECBIT_NOROOT_LOCKED |
                                    SECBIT_NO_SETUID_FIXUP_LOCKED | SECBIT_KEEP_CAPS_LOCKED;
   if (::prctl(PR_SET_SECUREBITS, securebits, 0, 0, 0) != 0) {
-    return fail("prctl(PR_SET_SECUREBITS, NOROOT|NOROOT_LOCKED|NO_SETUID_FIXUP_LOCKED|"
-                "KEEP_CAPS_LOCKED)");
+    return fail(
+        "prctl(PR_SET_SECUREBITS, NOROOT|NOROOT_LOCKED|NO_SETUID_FIXUP_LOCKED|"
+        "KEEP_CAPS_LOCKED)");
   }
   // In a user namespace whose setgroups is "deny" the list is already fixed (the gateway's).
   if (::setgroups(0, nullptr) != 0 && !(rootless && errno == EPERM)) {

@@ -17,7 +17,8 @@ namespace cellgate::jail {
 HostSupport probe_host() {
   HostSupport h;
   h.root = ::geteuid() == 0;
-  h.user_namespaces = std::atol(sys::read_trimmed("/proc/sys/user/max_user_namespaces").c_str()) > 0;
+  h.user_namespaces =
+      std::atol(sys::read_trimmed("/proc/sys/user/max_user_namespaces").c_str()) > 0;
   long abi = ::syscall(SYS_landlock_create_ruleset, nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION);
   h.landlock_abi = abi > 0 ? static_cast<int>(abi) : 0;
   auto cg = CgroupHost::detect_system();
@@ -32,8 +33,7 @@ HostSupport probe_host() {
 
 std::string HostSupport::describe() const {
   return "linux " + kernel_release + "; " + (root ? "running as root" : "not root") +
-         "; user namespaces " + (user_namespaces ? "available" : "unavailable") +
-         "; landlock " +
+         "; user namespaces " + (user_namespaces ? "available" : "unavailable") + "; landlock " +
          (landlock_abi > 0 ? "ABI " + std::to_string(landlock_abi) + " (applied to every kernel)"
                            : "unavailable (kernels start only with \"landlock\" optional)") +
          "; " + cgroup + "; " + seccomp;

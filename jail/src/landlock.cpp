@@ -35,8 +35,8 @@ constexpr std::uint64_t kScratch =
     LANDLOCK_ACCESS_FS_MAKE_DIR | LANDLOCK_ACCESS_FS_MAKE_REG | LANDLOCK_ACCESS_FS_MAKE_SOCK |
     LANDLOCK_ACCESS_FS_MAKE_FIFO | LANDLOCK_ACCESS_FS_MAKE_SYM | LANDLOCK_ACCESS_FS_REFER;
 // The rights a rule on a file (not a directory) may carry; others make landlock_add_rule EINVAL.
-constexpr std::uint64_t kFileRights = kExecute | LANDLOCK_ACCESS_FS_READ_FILE | kWriteFile |
-                                       LANDLOCK_ACCESS_FS_IOCTL_DEV;
+constexpr std::uint64_t kFileRights =
+    kExecute | LANDLOCK_ACCESS_FS_READ_FILE | kWriteFile | LANDLOCK_ACCESS_FS_IOCTL_DEV;
 // Bits 0-12 are ABI 1's rights.
 constexpr std::uint64_t kAbi1 = (1ULL << 13) - 1;
 
@@ -122,8 +122,10 @@ Result<int> apply_landlock(const JailSpec& spec) {
       return make_error(ErrorCode::kFailedPrecondition, "landlock",
                         why + "; fix the host, or list \"landlock\" as optional to run without it");
     }
-    std::fprintf(stderr, "cellgate-kernel: warning: landlock is not applied (allowed as "
-                         "optional): %s\n", why.c_str());
+    std::fprintf(stderr,
+                 "cellgate-kernel: warning: landlock is not applied (allowed as "
+                 "optional): %s\n",
+                 why.c_str());
     return 0;
   }
   const std::uint64_t handled = handled_for(static_cast<int>(abi));

@@ -1,6 +1,6 @@
 // The jail's root filesystem: a fresh tmpfs with read-only binds of what kernels need (/usr,
-// listed /etc entries, shared caches), a new /proc, a minimal /dev, size-capped /tmp and work dir, the connection dir; then pivot_root and
-// the old root detached.
+// listed /etc entries, shared caches), a new /proc, a minimal /dev, size-capped /tmp and work dir,
+// the connection dir; then pivot_root and the old root detached.
 #include <fcntl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -45,8 +45,8 @@ Result<void> do_mount(const std::string& source, const std::string& target, cons
                       unsigned long flags, const std::string& data = "") {
   if (::mount(source.empty() ? nullptr : source.c_str(), target.c_str(), fstype, flags,
               data.empty() ? nullptr : data.c_str()) != 0) {
-    return fail("mount('" + source + "', '" + target + "', " + (fstype ? fstype : "NULL") +
-                ", " + flags_text(flags) + (data.empty() ? "" : ", '" + data + "'") + ")");
+    return fail("mount('" + source + "', '" + target + "', " + (fstype ? fstype : "NULL") + ", " +
+                flags_text(flags) + (data.empty() ? "" : ", '" + data + "'") + ")");
   }
   return {};
 }
@@ -126,15 +126,17 @@ Result<void> build_etc(const JailSpec& spec, const std::string& root, uid_t uid,
   CELLGATE_TRY(make_dir(etc));
   const std::string u = std::to_string(uid);
   const std::string g = std::to_string(gid);
-  CELLGATE_TRY(make_file(etc + "/passwd", "root:x:0:0:root:/root:/usr/sbin/nologin\n"
-                                          "kernel:x:" + u + ":" + g + ":kernel:" + kJailWorkDir +
-                                              ":/usr/sbin/nologin\n"
-                                              "nobody:x:65534:65534:nobody:/nonexistent:/usr/"
-                                              "sbin/nologin\n"));
+  CELLGATE_TRY(make_file(etc + "/passwd",
+                         "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+                         "kernel:x:" +
+                             u + ":" + g + ":kernel:" + kJailWorkDir +
+                             ":/usr/sbin/nologin\n"
+                             "nobody:x:65534:65534:nobody:/nonexistent:/usr/"
+                             "sbin/nologin\n"));
   CELLGATE_TRY(make_file(etc + "/group", "root:x:0:\nkernel:x:" + g + ":\nnogroup:x:65534:\n"));
   CELLGATE_TRY(make_file(etc + "/hostname", spec.hostname + "\n"));
-  CELLGATE_TRY(make_file(etc + "/hosts", "127.0.0.1 localhost " + spec.hostname +
-                                             "\n::1 localhost ip6-localhost\n"));
+  CELLGATE_TRY(make_file(
+      etc + "/hosts", "127.0.0.1 localhost " + spec.hostname + "\n::1 localhost ip6-localhost\n"));
   for (const auto& name : spec.etc_binds) {
     const std::string source = "/etc/" + name;
     if (!exists(source)) {
@@ -262,8 +264,8 @@ Result<void> build_root(const JailSpec& spec, const RootPaths& paths, uid_t uid,
   CELLGATE_TRY(make_dir(root + "/proc"));
   CELLGATE_TRY(do_mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC));
   // Kernel tunables stay read-only even for a process that somehow became root in here.
-  CELLGATE_TRY(bind_mount(root + "/proc/sys", root + "/proc/sys", MS_RDONLY | MS_NOSUID | MS_NODEV |
-                                                                MS_NOEXEC));
+  CELLGATE_TRY(bind_mount(root + "/proc/sys", root + "/proc/sys",
+                          MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC));
   CELLGATE_TRY(build_dev(spec, root));
 
   CELLGATE_TRY(make_dir(root + "/tmp", 01777));
@@ -283,8 +285,7 @@ Result<void> build_root(const JailSpec& spec, const RootPaths& paths, uid_t uid,
   }
   CELLGATE_TRY(make_dir(root + "/run"));
   if (!paths.conn_dir.empty()) {
-    CELLGATE_TRY(
-        bind_mount(paths.conn_dir, root + kJailConnDir, MS_NOSUID | MS_NODEV | MS_NOEXEC));
+    CELLGATE_TRY(bind_mount(paths.conn_dir, root + kJailConnDir, MS_NOSUID | MS_NODEV | MS_NOEXEC));
   }
   for (const auto& path : spec.system_binds) {
     struct stat st {};
@@ -296,8 +297,8 @@ Result<void> build_root(const JailSpec& spec, const RootPaths& paths, uid_t uid,
   }
   for (const auto& b : spec.binds) {
     CELLGATE_TRY(make_parents(root, b.target));
-    CELLGATE_TRY(bind_mount(b.source, root + b.target,
-                      MS_NOSUID | MS_NODEV | (b.writable ? 0 : MS_RDONLY)));
+    CELLGATE_TRY(
+        bind_mount(b.source, root + b.target, MS_NOSUID | MS_NODEV | (b.writable ? 0 : MS_RDONLY)));
   }
 
   // pivot_root into the new root and detach the old one, so no path leads back to the host.

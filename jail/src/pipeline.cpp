@@ -38,7 +38,8 @@ Result<void> contain_kernel(const JailSpec& spec, uid_t uid, gid_t gid,
       {"rlimits", [&] { return apply_rlimits(spec); }},
       {"cpu affinity", [&] { return limit_cpu_affinity(spec.cpus, uid); }},
       // What it makes in its work and connection dirs stays usable by the access group.
-      {"umask", [&]() -> Result<void> {
+      {"umask",
+       [&]() -> Result<void> {
          if (spec.access_gid) {
            ::umask(002);
          }
@@ -48,7 +49,8 @@ Result<void> contain_kernel(const JailSpec& spec, uid_t uid, gid_t gid,
       {"no_new_privs", [] { return set_no_new_privs(); }},
       // Needs no_new_privs (or CAP_SYS_ADMIN, long dropped); closes its ruleset fd itself, and
       // its syscalls come before the seccomp filter, which does not list them.
-      {"landlock", [&]() -> Result<void> {
+      {"landlock",
+       [&]() -> Result<void> {
          CELLGATE_TRY(apply_landlock(spec));
          return {};
        }},

@@ -2,6 +2,8 @@
 // policy, each with its reason. The ids in the reasons ("(E3)", "(D18)") are rows of the escape
 // checklist in jail/README.md. Other sources: Docker's (moby's) default profile and flatpak's
 // seccomp table.
+#include "cellgate/jail/seccomp.hpp"
+
 #include <fcntl.h>
 #include <sched.h>
 #include <seccomp.h>
@@ -18,8 +20,6 @@
 #include <memory>
 #include <string>
 #include <utility>
-
-#include "cellgate/jail/seccomp.hpp"
 
 namespace cellgate::jail {
 namespace {

@@ -6,8 +6,8 @@
 namespace cellgate::jail {
 namespace {
 
-const std::set<std::string> kKnownOptional = {"memory", "swap", "pids", "cpu",
-                                               "work_size", "landlock"};
+const std::set<std::string> kKnownOptional = {"memory", "swap",      "pids",
+                                              "cpu",    "work_size", "landlock"};
 
 Error bad(const std::string& what) {
   return make_error(ErrorCode::kInvalidArgument, "bad_jail_spec", what);
@@ -43,8 +43,7 @@ Result<void> check_system_bind(const std::string& path) {
     }
     const std::string part = path.substr(start, end - start);
     if (part.empty() || part == "." || part == "..") {
-      return bad("system_binds must be plain paths without '', '.' or '..' parts ('" + path +
-                 "')");
+      return bad("system_binds must be plain paths without '', '.' or '..' parts ('" + path + "')");
     }
     start = end + 1;
   }
@@ -86,7 +85,8 @@ Result<void> JailSpec::validate() const {
       (cgroup_parent.front() != '/' || cgroup_parent.size() > 4096 ||
        cgroup_parent.find("/../") != std::string::npos || cgroup_parent.ends_with("/..") ||
        cgroup_parent.find("/./") != std::string::npos || cgroup_parent.ends_with("/.") ||
-       cgroup_parent.find('\0') != std::string::npos || cgroup_parent.find('\n') != std::string::npos)) {
+       cgroup_parent.find('\0') != std::string::npos ||
+       cgroup_parent.find('\n') != std::string::npos)) {
     return bad("cgroup_parent must be an absolute cgroup path without '.' or '..' parts");
   }
   if (!name.empty() && !is_plain_name(name)) {

@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-
 #include <cerrno>
 #include <cstdlib>
 #include <sstream>
@@ -245,8 +244,9 @@ Result<UserNamespace> enter_gateway_user_namespace() {
                           "newgidmap failed after newuidmap mapped our uids (see its message "
                           "above); check the user's line in /etc/subgid");
       }
-      mapping_note = "; newuidmap failed (see its message above), so only the user's own uid is "
-                     "mapped";
+      mapping_note =
+          "; newuidmap failed (see its message above), so only the user's own uid is "
+          "mapped";
     }
     // user_namespaces(7): an unprivileged process maps only its own ids, and must deny setgroups
     // before it may write a gid_map.
@@ -267,17 +267,21 @@ Result<UserNamespace> enter_gateway_user_namespace() {
   }
   ns.entered = true;
   if (ns.kernel_uid_count > 0) {
-    ns.summary = "rootless: uid " + std::to_string(ns.outer_uid) + " is root of the gateway's "
+    ns.summary = "rootless: uid " + std::to_string(ns.outer_uid) +
+                 " is root of the gateway's "
                  "own user namespace; kernels run as uids of its subordinate range (" +
                  std::to_string(helpers.uids.start) + "-" +
                  std::to_string(helpers.uids.start + helpers.count - 1) +
                  " outside, from /etc/subuid through newuidmap), every capability dropped; a "
                  "private /run";
   } else {
-    ns.summary = "rootless: uid " + std::to_string(ns.outer_uid) + " is root of the gateway's "
-                 "own user namespace (kernels run as uid " + std::to_string(ns.outer_uid) +
+    ns.summary = "rootless: uid " + std::to_string(ns.outer_uid) +
+                 " is root of the gateway's "
+                 "own user namespace (kernels run as uid " +
+                 std::to_string(ns.outer_uid) +
                  " outside, every capability dropped: no subordinate range in /etc/subuid with "
-                 "newuidmap installed" + mapping_note + "); a private /run";
+                 "newuidmap installed" +
+                 mapping_note + "); a private /run";
   }
   return ns;
 }

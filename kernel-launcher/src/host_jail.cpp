@@ -148,7 +148,9 @@ std::optional<long long> time_limit_deadline(const jail::JailSpec& spec) {
   return monotonic_ns() + static_cast<long long>(spec.time_limit_seconds * 1e9);
 }
 
-long long ns_until(long long deadline) { return deadline - monotonic_ns(); }
+long long ns_until(long long deadline) {
+  return deadline - monotonic_ns();
+}
 
 // ---- the steps ----
 
@@ -210,12 +212,13 @@ Result<void> HostJail::choose_identity() {
 Result<void> HostJail::create_cgroup() {
   std::vector<std::string> warnings;
   auto host = jail::CgroupHost::detect_system(spec_.cgroup_parent);
-  const bool all_optional = spec_.optional.count("memory") && spec_.optional.count("pids") &&
-                            spec_.optional.count("cpu");
+  const bool all_optional =
+      spec_.optional.count("memory") && spec_.optional.count("pids") && spec_.optional.count("cpu");
   if (!host && !all_optional) {
     return make_error(ErrorCode::kFailedPrecondition, "cgroup",
                       "no usable cgroups on this host, so the memory, pids and cpu limits cannot "
-                      "be enforced: " + host.error().message);
+                      "be enforced: " +
+                          host.error().message);
   }
   if (host) {
     jail::CgroupLimits limits;
@@ -245,18 +248,17 @@ Result<void> HostJail::mount_work_dir() {
   if (spec_.work_dir.empty()) {
     return {};
   }
-  auto mounted = jail::mount_work_tmpfs(spec_.work_dir, spec_.work_bytes, uid_, gid_,
-                                        spec_.access_gid);
+  auto mounted =
+      jail::mount_work_tmpfs(spec_.work_dir, spec_.work_bytes, uid_, gid_, spec_.access_gid);
   if (!mounted) {
     if (spec_.optional.count("work_size") == 0) {
       return make_error(ErrorCode::kFailedPrecondition, "work_dir",
                         "the work dir's size cap needs a tmpfs: " + mounted.error().message);
     }
-    std::cerr << "cellgate-kernel: warning: work dir not size-capped: "
-              << mounted.error().message << "\n";
+    std::cerr << "cellgate-kernel: warning: work dir not size-capped: " << mounted.error().message
+              << "\n";
   } else if (*mounted) {
-    undo_before_start_.push_back(
-        [dir = spec_.work_dir] { ::umount2(dir.c_str(), MNT_DETACH); });
+    undo_before_start_.push_back([dir = spec_.work_dir] { ::umount2(dir.c_str(), MNT_DETACH); });
   }
   if (::chown(spec_.work_dir.c_str(), uid_, gid_) != 0 ||
       (spec_.access_gid && ::chmod(spec_.work_dir.c_str(), 0770) != 0)) {
@@ -378,8 +380,8 @@ int HostJail::finish(pid_t init, int status, bool timed_out) {
                        std::to_string(spec_.time_limit_seconds) + " s";
     } else if (exited.signal == SIGKILL && stats.oom_kills > 0) {
       exited.reason = ExitReason::kOom;
-      exited.message = "killed by the memory limit of " + std::to_string(spec_.memory_bytes) +
-                       " bytes";
+      exited.message =
+          "killed by the memory limit of " + std::to_string(spec_.memory_bytes) + " bytes";
     } else if (exited.signal == SIGSYS) {
       exited.reason = ExitReason::kViolation;
       exited.message = "killed by the seccomp policy";

@@ -40,9 +40,9 @@ namespace cellgate::launcher {
 
 // The kernel's connection file as the jail sees it.
 struct Connection {
-  std::string conn_dir;         // host directory bound at kJailConnDir
-  std::string jail_file;        // kJailConnDir/kernel.json
-  std::string host_file;        // the file the gateway should use (reported when it changed)
+  std::string conn_dir;   // host directory bound at kJailConnDir
+  std::string jail_file;  // kJailConnDir/kernel.json
+  std::string host_file;  // the file the gateway should use (reported when it changed)
   bool rewritten_from_tcp = false;
 };
 

@@ -167,9 +167,9 @@ Result<void> InitReport::wait_ready(const std::string& ended) {
     return {};
   }
   // "E" with no text reads as the pipe's end, as the launcher always read it.
-  return make_error(ErrorCode::kInternal, "init",
-                    first.kind == InitLine::Kind::kError && !first.text.empty() ? first.text
-                                                                                : ended);
+  return make_error(
+      ErrorCode::kInternal, "init",
+      first.kind == InitLine::Kind::kError && !first.text.empty() ? first.text : ended);
 }
 
 std::optional<int> InitReport::kernel_status() {

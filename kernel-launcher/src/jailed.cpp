@@ -44,10 +44,11 @@ int run_jailed_mode(const LaunchOptions& options) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   }
   if (::geteuid() != 0) {
-    return fail("building the jail needs root (namespaces, cgroups, mounts): run this launcher "
-                "as root, or through a gateway (cellgate serve, run, exec, mcp) started as this "
-                "user, which enters a user namespace of its own first (rootless mode); or pass "
-                "--no-jail to run the kernel unjailed, knowingly.");
+    return fail(
+        "building the jail needs root (namespaces, cgroups, mounts): run this launcher "
+        "as root, or through a gateway (cellgate serve, run, exec, mcp) started as this "
+        "user, which enters a user namespace of its own first (rootless mode); or pass "
+        "--no-jail to run the kernel unjailed, knowingly.");
   }
   auto jail = HostJail::build(options, status);
   if (!jail) {

@@ -13,10 +13,10 @@
 #include <string>
 
 #include "cellgate/launcher/status.hpp"
-#include "report.hpp"
 #include "cellgate/result.hpp"
 #include "cellgate/sys/pipe.hpp"
 #include "cellgate/unique_fd.hpp"
+#include "report.hpp"
 
 extern char** environ;
 
@@ -70,8 +70,8 @@ int run_exec_mode(const LaunchOptions& options) {
   failed.kind = StatusEvent::Kind::kExited;
   failed.reason = ExitReason::kSetupError;
   if (!status.open_copy(options.status_file)) {
-    failed.message = errno_error(ErrorCode::kInternal, "", "open('" + options.status_file + "')",
-                                 errno).message;
+    failed.message =
+        errno_error(ErrorCode::kInternal, "", "open('" + options.status_file + "')", errno).message;
     status.report(failed);
     return 127;
   }

@@ -1,16 +1,19 @@
 #include "cellgate/launcher/status.hpp"
 
-#include <nlohmann/json.hpp>
 #include <csignal>
 #include <cstring>
+#include <nlohmann/json.hpp>
 
 namespace cellgate::launcher {
 
 namespace {
 constexpr std::pair<ExitReason, const char*> kReasonNames[] = {
-    {ExitReason::kOk, "ok"},           {ExitReason::kSignaled, "signaled"},
-    {ExitReason::kOom, "oom"},         {ExitReason::kTimeout, "timeout"},
-    {ExitReason::kViolation, "violation"}, {ExitReason::kSetupError, "setup_error"},
+    {ExitReason::kOk, "ok"},
+    {ExitReason::kSignaled, "signaled"},
+    {ExitReason::kOom, "oom"},
+    {ExitReason::kTimeout, "timeout"},
+    {ExitReason::kViolation, "violation"},
+    {ExitReason::kSetupError, "setup_error"},
 };
 }  // namespace
 

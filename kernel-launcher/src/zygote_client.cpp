@@ -77,10 +77,14 @@ Result<ZygoteKernel> request_zygote_kernel(const std::string& socket_path, const
     auto eq = e.find('=');
     env_object[e.substr(0, eq)] = eq == std::string::npos ? "" : e.substr(eq + 1);
   }
-  const json request = {{"spec", spec_to_json(j.spec())},  {"uid", j.uid()},
-                        {"gid", j.gid()},                  {"staging", j.paths().staging},
-                        {"conn_dir", j.paths().conn_dir},  {"work_dir", j.paths().work_dir},
-                        {"args", kernel_args},             {"env", env_object}};
+  const json request = {{"spec", spec_to_json(j.spec())},
+                        {"uid", j.uid()},
+                        {"gid", j.gid()},
+                        {"staging", j.paths().staging},
+                        {"conn_dir", j.paths().conn_dir},
+                        {"work_dir", j.paths().work_dir},
+                        {"args", kernel_args},
+                        {"env", env_object}};
   UniqueFd mntns(::open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC));
   int go[2], rep[2];
   if (!mntns || ::pipe2(go, O_CLOEXEC) != 0) {
@@ -105,9 +109,8 @@ Result<ZygoteKernel> request_zygote_kernel(const std::string& socket_path, const
   const json answer = json::parse(reply->text, nullptr, false);
   if (!answer.is_object() || !answer.contains("pid") || reply->fds.size() != 1) {
     return make_error(ErrorCode::kUnavailable, "zygote",
-                      "the zygote refused: " + (answer.is_object()
-                                                    ? answer.value("error", reply->text)
-                                                    : reply->text));
+                      "the zygote refused: " +
+                          (answer.is_object() ? answer.value("error", reply->text) : reply->text));
   }
   k.pid = answer["pid"].get<pid_t>();
   k.pidfd = std::move(reply->fds[0]);
@@ -132,8 +135,7 @@ int supervise(ZygoteKernel k, HostJail& j) {
   }
   write_all(k.go_write.get(), "G");
   init::InitReport report(std::move(k.rep_read));
-  if (auto ready = report.wait_ready("the zygote's jail ended before the kernel started");
-      !ready) {
+  if (auto ready = report.wait_ready("the zygote's jail ended before the kernel started"); !ready) {
     return fail(ready.error().message);
   }
   j.report_started(k.pid);

@@ -1,7 +1,6 @@
 // The zygote: see cellgate/launcher/zygote.hpp for the protocol and the order of things.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/mount.h>
@@ -20,8 +19,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -29,8 +28,8 @@
 #include <vector>
 
 #include "cellgate/jail/jail.hpp"
-#include "cellgate/jail/userns.hpp"
 #include "cellgate/jail/spec.hpp"
+#include "cellgate/jail/userns.hpp"
 #include "cellgate/launcher/spec_json.hpp"
 #include "cellgate/launcher/zygote.hpp"
 #include "cellgate/unique_fd.hpp"
@@ -94,7 +93,6 @@ Result<void> settle_kernel_fds(int keep, const std::vector<int>& python_fds) {
   }
   return {};
 }
-
 
 void log_line(const std::string& text) {
   std::string line = "cellgate-kernel --zygote: " + text + "\n";
@@ -167,8 +165,8 @@ Result<void> jail_self() {
   if (::syscall(SYS_mount_setattr, AT_FDCWD, "/", AT_RECURSIVE, &attr, sizeof attr) != 0) {
     return fail("mount_setattr('/', AT_RECURSIVE, MOUNT_ATTR_RDONLY)");
   }
-  if (::mount("cellgate-zygote-tmp", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
-              "mode=0700,size=64m") != 0) {
+  if (::mount("cellgate-zygote-tmp", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0700,size=64m") !=
+      0) {
     return fail("mount(tmpfs, '/tmp')");
   }
   const char name[] = "cellgate-zygote";
@@ -201,9 +199,9 @@ Result<void> start_python(const std::vector<std::string>& preload) {
   PyStatus status = Py_InitializeFromConfig(&config);
   PyConfig_Clear(&config);
   if (PyStatus_Exception(status)) {
-    return make_error(ErrorCode::kInternal, "python",
-                      std::string("Py_InitializeFromConfig: ") +
-                          (status.err_msg ? status.err_msg : "failed"));
+    return make_error(
+        ErrorCode::kInternal, "python",
+        std::string("Py_InitializeFromConfig: ") + (status.err_msg ? status.err_msg : "failed"));
   }
   PyObject* module = PyImport_AddModule("_cellgate_zygote");  // borrowed
   PyObject* dict = module ? PyModule_GetDict(module) : nullptr;
@@ -274,10 +272,12 @@ Result<Request> parse_request(zygote_wire::Message message) {
       r.env.emplace_back(k, v.get<std::string>());
     }
   } catch (const json::exception& e) {
-    return make_error(ErrorCode::kInvalidArgument, "request", std::string("bad request: ") + e.what());
+    return make_error(ErrorCode::kInvalidArgument, "request",
+                      std::string("bad request: ") + e.what());
   }
   if ((r.uid == 0 || r.gid == 0) && !jail::in_single_uid_user_namespace()) {
-    return make_error(ErrorCode::kInvalidArgument, "request", "a kernel never runs as uid or gid 0");
+    return make_error(ErrorCode::kInvalidArgument, "request",
+                      "a kernel never runs as uid or gid 0");
   }
   r.fds = std::move(message.fds);
   return r;
@@ -479,8 +479,9 @@ int run_zygote(const ZygoteOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   auto fail = [&](const std::string& message) {
     log_line(message);
-    write_all(options.status_fd, json{{"event", "exited"}, {"reason", "setup_error"},
-                                      {"message", message}}.dump() + "\n");
+    write_all(
+        options.status_fd,
+        json{{"event", "exited"}, {"reason", "setup_error"}, {"message", message}}.dump() + "\n");
     return 1;
   };
   if (::geteuid() != 0) {
@@ -533,8 +534,9 @@ int run_zygote(const ZygoteOptions& options) {
       zygote.python_fds.push_back(fd);
     }
   }
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                      std::chrono::steady_clock::now() - t0).count();
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
   UniqueFd signal_fd(::signalfd(-1, &mask, SFD_CLOEXEC));
   if (!signal_fd) {
     return fail("signalfd(): " + std::string(std::strerror(errno)));

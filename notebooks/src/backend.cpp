@@ -2,10 +2,10 @@
 // one is remote_backend.cpp.
 #include "cellgate/notebooks/backend.hpp"
 
+#include <spdlog/spdlog.h>
 #include <stdlib.h>  // mkdtemp
 
 #include <atomic>
-#include <spdlog/spdlog.h>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
@@ -14,12 +14,12 @@
 #include <thread>
 
 #include "backend_internal.hpp"
-#include "events.hpp"
 #include "cellgate/engine/engine.hpp"
 #include "cellgate/engine/host.hpp"
 #include "cellgate/kernel/backend.hpp"
 #include "cellgate/kernel/process.hpp"
 #include "cellgate/store/files.hpp"
+#include "events.hpp"
 
 namespace cellgate::notebooks {
 namespace {
@@ -147,7 +147,8 @@ class EmbeddedSession final : public KernelSession {
                                                   json::object(), kKernelInfoTimeout,
                                                   /*wait_for_idle=*/false));
     if (!collected.reply || !collected.reply->content.is_object()) {
-      return make_error(ErrorCode::kUnavailable, "no_reply", "the kernel sent no kernel_info_reply");
+      return make_error(ErrorCode::kUnavailable, "no_reply",
+                        "the kernel sent no kernel_info_reply");
     }
     return collected.reply->content;
   }
@@ -235,8 +236,7 @@ Result<std::unique_ptr<Backend>> make_embedded_backend(const EmbeddedSettings& s
       std::make_unique<kernel::ProcessBackend>(engine::launcher_options(options)));
   CELLGATE_ASSIGN_OR_RETURN(auto engine,
                             engine::Engine::create(std::move(options), std::move(backend)));
-  auto embedded =
-      std::make_unique<EmbeddedBackend>(std::move(state), std::move(engine), zygote);
+  auto embedded = std::make_unique<EmbeddedBackend>(std::move(state), std::move(engine), zygote);
   CELLGATE_TRY(embedded->init());
   return std::unique_ptr<Backend>(std::move(embedded));
 }

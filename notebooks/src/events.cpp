@@ -26,11 +26,12 @@ json take_object(json& event, const char* key) {
 }
 
 bool makes_output(const std::string& type) {
-  return type == "stream" || type == "display_data" || type == "execute_result" ||
-         type == "error";
+  return type == "stream" || type == "display_data" || type == "execute_result" || type == "error";
 }
 
-std::string mib(std::size_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
+std::string mib(std::size_t bytes) {
+  return std::to_string(bytes >> 20) + " MiB";
+}
 
 }  // namespace
 
@@ -211,17 +212,18 @@ json CellEvents::take() {
     while (after > 0 && !makes_output(events_[after - 1].value("type", ""))) {
       --after;
     }
-    events_.erase(std::remove_if(events_.begin() + static_cast<std::ptrdiff_t>(after),
-                                 events_.end(),
-                                 [](const json& e) { return e.value("type", "") == "clear_output"; }),
-                  events_.end());
+    events_.erase(
+        std::remove_if(events_.begin() + static_cast<std::ptrdiff_t>(after), events_.end(),
+                       [](const json& e) { return e.value("type", "") == "clear_output"; }),
+        events_.end());
   }
   json out = json::array();
   for (auto& event : events_) {
     out.push_back(std::move(event));
   }
   for (const auto& line : said) {
-    out.push_back(json{{"type", "stream"}, {"name", "stderr"}, {"text", "[cellgate run: " + line + "]\n"}});
+    out.push_back(
+        json{{"type", "stream"}, {"name", "stderr"}, {"text", "[cellgate run: " + line + "]\n"}});
   }
   events_.clear();
   sizes_.clear();

@@ -92,7 +92,7 @@ class CellEvents {
   bool clear_pending_ = false;  // a clear_output(wait=True) waits for the next output
   std::size_t dropped_ = 0;     // over max_bytes_
   std::size_t dropped_bytes_ = 0;
-  std::size_t too_deep_ = 0;    // deeper than kMaxEventDepth
+  std::size_t too_deep_ = 0;  // deeper than kMaxEventDepth
 };
 
 }  // namespace cellgate::notebooks

@@ -1,5 +1,5 @@
-// Internal: hidden names, reading a file whole, and writing one all or nothing (util's atomic_write), with its
-// directory made first. Used for notebooks, artifacts and results files.
+// Internal: hidden names, reading a file whole, and writing one all or nothing (util's
+// atomic_write), with its directory made first. Used for notebooks, artifacts and results files.
 #pragma once
 
 #include <filesystem>

@@ -78,9 +78,9 @@ Result<CellAnswer> NdjsonAnswer::answer() {
                std::to_string(notebook::kMaxDepth) + " levels and were dropped";
   }
   if (!end_.is_object()) {
-    return make_error(ErrorCode::kUnavailable, "bad_answer",
-                      "POST /api/kernels/{id}/execute: the stream ended without the answer" +
-                          dropped);
+    return make_error(
+        ErrorCode::kUnavailable, "bad_answer",
+        "POST /api/kernels/{id}/execute: the stream ended without the answer" + dropped);
   }
   auto answer = end_.find("answer");
   if (answer == end_.end() || !answer->is_object() || !answer->contains("status")) {

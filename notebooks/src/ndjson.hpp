@@ -48,8 +48,8 @@ class NdjsonAnswer {
   void line(std::string_view text);
 
   const std::size_t max_line_;
-  std::string pending_;     // the line so far
-  bool skipping_ = false;   // the line so far is over max_line_: dropped up to its newline
+  std::string pending_;    // the line so far
+  bool skipping_ = false;  // the line so far is over max_line_: dropped up to its newline
   std::size_t too_long_ = 0;
   std::size_t too_deep_ = 0;  // lines deeper than notebook::kMaxDepth
   CellEvents events_;

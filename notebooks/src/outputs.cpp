@@ -29,8 +29,7 @@ json output_of(const json& event, const std::string& type) {
                 {"metadata", object_at(event, "metadata")}};
     if (type == "execute_result") {
       auto count = event.find("execution_count");
-      out["execution_count"] =
-          count != event.end() && count->is_number_integer() ? *count : json();
+      out["execution_count"] = count != event.end() && count->is_number_integer() ? *count : json();
     }
     return out;
   }
@@ -114,8 +113,8 @@ std::vector<std::string> NotebookOutputs::apply(std::size_t index, const json& e
     }
     const std::string type = string_at(event, "type");
     const std::string display_id = tracked_display_id(event);
-    if (!display_id.empty() && (type == "display_data" || type == "execute_result" ||
-                                type == "update_display_data")) {
+    if (!display_id.empty() &&
+        (type == "display_data" || type == "execute_result" || type == "update_display_data")) {
       update_displays(display_id, event);
     }
     if (type == "clear_output") {
@@ -141,8 +140,7 @@ std::vector<std::string> NotebookOutputs::apply(std::size_t index, const json& e
       // A remote gateway's stream events may add up to any length: the text of one output is
       // capped, the rest dropped and said once.
       const bool is_stderr = output["name"] == "stderr";
-      const bool joins = !outputs.empty() &&
-                         outputs.back().value("output_type", "") == "stream" &&
+      const bool joins = !outputs.empty() && outputs.back().value("output_type", "") == "stream" &&
                          outputs.back().value("name", "") == output["name"];
       if (joins || outputs.size() < kMaxOutputs) {
         std::string& text = joins ? outputs.back()["text"].get_ref<std::string&>()

@@ -6,8 +6,8 @@
 
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -71,8 +71,7 @@ class BigInt {
       if (i == limbs_.size()) {
         limbs_.push_back(0);
       }
-      const std::uint64_t v =
-          limbs_[i] + carry + (i < other.limbs_.size() ? other.limbs_[i] : 0);
+      const std::uint64_t v = limbs_[i] + carry + (i < other.limbs_.size() ? other.limbs_[i] : 0);
       limbs_[i] = static_cast<std::uint32_t>(v % kLimb);
       carry = v / kLimb;
     }
@@ -104,7 +103,9 @@ std::string signed_decimal(bool negative, const BigInt& n) {
 // 4300 digits is a ValueError (Python 3.11's limit), as are other forms.
 // Scanned by hand, not with std::regex: libstdc++'s matcher recurses once per repeated digit,
 // so a long value (the 4301-digit one of the tests, under clang's ASan) overflows the stack.
-bool is_digit(char c) { return c >= '0' && c <= '9'; }
+bool is_digit(char c) {
+  return c >= '0' && c <= '9';
+}
 
 // \d(_?\d)* at s[pos]: moves pos past it; false (pos kept) when no digit is there.
 bool skip_digit_group(std::string_view s, std::size_t& pos) {
@@ -225,8 +226,8 @@ struct Node {
   enum class Kind { kScalar, kSequence, kMapping } kind = Kind::kScalar;
   std::string text;  // a scalar's value
   bool quoted = false;
-  std::vector<Node> items;           // a sequence
-  std::vector<NodeEntry> entries;    // a mapping, in order
+  std::vector<Node> items;         // a sequence
+  std::vector<NodeEntry> entries;  // a mapping, in order
 };
 
 // A mapping's key and value. Not std::pair<Node, Node>: a pair of the incomplete Node inside
@@ -242,9 +243,7 @@ struct NodeEntry {
 // overflows the stack; glibc's regexec walks its automaton without recursing.
 class Pattern {
  public:
-  explicit Pattern(const char* ere) {
-    ok_ = ::regcomp(&re_, ere, REG_EXTENDED | REG_NOSUB) == 0;
-  }
+  explicit Pattern(const char* ere) { ok_ = ::regcomp(&re_, ere, REG_EXTENDED | REG_NOSUB) == 0; }
   ~Pattern() {
     if (ok_) {
       ::regfree(&re_);
@@ -433,8 +432,8 @@ std::string render(const Node& n) {
     bool first = true;
     for (const auto& [k, v] : dict_of(n)) {
       // translate_str(key): a string key is escaped; any other is formatted as it is.
-      const std::string key = resolve(*k) == Tag::kString ? python_str(k->text)
-                                                          : "\"" + scalar_str(*k) + "\"";
+      const std::string key =
+          resolve(*k) == Tag::kString ? python_str(k->text) : "\"" + scalar_str(*k) + "\"";
       out += (first ? "" : ", ") + key + ": " + render(*v);
       first = false;
     }
@@ -552,12 +551,8 @@ class YamlReader {
     return bad("-y: line " + std::to_string(line + 1) + ": " + what);
   }
 
-  std::size_t indent_of(std::size_t row) const {
-    return rows_[row].second.find_first_not_of(' ');
-  }
-  std::string content(std::size_t row) const {
-    return rows_[row].second.substr(indent_of(row));
-  }
+  std::size_t indent_of(std::size_t row) const { return rows_[row].second.find_first_not_of(' '); }
+  std::string content(std::size_t row) const { return rows_[row].second.substr(indent_of(row)); }
   static bool is_item(const std::string& c) { return c == "-" || c.rfind("- ", 0) == 0; }
 
   // Rows from `row` that are indented exactly `indent`: a sequence or a mapping.
@@ -665,8 +660,8 @@ class YamlReader {
 
   Result<Node> key_of(const std::string& text, std::size_t line) {
     const std::string k(strip(text));
-    if (!k.empty() && (k[0] == '?' || k[0] == '&' || k[0] == '*' || k[0] == '!' || k[0] == '[' ||
-                       k[0] == '{')) {
+    if (!k.empty() &&
+        (k[0] == '?' || k[0] == '&' || k[0] == '*' || k[0] == '!' || k[0] == '[' || k[0] == '{')) {
       return error(line, "complex keys, anchors, aliases and tags are not supported");
     }
     if (!k.empty() && (k[0] == '"' || k[0] == '\'')) {
@@ -691,8 +686,10 @@ class YamlReader {
       CELLGATE_ASSIGN_OR_RETURN(Node node, flow(rest, pos, line));
       skip_space(rest, pos);
       if (pos != rest.size()) {
-        return error(line, "unexpected text after the value (a flow collection must end on "
-                           "its line): '" + rest.substr(pos) + "'");
+        return error(line,
+                     "unexpected text after the value (a flow collection must end on "
+                     "its line): '" +
+                         rest.substr(pos) + "'");
       }
       return node;
     }
@@ -781,8 +778,8 @@ class YamlReader {
       if (e == ',' || e == '[' || e == ']' || e == '{' || e == '}' || e == '\n') {
         break;
       }
-      if (e == ':' && (end + 1 == s.size() || std::string_view(" ,[]{}\n").find(s[end + 1]) !=
-                                                  std::string_view::npos)) {
+      if (e == ':' && (end + 1 == s.size() ||
+                       std::string_view(" ,[]{}\n").find(s[end + 1]) != std::string_view::npos)) {
         break;
       }
       if (e == '#' && end > pos && s[end - 1] == ' ') {
@@ -826,8 +823,8 @@ class YamlReader {
       }
       const char e = s[pos++];
       static const std::string_view simple = "0abtnvfre \"/\\N_LP";
-      static const std::string_view means[] = {"\0", "\a", "\b", "\t", "\n", "\v",  "\f",
-                                               "\r", "\x1b", " ", "\"", "/", "\\"};
+      static const std::string_view means[] = {"\0", "\a",   "\b", "\t", "\n", "\v", "\f",
+                                               "\r", "\x1b", " ",  "\"", "/",  "\\"};
       if (auto k = simple.find(e); k != std::string_view::npos && k < 13) {
         n.text += k == 0 ? std::string(1, '\0') : std::string(means[k]);
       } else if (e == 'x' || e == 'u' || e == 'U') {
@@ -848,7 +845,7 @@ class YamlReader {
 
   std::vector<std::string> lines_;
   std::vector<std::pair<std::size_t, std::string>> rows_;  // (line index, text) worth reading
-  std::size_t depth_ = 0;  // block() and flow() calls open now
+  std::size_t depth_ = 0;                                  // block() and flow() calls open now
 };
 
 }  // namespace
@@ -1007,8 +1004,8 @@ std::vector<Parameter> merge(const std::vector<std::vector<Parameter>>& yaml,
                              const std::vector<Parameter>& raw) {
   std::vector<Parameter> out;
   auto put = [&out](const Parameter& p) {
-    auto same = std::find_if(out.begin(), out.end(),
-                             [&](const Parameter& q) { return q.name == p.name; });
+    auto same =
+        std::find_if(out.begin(), out.end(), [&](const Parameter& q) { return q.name == p.name; });
     if (same == out.end()) {
       out.push_back(p);
     } else {

@@ -6,9 +6,9 @@
 #include <mutex>
 
 #include "backend_internal.hpp"
-#include "ndjson.hpp"
 #include "cellgate/http/client.hpp"
 #include "cellgate/notebooks/backend.hpp"
+#include "ndjson.hpp"
 
 namespace cellgate::notebooks {
 namespace {
@@ -52,9 +52,8 @@ class Gateway {
   };
   // GET /api/kernelspecs: the names, their languages and the default.
   Result<Specs> kernelspecs() const {
-    CELLGATE_ASSIGN_OR_RETURN(auto res,
-                              client_.request("GET", "/api/kernelspecs", "", kRestTimeout,
-                                              "application/json", kRestAnswerBytes));
+    CELLGATE_ASSIGN_OR_RETURN(auto res, client_.request("GET", "/api/kernelspecs", "", kRestTimeout,
+                                                        "application/json", kRestAnswerBytes));
     if (res.status != 200) {
       return http_error("GET /api/kernelspecs", res);
     }
@@ -84,10 +83,9 @@ class Gateway {
     if (cancelled_.load()) {
       return aborted_error();
     }
-    CELLGATE_ASSIGN_OR_RETURN(
-        auto res,
-        client_.request("POST", "/api/kernels", json{{"name", kernel}}.dump(), kStartTimeout,
-                        "application/json", kRestAnswerBytes));
+    CELLGATE_ASSIGN_OR_RETURN(auto res,
+                              client_.request("POST", "/api/kernels", json{{"name", kernel}}.dump(),
+                                              kStartTimeout, "application/json", kRestAnswerBytes));
     if (res.status != 201 && res.status != 200) {
       return http_error("POST /api/kernels", res);
     }
@@ -115,9 +113,8 @@ class Gateway {
                         const std::string& bytes) const {
     const std::string target = "/api/kernels/" + id + "/files/" + http_client::encode_path(rel);
     CELLGATE_ASSIGN_OR_RETURN(
-        auto res,
-        client_.request("PUT", target, bytes, kRestTimeout, "application/octet-stream",
-                        kRestAnswerBytes));
+        auto res, client_.request("PUT", target, bytes, kRestTimeout, "application/octet-stream",
+                                  kRestAnswerBytes));
     if (res.status != 201 && res.status != 200) {
       return http_error("PUT files/" + rel, res);
     }
@@ -127,7 +124,7 @@ class Gateway {
   // POST /api/kernels/{id}/execute {code, timeout}, streamed as NDJSON: the answer, with the
   // events that came before it as "events".
   Result<CellAnswer> execute(const std::string& id, const std::string& code,
-                       double timeout_seconds) const {
+                             double timeout_seconds) const {
     if (cancelled_.load()) {
       return aborted_error();
     }
@@ -139,10 +136,10 @@ class Gateway {
                    kAnswerSlack;
     NdjsonAnswer lines;
     CELLGATE_ASSIGN_OR_RETURN(
-        auto res, client_.stream("POST", "/api/kernels/" + id + "/execute",
-                                 json{{"code", code}, {"timeout", timeout}}.dump(),
-                                 "application/x-ndjson",
-                                 [&lines](std::string_view piece) { lines.feed(piece); }, limits));
+        auto res, client_.stream(
+                      "POST", "/api/kernels/" + id + "/execute",
+                      json{{"code", code}, {"timeout", timeout}}.dump(), "application/x-ndjson",
+                      [&lines](std::string_view piece) { lines.feed(piece); }, limits));
     if (res.status != 200) {
       return http_error("POST /api/kernels/{id}/execute", res);
     }
@@ -235,7 +232,8 @@ Result<std::unique_ptr<Backend>> make_remote_backend(const std::string& url,
   CELLGATE_ASSIGN_OR_RETURN(auto parsed, http_client::parse_url(url));
   http_client::Client client(std::move(parsed), token, "cellgate-run");
   CELLGATE_ASSIGN_OR_RETURN(auto specs, Gateway(client).kernelspecs());
-  return std::unique_ptr<Backend>(std::make_unique<RemoteBackend>(std::move(client), std::move(specs)));
+  return std::unique_ptr<Backend>(
+      std::make_unique<RemoteBackend>(std::move(client), std::move(specs)));
 }
 
 }  // namespace cellgate::notebooks

@@ -140,10 +140,10 @@ Result<std::unique_ptr<Backend>> make_backend(const NotebookRunOptions& options,
 
 CLI::App* add_run_command(CLI::App& app, NotebookRunOptions& run) {
   auto* cmd = app.add_subcommand(
-      "run", "execute notebooks headless in jailed kernels (exit 0 ok, 1 a notebook failed, "
-             "2 usage or invalid notebook)");
-  cmd->add_option("notebooks", run.inputs, "notebooks (.ipynb) or directories of them")
-      ->required();
+      "run",
+      "execute notebooks headless in jailed kernels (exit 0 ok, 1 a notebook failed, "
+      "2 usage or invalid notebook)");
+  cmd->add_option("notebooks", run.inputs, "notebooks (.ipynb) or directories of them")->required();
   cmd->add_option("-o,--output", run.output, "write the executed notebook here (one input)");
   cmd->add_option("--output-dir", run.output_dir,
                   "write each executed notebook to DIR/<name>.ipynb");

@@ -122,8 +122,8 @@ bool take_answer(const Backend& backend, const NotebookRun& run, const CellAnswe
       break;
     case CellStatus::kDead:
       fail_at(out, Status::kError, i, cell);
-      out.message = answer.message.empty() ? "the kernel died while running the cell"
-                                           : answer.message;
+      out.message =
+          answer.message.empty() ? "the kernel died while running the cell" : answer.message;
       break;
     case CellStatus::kOk:
     case CellStatus::kOther:
@@ -153,8 +153,7 @@ std::vector<std::size_t> code_cells(const json& cells) {
 void take_language_info(KernelSession& session, json& nb, Outcome& out) {
   auto info = session.kernel_info();
   if (!info) {
-    out.warnings.push_back("no language_info for the notebook's metadata: " +
-                           info.error().message);
+    out.warnings.push_back("no language_info for the notebook's metadata: " + info.error().message);
     return;
   }
   if (info->contains("language_info") && (*info)["language_info"].is_object()) {
@@ -188,8 +187,7 @@ void run_cells(Backend& backend, const NotebookRun& run, const std::vector<std::
     }
     auto answer = (*session)->execute(notebook::source_of(cell), run.timeout_seconds);
     if (!answer) {
-      fail_at(out, answer.error().reason == "aborted" ? Status::kAborted : Status::kError, i,
-              cell);
+      fail_at(out, answer.error().reason == "aborted" ? Status::kAborted : Status::kError, i, cell);
       out.message = answer.error().message;
       return;
     }

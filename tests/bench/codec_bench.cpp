@@ -117,9 +117,8 @@ void BM_EnvelopeBridge(benchmark::State& state) {
   std::vector<std::string_view> views(frames.begin(), frames.end());
   const bool v1 = state.range(1) != 0;
   for (auto _ : state) {
-    auto env = cellgate::protocol::Envelope::from_wire(cellgate::protocol::Channel::kIopub,
-                                                       std::span<const std::string_view>(views),
-                                                       signer);
+    auto env = cellgate::protocol::Envelope::from_wire(
+        cellgate::protocol::Channel::kIopub, std::span<const std::string_view>(views), signer);
     const std::string& out = v1 ? env.value()->ws_v1() : env.value()->ws_legacy(nullptr);
     benchmark::DoNotOptimize(out.data());
   }

@@ -143,9 +143,9 @@ Result<Sample> measure_once(const KernelSpec& spec, const Mode& mode) {
                 process.value().get());
   }
   if (outcome->status != "ok" || outcome->stdout_text != "1\n") {
-    return fail("print(1) gave status '" + outcome->status + "', stdout '" +
-                    outcome->stdout_text + "'",
-                process.value().get());
+    return fail(
+        "print(1) gave status '" + outcome->status + "', stdout '" + outcome->stdout_text + "'",
+        process.value().get());
   }
   return Sample{ms_since(t0, t_ready), ms_since(t0, *outcome->reply_at)};
 }
@@ -212,9 +212,10 @@ int main(int argc, char** argv) {
   }
   modes.push_back({"unjailed", false, {}, {}});
 
-  std::printf("kernel start, launch -> kernel_info_reply and -> first execute_reply; "
-              "%d run(s) per mode after one warm-up, round-robin\n",
-              options->runs);
+  std::printf(
+      "kernel start, launch -> kernel_info_reply and -> first execute_reply; "
+      "%d run(s) per mode after one warm-up, round-robin\n",
+      options->runs);
   std::fflush(stdout);
   for (int round = -1; round < options->runs; ++round) {
     for (std::size_t k = 0; k < modes.size(); ++k) {

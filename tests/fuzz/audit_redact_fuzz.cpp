@@ -73,7 +73,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* bytes, std::size_t siz
     return 0;  // a pattern RE2 refuses, or one that matches the empty string
   }
   const std::string out = (*log)->redact(data);
-  check(is_subsequence(without_tokens(out), data),
-        "redaction left text that was not in the input", out.substr(0, 500));
+  check(is_subsequence(without_tokens(out), data), "redaction left text that was not in the input",
+        out.substr(0, 500));
   return 0;
 }

@@ -22,8 +22,8 @@ namespace b = cellgate::broker;
 namespace {
 
 void check_launch(const b::LaunchRequest& r) {
-  check(cellgate::jail::is_plain_name(r.kernel_id), "a launch with a kernel id that is no plain name",
-        r.kernel_id);
+  check(cellgate::jail::is_plain_name(r.kernel_id),
+        "a launch with a kernel id that is no plain name", r.kernel_id);
   check(r.kernelspec.size() <= b::kMaxKernelspecName, "a kernelspec name over the bound");
   std::size_t bytes = 0;
   for (const auto& [k, v] : r.env) {

@@ -32,9 +32,9 @@ namespace {
 using cellgate::fuzz::check;
 using nlohmann::json;
 
-constexpr const char* kTypes[] = {"execute_input",       "stream",       "stream",
-                                  "execute_result",      "display_data", "update_display_data",
-                                  "error",               "clear_output"};
+constexpr const char* kTypes[] = {"execute_input",  "stream",       "stream",
+                                  "execute_result", "display_data", "update_display_data",
+                                  "error",          "clear_output"};
 
 }  // namespace
 

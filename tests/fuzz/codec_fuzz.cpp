@@ -49,8 +49,8 @@ void round_trip(const std::vector<std::string_view>& frames, const Signer& signe
 }
 
 void envelope(const std::vector<std::string_view>& frames, const Signer& signer) {
-  auto env = Envelope::from_wire(Channel::kIopub, std::span<const std::string_view>(frames),
-                                 signer);
+  auto env =
+      Envelope::from_wire(Channel::kIopub, std::span<const std::string_view>(frames), signer);
   if (!env) {
     return;
   }

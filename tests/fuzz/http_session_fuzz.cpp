@@ -120,8 +120,7 @@ void check_responses(std::string_view out) {
   while (!out.empty()) {
     // Beast answers in the request's version: HTTP/1.0 requests get HTTP/1.0 responses.
     check(out.substr(0, 9) == "HTTP/1.1 " || out.substr(0, 9) == "HTTP/1.0 ",
-          "the server wrote something that is not a status line",
-          std::string(out.substr(0, 200)));
+          "the server wrote something that is not a status line", std::string(out.substr(0, 200)));
     bhttp::response_parser<bhttp::string_body> parser;
     parser.eager(true);
     parser.body_limit(boost::none);
@@ -129,8 +128,7 @@ void check_responses(std::string_view out) {
     const std::size_t used = parser.put(net::buffer(out.data(), out.size()), ec);
     check(!ec || ec == bhttp::error::need_more, "the server wrote a malformed response",
           ec.message() + "\n" + std::string(out.substr(0, 400)));
-    if (parser.is_header_done() &&
-        parser.get().result() == bhttp::status::switching_protocols) {
+    if (parser.is_header_done() && parser.get().result() == bhttp::status::switching_protocols) {
       return;
     }
     if (!parser.is_done()) {
@@ -159,7 +157,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   beast::test::stream server(ioc);
   client.connect(server);
   std::make_shared<cellgate::http::detail::HttpSession<beast::test::stream>>(handler, options,
-                                                                            std::move(server))
+                                                                             std::move(server))
       ->run();
   net::write(client, net::buffer(data, size));
   // Run everything that is ready, let the client hang up, and run what that causes. Timers (a

@@ -31,7 +31,7 @@ using nlohmann::json;
 namespace nb = cellgate::notebooks;
 
 constexpr std::size_t kCells = 4;
-constexpr std::size_t kLineBytes = std::size_t{1} << 20;    // a line over it is skipped
+constexpr std::size_t kLineBytes = std::size_t{1} << 20;     // a line over it is skipped
 constexpr std::size_t kEventBytes = std::size_t{512} << 10;  // per cell, then events are dropped
 const std::string kEnd = "\n{\"type\": \"end\", \"answer\": {\"status\": \"ok\"}}\n";
 

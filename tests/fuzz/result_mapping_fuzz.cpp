@@ -58,8 +58,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* bytes, std::size_t siz
   }
   check(cellgate::execute::CellResult::from_json(result->to_json()).ok(),
         "an answer from_json read does not read back");
-  const json r =
-      cellgate::mcp::run_code_result(*result, {.session = "s", .kernel_id = "k"}, "/a/");
+  const json r = cellgate::mcp::run_code_result(*result, {.session = "s", .kernel_id = "k"}, "/a/");
   check(r.contains("content") && r["content"].is_array() && !r["content"].empty(),
         "MCP content is empty", r.dump().substr(0, 500));
   for (const json& item : r["content"]) {

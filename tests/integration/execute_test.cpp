@@ -112,8 +112,8 @@ TEST_F(ExecuteTest, AChartArrivesAsDisplayData) {
 }
 
 TEST_F(ExecuteTest, StdinAnswersInput) {
-  auto [code, answer] = post({{"code", "a = input('a? '); b = input('b? '); print(a + b)"},
-                              {"stdin", {"cell", "gate"}}});
+  auto [code, answer] = post(
+      {{"code", "a = input('a? '); b = input('b? '); print(a + b)"}, {"stdin", {"cell", "gate"}}});
   ASSERT_EQ(code, 200);
   EXPECT_EQ(answer["status"], "ok") << answer;
   EXPECT_NE(answer["stdout"].get<std::string>().find("cellgate"), std::string::npos) << answer;
@@ -139,10 +139,10 @@ TEST_F(ExecuteTest, AnInfiniteLoopTimesOutAndKeepsState) {
 TEST_F(ExecuteTest, ACellIgnoringSigintGetsItsKernelRestarted) {
   post({{"code", "kept = 'yes'"}});
   const auto t0 = Clock::now();
-  auto [code, answer] = post(
-      {{"code", "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-                "while True: time.sleep(0.1)"},
-       {"timeout", 1}});
+  auto [code, answer] = post({{"code",
+                               "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                               "while True: time.sleep(0.1)"},
+                              {"timeout", 1}});
   const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
   ASSERT_EQ(code, 200);
   EXPECT_EQ(answer["status"], "timeout");
@@ -153,8 +153,8 @@ TEST_F(ExecuteTest, ACellIgnoringSigintGetsItsKernelRestarted) {
 }
 
 TEST_F(ExecuteTest, AFloodOfOutputIsTruncatedAndCounted) {
-  auto [code, answer] = post(
-      {{"code", "import sys\nfor i in range(4096): sys.stdout.write('y' * 1023 + '\\n')"}});
+  auto [code, answer] =
+      post({{"code", "import sys\nfor i in range(4096): sys.stdout.write('y' * 1023 + '\\n')"}});
   ASSERT_EQ(code, 200);
   EXPECT_EQ(answer["status"], "ok");
   EXPECT_EQ(answer["stdout"].get<std::string>().size(), 64u << 10);

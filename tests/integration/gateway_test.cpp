@@ -17,9 +17,9 @@
 #include <thread>
 #include <vector>
 
-#include "cellgate/kernel/client.hpp"
 #include "cellgate/http/message.hpp"
 #include "cellgate/kernel/backend.hpp"
+#include "cellgate/kernel/client.hpp"
 #include "cellgate/kernels/registry.hpp"
 
 namespace cellgate::kernels {
@@ -355,10 +355,10 @@ TEST_F(GatewayTest, RestartShutdownAndTheStateRecord) {
 }
 
 TEST_F(GatewayTest, ExitedKernelsReasonNamesTheExitCode) {
-  // Regression (found by this test, fixed): KernelRegistry::monitor_loop builds the death reason from to_string(ended->reason), the
-  // signal and the message only; a kernel that calls os._exit(3) is reported (model "reason",
-  // logs) as died: "ok", with the exit code dropped. Fix: append " (exit code N)" when
-  // ended->reason is kOk and exit_code != 0.
+  // Regression (found by this test, fixed): KernelRegistry::monitor_loop builds the death reason
+  // from to_string(ended->reason), the signal and the message only; a kernel that calls os._exit(3)
+  // is reported (model "reason", logs) as died: "ok", with the exit code dropped. Fix: append "
+  // (exit code N)" when ended->reason is kOk and exit_code != 0.
   RegistryOptions o = options();
   o.restart_limit = 0;
   KernelRegistry& km = make_manager(o);

@@ -1,8 +1,8 @@
 // The kernel client against real Debian ipykernels started through cellgate-kernel.
 #include <gtest/gtest.h>
 
-#include <csignal>
 #include <condition_variable>
+#include <csignal>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -44,8 +44,8 @@ Kernel start_kernel(ClientOptions options = {}, std::string transport = "ipc") {
 }
 
 Collected run(KernelClient& client, const std::string& code, bool allow_stdin = false) {
-  auto r = client.request(Channel::kShell, "execute_request", execute_content(code, allow_stdin),
-                          60s);
+  auto r =
+      client.request(Channel::kShell, "execute_request", execute_content(code, allow_stdin), 60s);
   EXPECT_TRUE(r) << r.error().describe();
   return r ? std::move(r).value() : Collected{};
 }
@@ -216,8 +216,8 @@ TEST_F(KernelClientTest, SigintInterruptsALoopAndStateSurvives) {
     std::unique_lock lock(mu);
     ASSERT_TRUE(cv.wait_for(lock, 20s, [&] {
       for (const auto& [ch, msg] : collected.messages) {
-        if (msg.msg_type() == "stream" && msg.content.value("text", "").find("looping") !=
-                                              std::string::npos) {
+        if (msg.msg_type() == "stream" &&
+            msg.content.value("text", "").find("looping") != std::string::npos) {
           return true;
         }
       }

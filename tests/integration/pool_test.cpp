@@ -17,8 +17,8 @@
 #include <thread>
 #include <vector>
 
-#include "cellgate/kernel/client.hpp"
 #include "cellgate/kernel/backend.hpp"
+#include "cellgate/kernel/client.hpp"
 #include "cellgate/kernels/registry.hpp"
 
 namespace cellgate::kernels {

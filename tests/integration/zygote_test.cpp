@@ -22,8 +22,8 @@
 #include <thread>
 #include <vector>
 
-#include "cellgate/kernel/client.hpp"
 #include "cellgate/kernel/backend.hpp"
+#include "cellgate/kernel/client.hpp"
 #include "cellgate/kernels/registry.hpp"
 
 namespace cellgate::kernels {
@@ -204,15 +204,16 @@ TEST_F(ZygoteGatewayTest, KernelsComeFromTheZygoteOutliveItAndComeFromItsSuccess
   const auto t0 = Clock::now();
   kernel::Zygote* zygote = backend_->zygote();
   ASSERT_NE(zygote, nullptr);
-  ASSERT_TRUE(zygote->wait_ready(std::chrono::duration_cast<std::chrono::milliseconds>(
-      kFillTimeout)))
-      << "no new zygote ready; log:\n" << read_file(km.state_dir() + "/zygote.log");
+  ASSERT_TRUE(
+      zygote->wait_ready(std::chrono::duration_cast<std::chrono::milliseconds>(kFillTimeout)))
+      << "no new zygote ready; log:\n"
+      << read_file(km.state_dir() + "/zygote.log");
   EXPECT_EQ(zygotes_ready(), 2u);  // its log line comes before its status line
   const pid_t second = zygote_pid();
   ASSERT_GT(second, 0);
   EXPECT_NE(second, first);
-  std::cerr << "new zygote ready "
-            << std::chrono::duration<double>(Clock::now() - t0).count() << " s after the kill\n";
+  std::cerr << "new zygote ready " << std::chrono::duration<double>(Clock::now() - t0).count()
+            << " s after the kill\n";
 
   auto after = km.start("python3", json{{"KERNEL_AFTER", "1"}});
   ASSERT_TRUE(after) << after.error().describe();
@@ -239,8 +240,7 @@ TEST_F(ZygoteGatewayTest, ADeadPooledKernelIsReplacedFromTheZygote) {
   ASSERT_TRUE(wait_until(
       [&] {
         const auto now = km.pool_pids("python3");
-        return now.size() == 2 &&
-               std::find(now.begin(), now.end(), pooled.front()) == now.end();
+        return now.size() == 2 && std::find(now.begin(), now.end(), pooled.front()) == now.end();
       },
       kFillTimeout))
       << "not replaced; pooled now: " << km.pool_pids("python3").size();
@@ -288,12 +288,13 @@ TEST_F(ZygoteGatewayTest, AForkedKernelsShellIsItsOwnAndAProfileConfigReachesIt)
 
   EXPECT_EQ(output_of(km, second->id, "print(get_ipython().ast_node_interactivity)"),
             "last_expr\n");
-  EXPECT_EQ(output_of(km, second->id,
-                      "import os\n"
-                      "p = os.path.join(get_ipython().profile_dir.location, "
-                      "'ipython_kernel_config.py')\n"
-                      "open(p, 'w').write(\"c.InteractiveShell.ast_node_interactivity = 'all'\\n\")"),
-            "");
+  EXPECT_EQ(
+      output_of(km, second->id,
+                "import os\n"
+                "p = os.path.join(get_ipython().profile_dir.location, "
+                "'ipython_kernel_config.py')\n"
+                "open(p, 'w').write(\"c.InteractiveShell.ast_node_interactivity = 'all'\\n\")"),
+      "");
   auto restarted = km.restart(second->id);
   ASSERT_TRUE(restarted) << restarted.error().describe();
   EXPECT_EQ(output_of(km, second->id, "print(get_ipython().ast_node_interactivity)"), "all\n");

@@ -1,8 +1,10 @@
-// The privileged broker of `serve --user` (kernel-launcher/broker/, broker.hpp), seen from where an attacker who
-// took over the gateway would stand: a process running as the gateway's unprivileged uid,
-// holding the broker's channel and writing raw requests on it. It must get jailed kernels of the
-// configured policy only, be refused everything else with a reason, and be unable to signal any
+// The privileged broker of `serve --user` (kernel-launcher/broker/, broker.hpp), seen from where an
+// attacker who took over the gateway would stand: a process running as the gateway's unprivileged
+// uid, holding the broker's channel and writing raw requests on it. It must get jailed kernels of
+// the configured policy only, be refused everything else with a reason, and be unable to signal any
 // process but its own kernels (and those only through the broker).
+#include "cellgate/broker/broker.hpp"
+
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -24,7 +26,6 @@
 #include <thread>
 
 #include "cellgate/jail/jail.hpp"
-#include "cellgate/broker/broker.hpp"
 #include "placement.hpp"
 
 namespace cellgate::broker {
@@ -233,9 +234,9 @@ TEST_F(BrokerTest, RefusesEverythingOutsideItsPolicyWithAReason) {
   });
   json r = json::parse(report, nullptr, false);
   ASSERT_TRUE(r.is_object()) << report;
-  for (const char* refused : {"weaker_jail", "other_binary", "unknown_kernelspec", "uid_root",
-                              "uid_outside", "gateway_uid", "path_id", "work_dir",
-                              "signal_unknown", "release_path", "unknown_op"}) {
+  for (const char* refused :
+       {"weaker_jail", "other_binary", "unknown_kernelspec", "uid_root", "uid_outside",
+        "gateway_uid", "path_id", "work_dir", "signal_unknown", "release_path", "unknown_op"}) {
     SCOPED_TRACE(refused);
     EXPECT_FALSE(r[refused].value("ok", true)) << r[refused].dump();
     EXPECT_FALSE(r[refused].value("message", "").empty()) << r[refused].dump();
@@ -309,9 +310,9 @@ TEST_F(BrokerTest, ItsParserRefusesOversizedMistypedAndUnknownRequests) {
   });
   json r = json::parse(report, nullptr, false);
   ASSERT_TRUE(r.is_object()) << report;
-  for (const char* refused : {"uid_as_text", "env_value_number", "env_as_list", "handle_as_text",
-                              "signal_missing", "timeout_as_text", "op_ptrace", "op_number",
-                              "deep", "long_kernelspec"}) {
+  for (const char* refused :
+       {"uid_as_text", "env_value_number", "env_as_list", "handle_as_text", "signal_missing",
+        "timeout_as_text", "op_ptrace", "op_number", "deep", "long_kernelspec"}) {
     SCOPED_TRACE(refused);
     EXPECT_FALSE(r[refused].value("ok", true)) << r[refused].dump();
     EXPECT_EQ(r[refused].value("reason", ""), "broker_refused") << r[refused].dump();
@@ -381,9 +382,8 @@ TEST_F(BrokerTest, TheGatewayGetsAJailedKernelAndSignalsOnlyItsOwn) {
 }
 
 TEST_F(BrokerTest, ItsKernelsEndWhenTheGatewayGoes) {
-  const std::string report = as_gateway([this](int fd) {
-    return call(fd, launch_request("k1", kFirstUid)).dump();
-  });
+  const std::string report =
+      as_gateway([this](int fd) { return call(fd, launch_request("k1", kFirstUid)).dump(); });
   json launched = json::parse(report, nullptr, false);
   ASSERT_TRUE(launched.value("ok", false)) << report;
   const pid_t kernel_pid = launched.value("pid", -1);

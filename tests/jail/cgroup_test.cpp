@@ -1,6 +1,8 @@
 // Cgroups on the real host: limits written, processes moved, OOM kills and fork limits counted,
 // kill_all() and removal. Needs root; skips with a reason otherwise. Every cgroup is made below
 // this process's own as cellgate-test-<pid>/<test>, and removed by the Cgroup's destructor.
+#include "cellgate/jail/cgroup.hpp"
+
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -20,7 +22,6 @@
 #include <thread>
 #include <vector>
 
-#include "cellgate/jail/cgroup.hpp"
 #include "cellgate/unique_fd.hpp"
 #include "placement.hpp"
 

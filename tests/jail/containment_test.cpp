@@ -9,8 +9,8 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -45,7 +45,9 @@ std::string mode_name(const ::testing::TestParamInfo<Mode>& info) {
   return info.param == Mode::kCold ? "Cold" : "Zygote";
 }
 // For gtest's (and ctest's) test names: "# GetParam() = Zygote", not the bytes.
-void PrintTo(Mode mode, std::ostream* os) { *os << (mode == Mode::kCold ? "Cold" : "Zygote"); }
+void PrintTo(Mode mode, std::ostream* os) {
+  *os << (mode == Mode::kCold ? "Cold" : "Zygote");
+}
 
 // `cellgate-kernel --zygote` with a canary in its environment, started once per test binary
 // (lazily: only when a zygote-mode test runs) and stopped by its pid at the end; it dies with the
@@ -77,8 +79,8 @@ class TestZygote {
     if (!write_end || !log_fd || !null_fd) {
       return errno_error(ErrorCode::kInternal, "zygote", "fcntl() or open()", errno);
     }
-    std::vector<std::string> args = {launcher, "--zygote", "--socket", z->socket_,
-                                     "--status-fd", std::to_string(kStatusFd)};
+    std::vector<std::string> args = {launcher,   "--zygote",    "--socket",
+                                     z->socket_, "--status-fd", std::to_string(kStatusFd)};
     std::vector<std::string> env = {"PATH=/usr/bin:/bin",
                                     std::string("CELLGATE_ZYGOTE_CANARY=") + kZygoteCanaryValue};
     std::vector<char*> argv, envp;
@@ -272,7 +274,8 @@ class JailContainment : public ::testing::TestWithParam<Mode> {
     }
     // Every test, /Zygote ones against a kernel that really came from the zygote.
     ASSERT_EQ(preloaded_[i], GetParam() == Mode::kZygote ? "True\n" : "False\n")
-        << "pandas preloaded? kernel log:\n" << kernels_[i]->process->log_tail();
+        << "pandas preloaded? kernel log:\n"
+        << kernels_[i]->process->log_tail();
   }
   KernelClient& client() { return *kernels_[static_cast<std::size_t>(GetParam())]->client; }
   KernelProcess& process() { return *kernels_[static_cast<std::size_t>(GetParam())]->process; }
@@ -362,20 +365,22 @@ TEST_P(JailContainment, NetworkSocketsFail) {
 }
 
 TEST_P(JailContainment, SecretsInTheEnvironmentAreUnreadable) {
-  std::string out = run(client(),
-                        "import os\n"
-                        "seen = []\n"
-                        "for path in ['/proc/self/environ', '/proc/1/environ', '/proc/1/cmdline']:\n"
-                        "    try:\n"
-                        "        seen.append(open(path, 'rb').read().decode(errors='replace'))\n"
-                        "    except OSError as e:\n"
-                        "        print(path, type(e).__name__)\n"
-                        "import ctypes; ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)\n"  // DUMPABLE=1
-                        "seen.append(open('/proc/self/environ', 'rb').read().decode())\n"
-                        "print('LEAK' if any(c in s for s in seen + list(os.environ.values())"
-                        " for c in ('" + std::string(kCanaryValue) + "', '" +
-                            kZygoteCanaryValue + "')) else 'clean')\n"
-                        "print(sorted(os.environ))\n");
+  std::string out =
+      run(client(),
+          "import os\n"
+          "seen = []\n"
+          "for path in ['/proc/self/environ', '/proc/1/environ', '/proc/1/cmdline']:\n"
+          "    try:\n"
+          "        seen.append(open(path, 'rb').read().decode(errors='replace'))\n"
+          "    except OSError as e:\n"
+          "        print(path, type(e).__name__)\n"
+          "import ctypes; ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)\n"  // DUMPABLE=1
+          "seen.append(open('/proc/self/environ', 'rb').read().decode())\n"
+          "print('LEAK' if any(c in s for s in seen + list(os.environ.values())"
+          " for c in ('" +
+              std::string(kCanaryValue) + "', '" + kZygoteCanaryValue +
+              "')) else 'clean')\n"
+              "print(sorted(os.environ))\n");
   EXPECT_NE(out.find("clean"), std::string::npos) << out;
   EXPECT_EQ(out.find("LEAK"), std::string::npos) << out;
   EXPECT_EQ(out.find("CELLGATE_"), std::string::npos) << out;
@@ -402,16 +407,19 @@ TEST_P(JailContainment, HostFilesAreAbsentAndTheRootIsReadOnly) {
   std::ofstream(canary) << kCanaryValue;
   std::string out = run(client(),
                         "import os, errno\n"
-                        "for path in ['/etc/shadow', '" + canary + "', '/root', '/sys/kernel',"
-                        " '/home/kernel/../../root', '/var/lib']:\n"
-                        "    print(path, os.path.exists(path))\n"
-                        "for path in ['/x', '/usr/x', '/etc/x', '/bin/x', '/run/x', '/proc/sys/kernel/hostname']:\n"
-                        "    try:\n"
-                        "        open(path, 'w').write('x'); print(path, 'WRITTEN')\n"
-                        "    except OSError as e:\n"
-                        "        print(path, errno.errorcode[e.errno])\n"
-                        "for path in ['/tmp/ok', '/home/kernel/ok']:\n"
-                        "    open(path, 'w').write('x'); print(path, 'ok')\n");
+                        "for path in ['/etc/shadow', '" +
+                            canary +
+                            "', '/root', '/sys/kernel',"
+                            " '/home/kernel/../../root', '/var/lib']:\n"
+                            "    print(path, os.path.exists(path))\n"
+                            "for path in ['/x', '/usr/x', '/etc/x', '/bin/x', '/run/x', "
+                            "'/proc/sys/kernel/hostname']:\n"
+                            "    try:\n"
+                            "        open(path, 'w').write('x'); print(path, 'WRITTEN')\n"
+                            "    except OSError as e:\n"
+                            "        print(path, errno.errorcode[e.errno])\n"
+                            "for path in ['/tmp/ok', '/home/kernel/ok']:\n"
+                            "    open(path, 'w').write('x'); print(path, 'ok')\n");
   ::unlink(canary.c_str());
   EXPECT_NE(out.find("/etc/shadow False"), std::string::npos) << out;
   EXPECT_NE(out.find(canary + " False"), std::string::npos) << out;
@@ -428,53 +436,56 @@ TEST_P(JailContainment, HostFilesAreAbsentAndTheRootIsReadOnly) {
 // /proc/self/comm, and / may be listed by anyone.
 // Without the "landlock" step every "landlock:" line below reads "ok".
 TEST_P(JailContainment, LandlockAllowsOnlyTheScratchDirsForWriting) {
-  std::string out = run(client(),
-                        "import os, errno\n"
-                        "def t(name, f):\n"
-                        "    try:\n"
-                        "        f(); print(name, 'ok')\n"
-                        "    except OSError as e:\n"
-                        "        print(name, errno.errorcode[e.errno])\n"
-                        "s = os.stat('/run/kernel')\n"
-                        "print('conn dir owned by me, writable mount:', s.st_uid == os.getuid(),"
-                        " not os.statvfs('/run/kernel').f_flag & os.ST_RDONLY)\n"
-                        "t('landlock:mkdir_in_conn', lambda: os.mkdir('/run/kernel/d'))\n"
-                        "t('landlock:mkfifo_in_conn', lambda: os.mkfifo('/run/kernel/f'))\n"
-                        "t('landlock:symlink_in_conn', lambda: os.symlink('/', '/run/kernel/l'))\n"
-                        "t('landlock:write_own_comm', lambda: open('/proc/self/comm', 'w')"
-                        ".write('x'))\n"
-                        "t('landlock:list_root', lambda: os.listdir('/'))\n"
-                        "t('landlock:list_home', lambda: os.listdir('/home'))\n"
-                        "for p in ['/run/kernel/l', '/run/kernel/f']:\n"
-                        "    try: os.remove(p)\n"
-                        "    except OSError: pass\n"
-                        "try: os.rmdir('/run/kernel/d')\n"
-                        "except OSError: pass\n"
-                        "t('allowed:read_usr', lambda: open('/usr/lib/os-release').read())\n"
-                        "t('allowed:list_usr_bin', lambda: os.listdir('/usr/bin'))\n"
-                        "t('allowed:read_via_lib_link', lambda: os.listdir('/lib'))\n"
-                        "t('allowed:read_etc', lambda: open('/etc/passwd').read())\n"
-                        "t('allowed:read_conn_file', lambda: open('/run/kernel/kernel.json').read())\n"
-                        "t('allowed:read_proc', lambda: open('/proc/self/status').read())\n"
-                        "t('allowed:dev_null', lambda: open('/dev/null', 'w').write('x'))\n"
-                        "for d in ['/home/kernel', '/tmp', '/dev/shm']:\n"
-                        "    def scratch(d=d):\n"
-                        "        os.mkdir(d + '/ll'); open(d + '/ll/f', 'w').write('x')\n"
-                        "        os.rename(d + '/ll/f', d + '/g'); os.remove(d + '/g'); os.rmdir(d + '/ll')\n"
-                        "    t('allowed:scratch_' + d, scratch)\n"
-                        "import subprocess\n"
-                        "t('allowed:exec', lambda: subprocess.run(['true'], check=True))\n");
+  std::string out =
+      run(client(),
+          "import os, errno\n"
+          "def t(name, f):\n"
+          "    try:\n"
+          "        f(); print(name, 'ok')\n"
+          "    except OSError as e:\n"
+          "        print(name, errno.errorcode[e.errno])\n"
+          "s = os.stat('/run/kernel')\n"
+          "print('conn dir owned by me, writable mount:', s.st_uid == os.getuid(),"
+          " not os.statvfs('/run/kernel').f_flag & os.ST_RDONLY)\n"
+          "t('landlock:mkdir_in_conn', lambda: os.mkdir('/run/kernel/d'))\n"
+          "t('landlock:mkfifo_in_conn', lambda: os.mkfifo('/run/kernel/f'))\n"
+          "t('landlock:symlink_in_conn', lambda: os.symlink('/', '/run/kernel/l'))\n"
+          "t('landlock:write_own_comm', lambda: open('/proc/self/comm', 'w')"
+          ".write('x'))\n"
+          "t('landlock:list_root', lambda: os.listdir('/'))\n"
+          "t('landlock:list_home', lambda: os.listdir('/home'))\n"
+          "for p in ['/run/kernel/l', '/run/kernel/f']:\n"
+          "    try: os.remove(p)\n"
+          "    except OSError: pass\n"
+          "try: os.rmdir('/run/kernel/d')\n"
+          "except OSError: pass\n"
+          "t('allowed:read_usr', lambda: open('/usr/lib/os-release').read())\n"
+          "t('allowed:list_usr_bin', lambda: os.listdir('/usr/bin'))\n"
+          "t('allowed:read_via_lib_link', lambda: os.listdir('/lib'))\n"
+          "t('allowed:read_etc', lambda: open('/etc/passwd').read())\n"
+          "t('allowed:read_conn_file', lambda: open('/run/kernel/kernel.json').read())\n"
+          "t('allowed:read_proc', lambda: open('/proc/self/status').read())\n"
+          "t('allowed:dev_null', lambda: open('/dev/null', 'w').write('x'))\n"
+          "for d in ['/home/kernel', '/tmp', '/dev/shm']:\n"
+          "    def scratch(d=d):\n"
+          "        os.mkdir(d + '/ll'); open(d + '/ll/f', 'w').write('x')\n"
+          "        os.rename(d + '/ll/f', d + '/g'); os.remove(d + '/g'); os.rmdir(d + '/ll')\n"
+          "    t('allowed:scratch_' + d, scratch)\n"
+          "import subprocess\n"
+          "t('allowed:exec', lambda: subprocess.run(['true'], check=True))\n");
   EXPECT_NE(out.find("conn dir owned by me, writable mount: True True"), std::string::npos) << out;
-  for (const char* denied : {"mkdir_in_conn", "mkfifo_in_conn", "symlink_in_conn",
-                             "write_own_comm", "list_root", "list_home"}) {
+  for (const char* denied : {"mkdir_in_conn", "mkfifo_in_conn", "symlink_in_conn", "write_own_comm",
+                             "list_root", "list_home"}) {
     EXPECT_NE(out.find(std::string("landlock:") + denied + " EACCES"), std::string::npos)
-        << denied << " in\n" << out;
+        << denied << " in\n"
+        << out;
   }
   for (const char* allowed :
        {"read_usr", "list_usr_bin", "read_via_lib_link", "read_etc", "read_conn_file", "read_proc",
         "dev_null", "scratch_/home/kernel", "scratch_/tmp", "scratch_/dev/shm", "exec"}) {
     EXPECT_NE(out.find(std::string("allowed:") + allowed + " ok"), std::string::npos)
-        << allowed << " in\n" << out;
+        << allowed << " in\n"
+        << out;
   }
 }
 
@@ -497,21 +508,21 @@ TEST_P(JailContainment, HostProcessesAreInvisible) {
 }
 
 TEST_P(JailContainment, PrivilegeEscalationFails) {
-  std::string out = run(
-      client(),
-      "import os, ctypes, errno\n"
-      "libc = ctypes.CDLL(None, use_errno=True)\n"
-      "def check(name, rc):\n"
-      "    print(name, 'SUCCEEDED' if rc == 0 else errno.errorcode[ctypes.get_errno()])\n"
-      "try:\n"
-      "    os.setuid(0); print('setuid SUCCEEDED')\n"
-      "except PermissionError:\n"
-      "    print('setuid EPERM')\n"
-      "check('mount', libc.mount(b'none', b'/tmp', b'tmpfs', 0, None))\n"
-      "check('unshare', libc.unshare(0x10000000))\n"      // CLONE_NEWUSER
-      "check('unshare_ns', libc.unshare(0x00020000))\n"   // CLONE_NEWNS
-      "check('ptrace', libc.ptrace(0, 0, None, None))\n"  // PTRACE_TRACEME
-      "check('chroot', libc.chroot(b'/tmp'))\n");
+  std::string out =
+      run(client(),
+          "import os, ctypes, errno\n"
+          "libc = ctypes.CDLL(None, use_errno=True)\n"
+          "def check(name, rc):\n"
+          "    print(name, 'SUCCEEDED' if rc == 0 else errno.errorcode[ctypes.get_errno()])\n"
+          "try:\n"
+          "    os.setuid(0); print('setuid SUCCEEDED')\n"
+          "except PermissionError:\n"
+          "    print('setuid EPERM')\n"
+          "check('mount', libc.mount(b'none', b'/tmp', b'tmpfs', 0, None))\n"
+          "check('unshare', libc.unshare(0x10000000))\n"      // CLONE_NEWUSER
+          "check('unshare_ns', libc.unshare(0x00020000))\n"   // CLONE_NEWNS
+          "check('ptrace', libc.ptrace(0, 0, None, None))\n"  // PTRACE_TRACEME
+          "check('chroot', libc.chroot(b'/tmp'))\n");
   EXPECT_EQ(out.find("SUCCEEDED"), std::string::npos) << out;
   for (const char* name : {"setuid EPERM", "mount EPERM", "unshare EPERM", "unshare_ns EPERM",
                            "ptrace EPERM", "chroot EPERM"}) {
@@ -536,7 +547,7 @@ TEST_P(JailContainment, FillingTmpStopsAtTheCap) {
   int written = 0;
   in >> code >> written;
   EXPECT_EQ(code, "ENOSPC") << out;
-  EXPECT_GE(written, 6) << out;   // 8 MiB cap
+  EXPECT_GE(written, 6) << out;  // 8 MiB cap
   EXPECT_LE(written, 8) << out;
 }
 

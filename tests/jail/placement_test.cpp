@@ -1,5 +1,7 @@
 // The jail tests' cgroup placement (placement.hpp), done once before any test, and a test of it
 // on this host.
+#include "placement.hpp"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,7 +13,6 @@
 
 #include "cellgate/jail/cgroup.hpp"
 #include "cellgate/jail/userns.hpp"
-#include "placement.hpp"
 
 namespace cellgate::jail::testing {
 namespace {
@@ -98,9 +99,13 @@ TEST(CgroupPlacementReal, KernelsCgroupsGetEveryController) {
 
 }  // namespace
 
-const std::string& cgroup_parent() { return g_parent; }
+const std::string& cgroup_parent() {
+  return g_parent;
+}
 
-bool rootless() { return g_rootless; }
+bool rootless() {
+  return g_rootless;
+}
 
 const std::string& bin_dir() {
   static const std::string dir = [] {

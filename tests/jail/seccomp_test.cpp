@@ -2,10 +2,9 @@
 // filter, gets exactly the errno the table gives for each call it attempts (derived from the
 // table and the raw arguments the probe prints, first matching row wins), while fork, threads,
 // AF_UNIX sockets and the personality query keep working.
+#include "cellgate/jail/seccomp.hpp"
+
 #include <fcntl.h>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <seccomp.h>
@@ -26,7 +25,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -38,7 +39,6 @@
 #include <utility>
 #include <vector>
 
-#include "cellgate/jail/seccomp.hpp"
 #include "placement.hpp"
 
 namespace cellgate::jail {

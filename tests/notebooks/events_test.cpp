@@ -2,11 +2,12 @@
 // gateway's NDJSON answer read as hostile input (notebooks/src/ndjson.hpp): what is kept, that
 // the outputs made from it are the ones all the events would make, and what is said when
 // something is cut.
+#include "events.hpp"
+
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "events.hpp"
 #include "ndjson.hpp"
 #include "outputs.hpp"
 
@@ -27,7 +28,9 @@ json stream(const std::string& text, const std::string& name = "stdout") {
   return {{"type", "stream"}, {"name", name}, {"text", text}};
 }
 
-json clear(bool wait) { return {{"type", "clear_output"}, {"wait", wait}}; }
+json clear(bool wait) {
+  return {{"type", "clear_output"}, {"wait", wait}};
+}
 
 // cells[0] (shows "id1" and "id2") and cells[1], whose outputs are made from `events`.
 json cells_after(const json& events, std::vector<std::string>* notices = nullptr) {
@@ -122,7 +125,10 @@ TEST(CellEvents, KeptEventsMakeTheSameOutputs) {
       json::array({display("execute_result", {{"text/plain", "A"}}, "id1"), clear(true),
                    clear(false), display("update_display_data", {{"text/plain", "B"}}, "id1"),
                    clear(true)}),
-      json::array({stream("a"), {{"type", "keepalive"}}, stream("b"), {{"type", "notice"}},
+      json::array({stream("a"),
+                   {{"type", "keepalive"}},
+                   stream("b"),
+                   {{"type", "notice"}},
                    display("update_display_data", {{"text/plain", "none"}}),
                    {{"type", "error"}, {"ename", "E"}, {"evalue", "v"}, {"traceback", {"t"}}}}),
   };
@@ -135,17 +141,18 @@ TEST(CellEvents, KeptEventsMakeTheSameOutputs) {
 // warnings get the notice. An 8 MiB image shown 100 times keeps 7 (56 MiB of 64).
 TEST(CellEvents, PastTheBudgetEventsAreDroppedWithANote) {
   CellEvents events;
-  const json shown = display("display_data", {{"image/png", std::string(std::size_t{8} << 20, 'p')}},
-                             "img");
+  const json shown =
+      display("display_data", {{"image/png", std::string(std::size_t{8} << 20, 'p')}}, "img");
   for (int i = 0; i < 100; ++i) {
     events.add(shown);
   }
   events.add(clear(true));
   EXPECT_EQ(events.size(), 7u + 1u);
   EXPECT_LE(events.bytes(), kMaxCellEventBytes);
-  const std::string notice = "the cell's outputs are over the limit of 64 MiB per cell: 93 of "
-                             "its events (" + std::to_string(93 * json_size(shown).bytes) +
-                             " bytes) were dropped";
+  const std::string notice =
+      "the cell's outputs are over the limit of 64 MiB per cell: 93 of "
+      "its events (" +
+      std::to_string(93 * json_size(shown).bytes) + " bytes) were dropped";
   EXPECT_EQ(events.notices(), std::vector<std::string>{notice});
   CellAnswer answer;
   answer.result.notices = {"from the gateway"};
@@ -156,7 +163,8 @@ TEST(CellEvents, PastTheBudgetEventsAreDroppedWithANote) {
   NotebookOutputs(cells).apply(0, *answer.events);
   const json& outputs = cells[0]["outputs"];
   ASSERT_EQ(outputs.size(), 8u);
-  EXPECT_EQ(outputs[7], (json{{"output_type", "stream"}, {"name", "stderr"},
+  EXPECT_EQ(outputs[7], (json{{"output_type", "stream"},
+                              {"name", "stderr"},
                               {"text", "[cellgate run: " + notice + "]\n"}}));
 }
 
@@ -184,8 +192,8 @@ std::string end_line(const std::string& status = "ok") {
 }
 
 TEST(NdjsonAnswer, ReadsEventsAndTheAnswerCutAnywhere) {
-  const std::string body = stream("a").dump() + "\n" + json{{"type", "keepalive"}}.dump() +
-                           "\n\n" + stream("b").dump() + "\r\n" + end_line();
+  const std::string body = stream("a").dump() + "\n" + json{{"type", "keepalive"}}.dump() + "\n\n" +
+                           stream("b").dump() + "\r\n" + end_line();
   for (std::size_t cut = 0; cut <= body.size(); ++cut) {
     NdjsonAnswer lines;
     lines.feed(body.substr(0, cut));
@@ -218,8 +226,8 @@ TEST(NdjsonAnswer, ALineOverTheLimitIsSkipped) {
 TEST(NdjsonAnswer, ADeepLineIsNotParsed) {
   const std::size_t deep = 100000;
   NdjsonAnswer lines;
-  lines.feed(R"({"type": "display_data", "data": {"application/json": )" +
-             std::string(deep, '[') + std::string(deep, ']') + "}}\n");
+  lines.feed(R"({"type": "display_data", "data": {"application/json": )" + std::string(deep, '[') +
+             std::string(deep, ']') + "}}\n");
   lines.feed(R"({"type": "end", "answer": {"status": "ok", "x": )" + std::string(deep, '[') +
              std::string(deep, ']') + "}}");
   auto answer = lines.answer();

@@ -2,12 +2,10 @@
 // injected-parameters cell, artifacts of an output; and papermill's -p / -r / -y
 // (notebooks/src/parameters.cpp), checked against what papermill's _resolve_type and
 // PythonTranslator give for the same input.
-#include "cellgate/notebooks/notebook.hpp"
-
-#include "cellgate/notebooks/parameters.hpp"
-
 #include <gtest/gtest.h>
 
+#include "cellgate/notebooks/notebook.hpp"
+#include "cellgate/notebooks/parameters.hpp"
 #include "cellgate/util/text.hpp"
 
 namespace cellgate::notebooks::notebook {
@@ -227,19 +225,22 @@ TEST(RunNotebook, DashYReadsYamlAndJsonAsPyYamlDoes) {
   EXPECT_EQ(y(""), "");
   EXPECT_EQ(y("# only a comment\n"), "");
   // What the subset leaves out says so.
-  EXPECT_EQ(y("a: &x 1\n"), "error: -y: line 1: '&' (anchors, aliases, tags, block scalars) "
-                              "is not supported");
-  EXPECT_EQ(y("a: |\n  text\n"), "error: -y: line 1: '|' (anchors, aliases, tags, block "
-                                  "scalars) is not supported");
-  EXPECT_EQ(y("[1, 2]"), "error: -y wants a mapping of names to values ('name: value' or "
-                         "{\"name\": value})");
+  EXPECT_EQ(y("a: &x 1\n"),
+            "error: -y: line 1: '&' (anchors, aliases, tags, block scalars) "
+            "is not supported");
+  EXPECT_EQ(y("a: |\n  text\n"),
+            "error: -y: line 1: '|' (anchors, aliases, tags, block "
+            "scalars) is not supported");
+  EXPECT_EQ(y("[1, 2]"),
+            "error: -y wants a mapping of names to values ('name: value' or "
+            "{\"name\": value})");
   EXPECT_EQ(y("1: x"), "error: -y: the key 1 is not a Python variable name");
   EXPECT_EQ(y("{a: [1, 2}"), "error: -y: line 1: expected ',' or ']' in a flow collection");
 }
 
 TEST(RunNotebook, ParametersMergeAsPapermillsDictUpdates) {
-  auto merged = parameters::merge({{{"a", "1"}, {"b", "2"}}}, {{"c", "3"}, {"a", "4"}},
-                                  {{"b", "\"raw\""}});
+  auto merged =
+      parameters::merge({{{"a", "1"}, {"b", "2"}}}, {{"c", "3"}, {"a", "4"}}, {{"b", "\"raw\""}});
   ASSERT_EQ(merged.size(), 3u);
   EXPECT_EQ(merged[0].name + "=" + merged[0].python, "a=4");
   EXPECT_EQ(merged[1].name + "=" + merged[1].python, "b=\"raw\"");

@@ -55,8 +55,7 @@ class FakeSession final : public KernelSession {
     return out;
   }
   Result<json> kernel_info() override {
-    return json{{"status", "ok"},
-                {"language_info", {{"name", "python"}, {"version", "3.11.2"}}}};
+    return json{{"status", "ok"}, {"language_info", {{"name", "python"}, {"version", "3.11.2"}}}};
   }
 
  private:
@@ -66,10 +65,10 @@ class FakeSession final : public KernelSession {
 };
 
 json ok_answer(const std::string& code, int count) {
-  return {{"status", "ok"},
-          {"execution_count", count},
-          {"outputs",
-           json::array({{{"output_type", "stream"}, {"name", "stdout"}, {"text", code}}})}};
+  return {
+      {"status", "ok"},
+      {"execution_count", count},
+      {"outputs", json::array({{{"output_type", "stream"}, {"name", "stdout"}, {"text", code}}})}};
 }
 
 json error_answer(int count, const std::string& ename, const std::string& evalue, int line) {
@@ -115,8 +114,8 @@ json code_cell(const std::string& source, json tags = json::array()) {
   return json{{"cell_type", "code"},
               {"execution_count", 7},
               {"metadata", {{"tags", std::move(tags)}}},
-              {"outputs", json::array({{{"output_type", "stream"}, {"name", "stdout"},
-                                        {"text", "stale"}}})},
+              {"outputs",
+               json::array({{{"output_type", "stream"}, {"name", "stdout"}, {"text", "stale"}}})},
               {"source", source}};
 }
 
@@ -169,8 +168,8 @@ std::string slurp(const std::string& path) {
 
 TEST(Runner, RunsTheNonBlankCodeCellsInOrderAndFillsThem) {
   FakeBackend backend;
-  json nb = notebook_of({markdown_cell("# title"), code_cell("a = 1"), code_cell("  \n"),
-                         code_cell("print(a)")});
+  json nb = notebook_of(
+      {markdown_cell("# title"), code_cell("a = 1"), code_cell("  \n"), code_cell("print(a)")});
   Outcome out = run_notebook(backend, nb, NotebookRun{});
   EXPECT_EQ(out.status, Status::kOk);
   EXPECT_EQ(backend.calls.executed, (std::vector<std::string>{"a = 1", "print(a)"}));
@@ -194,8 +193,8 @@ TEST(Runner, StopsAtTheFirstErrorAndNamesTheCell) {
     return code.find("raise") != std::string::npos ? error_answer(count, "KeyError", "'k'", 2)
                                                    : ok_answer(code, count);
   };
-  json nb = notebook_of({code_cell("x = 1"), code_cell("d = {}\nraise KeyError('k')"),
-                         code_cell("print('never')")});
+  json nb = notebook_of(
+      {code_cell("x = 1"), code_cell("d = {}\nraise KeyError('k')"), code_cell("print('never')")});
   Outcome out = run_notebook(backend, nb, NotebookRun{});
   EXPECT_EQ(out.status, Status::kError);
   ASSERT_TRUE(out.cell);
@@ -217,9 +216,8 @@ TEST(Runner, RaisesExceptionCellsAndAllowErrorsGoOn) {
     return code.rfind("1/0", 0) == 0 ? error_answer(count, "ZeroDivisionError", "", 1)
                                      : ok_answer(code, count);
   };
-  json nb = notebook_of(
-      {code_cell("1/0 # expected", json::array({"raises-exception"})), code_cell("1/0"),
-       code_cell("print('end')")});
+  json nb = notebook_of({code_cell("1/0 # expected", json::array({"raises-exception"})),
+                         code_cell("1/0"), code_cell("print('end')")});
   Outcome strict = run_notebook(backend, nb, NotebookRun{});
   EXPECT_EQ(strict.status, Status::kError);
   EXPECT_EQ(*strict.cell, 1u);  // the tagged cell did not stop the run
@@ -291,8 +289,8 @@ TEST(Runner, WithAllowErrorsAnInterruptedTimeoutIsAnErrorAndTheRunGoesOn) {
 
 TEST(Runner, SkipsCellsTaggedSkipExecution) {
   FakeBackend backend;
-  json nb = notebook_of({code_cell("long()", json::array({"skip-execution"})),
-                         code_cell("print('ok')")});
+  json nb =
+      notebook_of({code_cell("long()", json::array({"skip-execution"})), code_cell("print('ok')")});
   Outcome out = run_notebook(backend, nb, NotebookRun{});
   EXPECT_EQ(out.status, Status::kOk);
   EXPECT_EQ(backend.calls.executed, (std::vector<std::string>{"print('ok')"}));
@@ -330,18 +328,19 @@ json stream(const std::string& text) {
   return {{"type", "stream"}, {"name", "stdout"}, {"text", text}};
 }
 
-json clear(bool wait) { return {{"type", "clear_output"}, {"wait", wait}}; }
+json clear(bool wait) {
+  return {{"type", "clear_output"}, {"wait", wait}};
+}
 
 TEST(Runner, OutputsFollowNbclientsDisplayAndClearRules) {
   FakeBackend backend;
   std::map<std::string, json> events = {
       {"show", json::array({display("display_data", "'Hello'", "id1")})},
       {"update", json::array({display("update_display_data", "'world'", "id1")})},
-      {"again", json::array({display("display_data", "'again'", "id1"), stream("a"),
-                             stream("b")})},
+      {"again", json::array({display("display_data", "'again'", "id1"), stream("a"), stream("b")})},
       {"wait_only", json::array({stream("kept"), clear(true)})},
-      {"wait_then", json::array({display("display_data", "'x'", "id2"), clear(true),
-                                 stream("new")})},
+      {"wait_then",
+       json::array({display("display_data", "'x'", "id2"), clear(true), stream("new")})},
       {"update_cleared", json::array({display("update_display_data", "'late'", "id2")})},
       {"now", json::array({stream("gone"), clear(false), {{"type", "keepalive"}}})},
   };
@@ -361,8 +360,8 @@ TEST(Runner, OutputsFollowNbclientsDisplayAndClearRules) {
   EXPECT_EQ(plain(0, 0), "'again'");
   EXPECT_EQ(cells[1]["outputs"], json::array());  // an update adds no output
   EXPECT_EQ(plain(2, 0), "'again'");
-  EXPECT_EQ(cells[2]["outputs"][1], (json{{"output_type", "stream"}, {"name", "stdout"},
-                                          {"text", "ab"}}));
+  EXPECT_EQ(cells[2]["outputs"][1],
+            (json{{"output_type", "stream"}, {"name", "stdout"}, {"text", "ab"}}));
   // clear_output(wait=True) with nothing after it leaves the output.
   EXPECT_EQ(cells[3]["outputs"].size(), 1u);
   EXPECT_EQ(cells[3]["outputs"][0]["text"], "kept");
@@ -419,8 +418,8 @@ TEST(Runner, LongDisplayIdsAreNotTracked) {
   backend.answer = [&events](const std::string& code, int count) -> Result<json> {
     return answer_with_events(count, events.at(code));
   };
-  Outcome out = run_notebook(backend, notebook_of({code_cell("show"), code_cell("update")}),
-                             NotebookRun{});
+  Outcome out =
+      run_notebook(backend, notebook_of({code_cell("show"), code_cell("update")}), NotebookRun{});
   ASSERT_EQ(out.status, Status::kOk);
   const json& shown = out.notebook["cells"][0]["outputs"];
   ASSERT_EQ(shown.size(), 2u);
@@ -535,8 +534,8 @@ TEST(Runner, CopiesTheFilesBesideTheNotebookIntoTheWorkDir) {
   for (const auto& [rel, bytes] : backend.calls.files) {
     copied.push_back(rel);
   }
-  EXPECT_EQ(copied, (std::vector<std::string>{"data/deep/more.txt", "data/sales.csv",
-                                              "notebook.ipynb"}));
+  EXPECT_EQ(copied,
+            (std::vector<std::string>{"data/deep/more.txt", "data/sales.csv", "notebook.ipynb"}));
   EXPECT_EQ(backend.calls.files["data/sales.csv"], "a,b\n");
   ASSERT_EQ(out.warnings.size(), 1u);
   EXPECT_EQ(out.warnings[0], "big.bin (200 bytes) is over the 100-byte file limit: not copied");

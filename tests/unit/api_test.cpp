@@ -29,10 +29,10 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
-using nlohmann::json;
 using http::Request;
 using http::Response;
 using http::Target;
+using nlohmann::json;
 namespace bhttp = boost::beast::http;
 
 constexpr const char* kToken = "s3cret-T0ken";
@@ -300,8 +300,8 @@ TEST_F(ApiTest, UnknownQueryParametersAreIgnored) {
   ASSERT_EQ(res.result_int(), 200u) << res.body();
   EXPECT_EQ(body_json(res), json::array());
   res = call(gateway_->api, anonymous(bhttp::verb::get, std::string("/api/kernels?1712345678901&"
-                                                                   "token=") +
-                                                           kToken));
+                                                                    "token=") +
+                                                            kToken));
   EXPECT_EQ(res.result_int(), 200u) << res.body();
   res = get("/api/kernelspecs?user=alice&_=1");
   EXPECT_EQ(res.result_int(), 200u) << res.body();
@@ -365,8 +365,9 @@ TEST_F(ApiTest, WrongMethodIs405) {
 }
 
 TEST_F(ApiTest, WrongMethodOnSessionsListIs405) {
-  // Regression (found by this test, fixed): sessions() sends every method other than GET/POST on /api/sessions to its "no such
-  // route" branch, so PUT /api/sessions is 404 where /api/kernels answers 405.
+  // Regression (found by this test, fixed): sessions() sends every method other than GET/POST on
+  // /api/sessions to its "no such route" branch, so PUT /api/sessions is 404 where /api/kernels
+  // answers 405.
   expect_error(send(bhttp::verb::put, "/api/sessions"), 405);
 }
 
@@ -479,11 +480,12 @@ TEST_F(ApiTest, OneKernelspecAndAnUnknownOne) {
 }
 
 TEST_F(ApiTest, AMalformedKernelspecDoesNotBreakTheList) {
-  // Regression (found by this test, fixed): KernelSpec::load reads display_name and language with json::value(), which throws
-  // nlohmann::json::type_error when kernel.json has them with another type; the exception
-  // escapes KernelRegistry::kernelspecs() and Api::handle, so one bad kernel.json anywhere in the
-  // kernelspec path makes GET /api/kernelspecs throw (on a server I/O thread: std::terminate).
-  // Fix: check the types (is_string) in load() and skip specs that fail to load.
+  // Regression (found by this test, fixed): KernelSpec::load reads display_name and language with
+  // json::value(), which throws nlohmann::json::type_error when kernel.json has them with another
+  // type; the exception escapes KernelRegistry::kernelspecs() and Api::handle, so one bad
+  // kernel.json anywhere in the kernelspec path makes GET /api/kernelspecs throw (on a server I/O
+  // thread: std::terminate). Fix: check the types (is_string) in load() and skip specs that fail to
+  // load.
   write_file(fs::path(root_) / "bad" / "kernels" / "broken" / "kernel.json",
              R"({"argv": ["/bin/true"], "display_name": 5, "language": ["x"]})");
   ::setenv("JUPYTER_PATH", (root_ + "/bad:" + root_ + "/jupyter").c_str(), 1);
@@ -524,18 +526,19 @@ TEST_F(ApiTest, KernelspecFilesCannotEscapeOrShowHiddenFiles) {
 }
 
 TEST_F(ApiTest, KernelspecDirectoryIsNotAFile) {
-  // Regression (found by this test, fixed): kernelspec_file opens the path with std::ifstream, which succeeds on a directory on
-  // Linux; reading it through istreambuf_iterator then throws std::ios_base::failure ("Is a
-  // directory") out of Api::handle, which on a server thread ends the process. Fix: answer 404
-  // unless fs::is_regular_file, and catch exceptions around the read.
+  // Regression (found by this test, fixed): kernelspec_file opens the path with std::ifstream,
+  // which succeeds on a directory on Linux; reading it through istreambuf_iterator then throws
+  // std::ios_base::failure ("Is a directory") out of Api::handle, which on a server thread ends the
+  // process. Fix: answer 404 unless fs::is_regular_file, and catch exceptions around the read.
   Response res;
   EXPECT_NO_THROW(res = get("/kernelspecs/python3/subdir"));
   expect_error(res, 404);
 }
 
 TEST_F(ApiTest, KernelspecFilesOnlyAnswerGetAndHead) {
-  // Regression (found by this test, fixed): kernelspec_file never looks at the method: DELETE/POST/PUT of a resource file answer
-  // 200 with the file. jupyter_server's handler allows GET and HEAD only (405 otherwise).
+  // Regression (found by this test, fixed): kernelspec_file never looks at the method:
+  // DELETE/POST/PUT of a resource file answer 200 with the file. jupyter_server's handler allows
+  // GET and HEAD only (405 otherwise).
   expect_error(send(bhttp::verb::delete_, "/kernelspecs/python3/logo-64x64.png"), 405);
   expect_error(send(bhttp::verb::post, "/kernelspecs/python3/logo-64x64.png"), 405);
 }
@@ -595,8 +598,8 @@ TEST_F(ApiCorsTest, AllowedOriginGetsCorsHeadersOnAnswersAndErrors) {
   res = with_origin(bhttp::verb::get, "/api/kernels", "http://lab.example", "");
   expect_error(res, 401);
   EXPECT_EQ(header(res, bhttp::field::access_control_allow_origin), "http://lab.example");
-  res =
-      with_origin(bhttp::verb::get, std::string("/api/kernels/") + kUnknownId, "http://lab.example");
+  res = with_origin(bhttp::verb::get, std::string("/api/kernels/") + kUnknownId,
+                    "http://lab.example");
   expect_error(res, 404);
   EXPECT_EQ(header(res, bhttp::field::access_control_allow_origin), "http://lab.example");
 }
@@ -669,9 +672,9 @@ TEST_F(ApiBaseUrlTest, ResourceUrlsCarryThePrefix) {
 }
 
 TEST_F(ApiBaseUrlTest, APathThatOnlyStartsWithThePrefixTextIs404) {
-  // Regression (found by this test, fixed): Api::handle strips base_ with rfind(base_, 0) == 0 and no segment check, so with
-  // base_url /prefix/ the path "/prefixapi/kernels" becomes "api/kernels" and is served (200).
-  // Fix: accept only a path equal to base_ or continuing with '/' after it.
+  // Regression (found by this test, fixed): Api::handle strips base_ with rfind(base_, 0) == 0 and
+  // no segment check, so with base_url /prefix/ the path "/prefixapi/kernels" becomes "api/kernels"
+  // and is served (200). Fix: accept only a path equal to base_ or continuing with '/' after it.
   expect_error(get("/prefixapi/kernels"), 404);
   expect_error(call(gateway_->api, anonymous(bhttp::verb::get, "/prefixapi")), 404);
 }
@@ -787,11 +790,12 @@ TEST_F(ApiBaseUrlTest, ChannelsUnderThePrefixReachTheKernelLookup) {
 }
 
 TEST_F(ApiBaseUrlTest, ChannelsOutsideThePrefixIs404) {
-  // Regression (found by this test, fixed): check_channels strips base_ only when the path starts with it and otherwise routes the
-  // bare path, so with base_url /prefix/ a WebSocket to /api/kernels/{id}/channels (no prefix)
-  // reaches the kernel lookup and, for a live kernel, upgrades — while handle() 404s the same
-  // path. (It shares the missing segment check of handle(): "/prefixapi/kernels/{id}/channels"
-  // is accepted too.) Fix: refuse with 404 unless the path is under base_ + '/'.
+  // Regression (found by this test, fixed): check_channels strips base_ only when the path starts
+  // with it and otherwise routes the bare path, so with base_url /prefix/ a WebSocket to
+  // /api/kernels/{id}/channels (no prefix) reaches the kernel lookup and, for a live kernel,
+  // upgrades — while handle() 404s the same path. (It shares the missing segment check of handle():
+  // "/prefixapi/kernels/{id}/channels" is accepted too.) Fix: refuse with 404 unless the path is
+  // under base_ + '/'.
   auto check = gateway_->api.upgrade(
       upgrade_request(std::string("/api/kernels/") + kUnknownId + "/channels", kToken));
   ASSERT_TRUE(check.refusal);

@@ -1,8 +1,7 @@
 // The broker's wire (kernel-launcher/broker/src/request.cpp): what the unprivileged gateway may
 // ask, parsed into typed requests, and everything else refused with a reason. No root, no Python.
-#include <signal.h>
-
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <nlohmann/json.hpp>
 #include <string>
@@ -15,8 +14,12 @@ namespace {
 using json = nlohmann::json;
 
 json launch(std::string kernel_id = "k1", json uid = 2900000) {
-  return {{"op", "launch"},     {"id", 7},   {"kernel_id", std::move(kernel_id)},
-          {"kernelspec", "python3"}, {"uid", std::move(uid)}, {"env", {{"A", "1"}}}};
+  return {{"op", "launch"},
+          {"id", 7},
+          {"kernel_id", std::move(kernel_id)},
+          {"kernelspec", "python3"},
+          {"uid", std::move(uid)},
+          {"env", {{"A", "1"}}}};
 }
 
 // The refusal's message, or "" when the request was accepted.
@@ -114,14 +117,31 @@ TEST(BrokerRequest, RefusesWrongTypesAndMissingFields) {
            launch("k1", -1),         // negative
            launch("k1", 1.5),        // not an integer
            json{{"op", "launch"}, {"id", 1}, {"kernel_id", "k1"}, {"uid", 2900000}, {"env", {}}},
-           json{{"op", "launch"}, {"id", 1}, {"kernel_id", 5}, {"kernelspec", "python3"},
-                {"uid", 2900000}, {"env", json::object()}},
-           json{{"op", "launch"}, {"id", 1}, {"kernel_id", "k1"}, {"kernelspec", "python3"},
-                {"uid", 2900000}, {"env", {{"A", 1}}}},
-           json{{"op", "launch"}, {"id", 1}, {"kernel_id", "k1"}, {"kernelspec", "python3"},
-                {"uid", 2900000}, {"env", json::array()}},
-           json{{"op", "launch"}, {"id", 1}, {"kernel_id", "k1"}, {"kernelspec", "python3"},
-                {"uid", 2900000}, {"env", json::object()}, {"conn_files", {{"a.py", 3}}}},
+           json{{"op", "launch"},
+                {"id", 1},
+                {"kernel_id", 5},
+                {"kernelspec", "python3"},
+                {"uid", 2900000},
+                {"env", json::object()}},
+           json{{"op", "launch"},
+                {"id", 1},
+                {"kernel_id", "k1"},
+                {"kernelspec", "python3"},
+                {"uid", 2900000},
+                {"env", {{"A", 1}}}},
+           json{{"op", "launch"},
+                {"id", 1},
+                {"kernel_id", "k1"},
+                {"kernelspec", "python3"},
+                {"uid", 2900000},
+                {"env", json::array()}},
+           json{{"op", "launch"},
+                {"id", 1},
+                {"kernel_id", "k1"},
+                {"kernelspec", "python3"},
+                {"uid", 2900000},
+                {"env", json::object()},
+                {"conn_files", {{"a.py", 3}}}},
            json{{"op", "signal"}, {"id", 1}, {"handle", "1"}, {"signal", 2}},
            json{{"op", "signal"}, {"id", 1}, {"handle", 1}},
            json{{"op", "stop"}, {"id", 1}, {"handle", -3}},

@@ -31,30 +31,28 @@ CellResult full_result() {
   r.files = {files::Change{files::ChangeKind::kCreated, "out.csv", files::FileType::kFile, 12},
              files::Change{files::ChangeKind::kDeleted, "old", files::FileType::kSymlink, 0}};
   r.notices = {"stdout is over the per-cell limit"};
-  r.truncated = {.stdout_cut = true, .stderr_cut = false, .outputs_cut = true,
-                 .dropped_bytes = 77};
+  r.truncated = {.stdout_cut = true, .stderr_cut = false, .outputs_cut = true, .dropped_bytes = 77};
   r.state_lost = false;
-  r.metrics = {.wall_ms = 15, .cpu_ms = 9, .memory_peak_bytes = 1000,
-               .memory_current_bytes = std::nullopt};
+  r.metrics = {
+      .wall_ms = 15, .cpu_ms = 9, .memory_peak_bytes = 1000, .memory_current_bytes = std::nullopt};
   return r;
 }
 
 // The bytes the agent API sent before CellResult existed, for the same cell (nlohmann::json
 // orders keys by name).
 TEST(CellResultJson, TheAgentApisAnswerByteForByte) {
-  EXPECT_EQ(
-      full_result().to_json().dump(),
-      R"({"artifacts":[{"mime_type":"image/png","sha256":"abc"}],"charts":[{"type":"line"}],)"
-      R"("data":[{"x":[1,2]}],"error":{"ename":"KeyError","evalue":"'k'","line":3,)"
-      R"("traceback":["Traceback","KeyError: 'k'"]},"execution_count":4,)"
-      R"("files":[{"change":"created","path":"out.csv","size":12,"type":"file"},)"
-      R"({"change":"deleted","path":"old","size":0,"type":"symlink"}],)"
-      R"("metrics":{"cpu_ms":9,"memory_current_bytes":null,"memory_peak_bytes":1000,)"
-      R"("wall_ms":15},"notices":["stdout is over the per-cell limit"],)"
-      R"("outputs":[{"name":"stdout","output_type":"stream","text":"a\n"}],)"
-      R"("result":{"text/plain":"42"},"state_lost":false,"status":"error","stderr":"w\n",)"
-      R"("stdout":"a\n","truncated":{"dropped_bytes":77,"outputs":true,"stderr":false,)"
-      R"("stdout":true}})");
+  EXPECT_EQ(full_result().to_json().dump(),
+            R"({"artifacts":[{"mime_type":"image/png","sha256":"abc"}],"charts":[{"type":"line"}],)"
+            R"("data":[{"x":[1,2]}],"error":{"ename":"KeyError","evalue":"'k'","line":3,)"
+            R"("traceback":["Traceback","KeyError: 'k'"]},"execution_count":4,)"
+            R"("files":[{"change":"created","path":"out.csv","size":12,"type":"file"},)"
+            R"({"change":"deleted","path":"old","size":0,"type":"symlink"}],)"
+            R"("metrics":{"cpu_ms":9,"memory_current_bytes":null,"memory_peak_bytes":1000,)"
+            R"("wall_ms":15},"notices":["stdout is over the per-cell limit"],)"
+            R"("outputs":[{"name":"stdout","output_type":"stream","text":"a\n"}],)"
+            R"("result":{"text/plain":"42"},"state_lost":false,"status":"error","stderr":"w\n",)"
+            R"("stdout":"a\n","truncated":{"dropped_bytes":77,"outputs":true,"stderr":false,)"
+            R"("stdout":true}})");
 
   // A cell that never ran ("timeout" in the queue): nulls where nothing is known, a message,
   // and a one-shot run's kernel id.
@@ -102,9 +100,9 @@ TEST(CellResultJson, StatusNames) {
 }
 
 TEST(CellResultJson, AnAnswerWithoutAStringStatusIsAnError) {
-  for (const json& bad : {json(), json("ok"), json::array({"status", "ok"}), json::object(),
-                          json{{"status", 3}}, json{{"status", nullptr}},
-                          json{{"status", {{"nested", "ok"}}}}}) {
+  for (const json& bad :
+       {json(), json("ok"), json::array({"status", "ok"}), json::object(), json{{"status", 3}},
+        json{{"status", nullptr}}, json{{"status", {{"nested", "ok"}}}}}) {
     auto r = CellResult::from_json(bad);
     ASSERT_FALSE(r) << bad;
     EXPECT_EQ(r.error().code, ErrorCode::kUnavailable);
@@ -123,8 +121,8 @@ TEST(CellResultJson, HostileFieldsReadAsAbsent) {
       {"stderr", 5},
       {"outputs", "not a list"},
       {"result", "text"},
-      {"error", {{"ename", 1}, {"evalue", nullptr}, {"traceback", {1, "kept", nullptr}},
-                 {"line", "3"}}},
+      {"error",
+       {{"ename", 1}, {"evalue", nullptr}, {"traceback", {1, "kept", nullptr}}, {"line", "3"}}},
       {"artifacts", {{"not", "a list"}}},
       {"charts", 3},
       {"data", nullptr},
@@ -177,12 +175,12 @@ TEST(CellResultJson, HostileFieldsReadAsAbsent) {
 
 TEST(CellResultJson, NumbersOutOfRangeAreUnknown) {
   const auto huge = std::numeric_limits<std::uint64_t>::max();
-  auto r = CellResult::from_json(json{
-      {"status", "error"},
-      {"execution_count", huge},
-      {"error", {{"ename", "E"}, {"line", std::int64_t{1} << 40}}},
-      {"truncated", {{"dropped_bytes", huge}}},
-      {"metrics", {{"wall_ms", huge}, {"memory_peak_bytes", huge}}}});
+  auto r =
+      CellResult::from_json(json{{"status", "error"},
+                                 {"execution_count", huge},
+                                 {"error", {{"ename", "E"}, {"line", std::int64_t{1} << 40}}},
+                                 {"truncated", {{"dropped_bytes", huge}}},
+                                 {"metrics", {{"wall_ms", huge}, {"memory_peak_bytes", huge}}}});
   ASSERT_TRUE(r);
   EXPECT_FALSE(r->execution_count);
   EXPECT_EQ(r->error->line, 0);
@@ -203,11 +201,12 @@ TEST(CellResultJson, BigAndDeepAnswers) {
   for (int i = 0; i < 250; ++i) {
     deep = json::array({deep});
   }
-  json answer = {{"status", "ok"},
-                 {"stdout", std::string(8u << 20, 'x')},
-                 {"outputs", json::array({{{"output_type", "display_data"},
-                                           {"data", {{"application/json", deep}}}}})},
-                 {"notices", json(std::vector<std::string>(100000, "n"))}};
+  json answer = {
+      {"status", "ok"},
+      {"stdout", std::string(8u << 20, 'x')},
+      {"outputs",
+       json::array({{{"output_type", "display_data"}, {"data", {{"application/json", deep}}}}})},
+      {"notices", json(std::vector<std::string>(100000, "n"))}};
   auto r = CellResult::from_json(answer);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->stdout_text.size(), 8u << 20);

@@ -3,6 +3,8 @@
 // by the parent's cgroup.subtree_control), and empties a directory before it is removed (a real
 // cgroupfs rmdir takes its control files along; a plain directory with files would not go). So
 // removal is tested here too, on the fake tree; tests/jail/cgroup_test.cpp does it for real.
+#include "cellgate/jail/cgroup.hpp"
+
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -22,7 +24,6 @@
 #include <thread>
 #include <vector>
 
-#include "cellgate/jail/cgroup.hpp"
 #include "cellgate/unique_fd.hpp"
 
 namespace cellgate::jail {
@@ -1292,7 +1293,8 @@ TEST(CgroupPlacement, ServiceWithoutDelegateIsToldToAddIt) {
   fake.build_v2("");
   auto placed = place_kernel_cgroups(serve_request(), view_of(fake, kV2Cgroup, false));
   ASSERT_FALSE(placed);
-  EXPECT_TRUE(has(placed.error().message, "Add Delegate=yes to the unit")) << placed.error().message;
+  EXPECT_TRUE(has(placed.error().message, "Add Delegate=yes to the unit"))
+      << placed.error().message;
   EXPECT_TRUE(fake.made().empty());
 }
 
@@ -1304,8 +1306,8 @@ TEST(CgroupPlacement, CgroupOwnedByTheUserIsDelegatedToIt) {
   const std::string dir = fake.at("/sys/fs/cgroup" + scope);
   struct stat st {};
   ASSERT_EQ(::stat((dir + "/cgroup.procs").c_str(), &st), 0);
-  auto placed = place_kernel_cgroups(serve_request(),
-                                     view_of(fake, "0::" + scope + "\n", false, st.st_uid == 0 ? 1 : st.st_uid));
+  auto placed = place_kernel_cgroups(
+      serve_request(), view_of(fake, "0::" + scope + "\n", false, st.st_uid == 0 ? 1 : st.st_uid));
   if (st.st_uid == 0) {
     // Owned by root here: a user who does not own it is refused.
     ASSERT_FALSE(placed);
@@ -1343,7 +1345,8 @@ TEST(CgroupPlacement, RequestedParentGetsTheControllersItLacks) {
   fake.build_v2("");
   fake.add_v2("/sys/fs/cgroup", "/cellgate.slice", "cpu memory pids\n", "pids\n");
   const Files own_before = snapshot(fake.at(kV2Own));
-  auto placed = place_kernel_cgroups(serve_request("/cellgate.slice"), view_of(fake, kV2Cgroup, false));
+  auto placed =
+      place_kernel_cgroups(serve_request("/cellgate.slice"), view_of(fake, kV2Cgroup, false));
   ASSERT_TRUE(placed) << placed.error().describe();
   EXPECT_EQ(placed->parent, "/cellgate.slice");
   EXPECT_EQ(read_text(fake.at("/sys/fs/cgroup/cellgate.slice/cgroup.subtree_control")),
@@ -1355,10 +1358,12 @@ TEST(CgroupPlacement, RequestedParentGetsTheControllersItLacks) {
 TEST(CgroupPlacement, RequestedParentMustExistAndBeClean) {
   FakeCgroupFs fake;
   fake.build_v2("");
-  auto missing = place_kernel_cgroups(serve_request("/nowhere.slice"), view_of(fake, kV2Cgroup, true));
+  auto missing =
+      place_kernel_cgroups(serve_request("/nowhere.slice"), view_of(fake, kV2Cgroup, true));
   ASSERT_FALSE(missing);
   EXPECT_EQ(missing.error().reason, "cgroup_unavailable") << missing.error().describe();
-  auto climbing = place_kernel_cgroups(serve_request("/system.slice/../x"), view_of(fake, kV2Cgroup, true));
+  auto climbing =
+      place_kernel_cgroups(serve_request("/system.slice/../x"), view_of(fake, kV2Cgroup, true));
   ASSERT_FALSE(climbing);
   EXPECT_EQ(climbing.error().reason, "bad_cgroup_parent");
   EXPECT_TRUE(fake.made().empty());

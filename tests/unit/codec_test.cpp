@@ -1,5 +1,7 @@
 // Unit tests of the wire codec (cellgate/protocol/codec.hpp, message.hpp) against raw frames
 // captured from a real ipykernel (tests/fixtures/ipykernel; tests/tools/capture_fixtures.py).
+#include "cellgate/protocol/codec.hpp"
+
 #include <gtest/gtest.h>
 
 #include <array>
@@ -16,9 +18,8 @@
 #include <utility>
 #include <vector>
 
-#include "cellgate/protocol/codec.hpp"
-#include "cellgate/util/text.hpp"
 #include "cellgate/protocol/message.hpp"
+#include "cellgate/util/text.hpp"
 
 namespace cellgate::protocol {
 namespace {
@@ -47,10 +48,14 @@ struct Fixture {
 // request with msg_id "cellgate-fixture-<request>".
 const std::map<std::string, std::string>& fixture_requests() {
   static const std::map<std::string, std::string> requests = {
-      {"kernel_info_reply", "kernel_info"},  {"status_busy", "stream"},
-      {"stream", "stream"},                  {"execute_reply", "stream"},
-      {"execute_result", "execute_result"},  {"display_data", "display_data"},
-      {"execute_reply_error", "error"},      {"error", "error"},
+      {"kernel_info_reply", "kernel_info"},
+      {"status_busy", "stream"},
+      {"stream", "stream"},
+      {"execute_reply", "stream"},
+      {"execute_result", "execute_result"},
+      {"display_data", "display_data"},
+      {"execute_reply_error", "error"},
+      {"error", "error"},
       {"comm_open", "comm_open"},
   };
   return requests;
@@ -157,7 +162,9 @@ bool matches(std::string_view s, std::string_view pattern) {
 }
 
 // ^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$
-bool is_uuid4(std::string_view s) { return matches(s, "hhhhhhhh-hhhh-4hhh-vhhh-hhhhhhhhhhhh"); }
+bool is_uuid4(std::string_view s) {
+  return matches(s, "hhhhhhhh-hhhh-4hhh-vhhh-hhhhhhhhhhhh");
+}
 
 // ^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{n}Z$ for some n in [min_digits, 6].
 bool is_iso8601_utc(std::string_view s, std::size_t min_digits = 6) {
@@ -169,7 +176,9 @@ bool is_iso8601_utc(std::string_view s, std::size_t min_digits = 6) {
   return false;
 }
 
-std::string reason_of(const Result<Message>& r) { return r ? "ok" : r.error().reason; }
+std::string reason_of(const Result<Message>& r) {
+  return r ? "ok" : r.error().reason;
+}
 
 json frame_json(const Fixture& fx, std::size_t which) {
   return json::parse(fx.frames[json_frame_index(fx.frames, which)]);
@@ -224,9 +233,9 @@ TEST_P(FixtureTest, SignerReproducesTheKernelsSignature) {
   const Fixture fx = load_fixture(GetParam());
   ASSERT_FALSE(fx.frames.empty());
   const std::size_t d = delimiter_index(fx.frames);
-  EXPECT_EQ(make_signer(fx).sign(fx.frames[d + 2], fx.frames[d + 3], fx.frames[d + 4],
-                                 fx.frames[d + 5]),
-            fx.frames[d + 1]);
+  EXPECT_EQ(
+      make_signer(fx).sign(fx.frames[d + 2], fx.frames[d + 3], fx.frames[d + 4], fx.frames[d + 5]),
+      fx.frames[d + 1]);
 }
 
 TEST_P(FixtureTest, ReencodeRoundTrips) {
@@ -351,8 +360,7 @@ TEST(CodecFixtures, CommOpenKeepsBinaryBuffers) {
   EXPECT_EQ(msg.content.value("target_name", ""), "cellgate.test");
   ASSERT_TRUE(msg.content.contains("data"));
   EXPECT_EQ(msg.content["data"].value("answer", 0), 42);
-  const std::vector<std::string> expected = {std::string("\x00\x01\x02\xff", 4),
-                                             "second buffer"};
+  const std::vector<std::string> expected = {std::string("\x00\x01\x02\xff", 4), "second buffer"};
   EXPECT_EQ(msg.buffers, expected);
 }
 
@@ -394,8 +402,8 @@ TEST(Codec, SignatureIs64LowercaseHexForHmacSha256) {
   const Signer known = Signer::create("hmac-sha256", "key").value();
   EXPECT_EQ(known.sign("{}", "{}", "{}", "{}"),
             "ca767b02c5bc061ed184a9a029e7f93a7f2f7ed4e8fe74120fc1212f0b008fa3");
-  EXPECT_TRUE(known.verify("ca767b02c5bc061ed184a9a029e7f93a7f2f7ed4e8fe74120fc1212f0b008fa3",
-                           "{}", "{}", "{}", "{}"));
+  EXPECT_TRUE(known.verify("ca767b02c5bc061ed184a9a029e7f93a7f2f7ed4e8fe74120fc1212f0b008fa3", "{}",
+                           "{}", "{}", "{}"));
 }
 
 TEST(Codec, EmptyKeyMeansNoSigning) {
@@ -445,15 +453,14 @@ TEST(Codec, BadSignatures) {
     EXPECT_EQ(reason_of(decode(frames, signer)), "bad_signature");
   }
   // Empty, short and uppercase signatures.
-  for (const std::string& sig :
-       {std::string(), std::string("ab"), std::string(63, '0'),
-        [&] {
-          std::string upper = fx.frames[signature_index(fx.frames)];
-          for (char& c : upper) {
-            c = (c >= 'a' && c <= 'f') ? static_cast<char>(c - 'a' + 'A') : c;
-          }
-          return upper;
-        }()}) {
+  for (const std::string& sig : {std::string(), std::string("ab"), std::string(63, '0'), [&] {
+                                   std::string upper = fx.frames[signature_index(fx.frames)];
+                                   for (char& c : upper) {
+                                     c = (c >= 'a' && c <= 'f') ? static_cast<char>(c - 'a' + 'A')
+                                                                : c;
+                                   }
+                                   return upper;
+                                 }()}) {
     std::vector<std::string> frames = fx.frames;
     frames[signature_index(frames)] = sig;
     EXPECT_EQ(reason_of(decode(frames, signer)), "bad_signature") << "'" << sig << "'";
@@ -516,9 +523,8 @@ TEST(Codec, InvalidJsonInEachFrame) {
   ASSERT_FALSE(fx.frames.empty());
   const Signer signer = make_signer(fx);
   for (std::size_t which = 0; which < 4; ++which) {
-    for (const std::string& bad : {std::string("{\"a\": "), std::string("not json"),
-                                   std::string(), std::string("{}}"),
-                                   std::string("{\"a\": \"\xff\"}")}) {
+    for (const std::string& bad : {std::string("{\"a\": "), std::string("not json"), std::string(),
+                                   std::string("{}}"), std::string("{\"a\": \"\xff\"}")}) {
       std::vector<std::string> frames = fx.frames;
       frames[json_frame_index(frames, which)] = bad;
       resign(frames, signer);
@@ -533,8 +539,8 @@ TEST(Codec, JsonThatIsNotAnObjectIsBadShape) {
   ASSERT_FALSE(fx.frames.empty());
   const Signer signer = make_signer(fx);
   for (std::size_t which = 0; which < 4; ++which) {
-    for (const std::string& bad : {std::string("[1, 2]"), std::string("\"text\""),
-                                   std::string("42"), std::string("null")}) {
+    for (const std::string& bad :
+         {std::string("[1, 2]"), std::string("\"text\""), std::string("42"), std::string("null")}) {
       std::vector<std::string> frames = fx.frames;
       frames[json_frame_index(frames, which)] = bad;
       resign(frames, signer);
@@ -543,8 +549,8 @@ TEST(Codec, JsonThatIsNotAnObjectIsBadShape) {
     }
   }
   // A header without a string msg_type.
-  for (const std::string& header : {std::string("{}"), std::string("{\"msg_type\": 3}"),
-                                    std::string("{\"msg_type\": \"\"}")}) {
+  for (const std::string& header :
+       {std::string("{}"), std::string("{\"msg_type\": 3}"), std::string("{\"msg_type\": \"\"}")}) {
     std::vector<std::string> frames = fx.frames;
     frames[json_frame_index(frames, 0)] = header;
     resign(frames, signer);
@@ -755,9 +761,13 @@ TEST(Codec, RandomFramesNeverCrash) {
   ASSERT_FALSE(fx.frames.empty());
   const Signer keyed = make_signer(fx);
   const Signer unkeyed;
-  const std::array<std::string, 7> specials = {
-      std::string(kDelimiter), "{}", "[]", "{\"msg_type\": \"x\"}", "", "null",
-      fx.frames[json_frame_index(fx.frames, 0)]};
+  const std::array<std::string, 7> specials = {std::string(kDelimiter),
+                                               "{}",
+                                               "[]",
+                                               "{\"msg_type\": \"x\"}",
+                                               "",
+                                               "null",
+                                               fx.frames[json_frame_index(fx.frames, 0)]};
   auto random_bytes = [&](std::size_t max_len) {
     std::string s(std::uniform_int_distribution<std::size_t>(0, max_len)(rng), '\0');
     for (char& c : s) {
@@ -797,8 +807,7 @@ TEST(Codec, RandomFramesNeverCrash) {
             if (!frames[at].empty()) {
               const std::size_t byte =
                   std::uniform_int_distribution<std::size_t>(0, frames[at].size() - 1)(rng);
-              frames[at][byte] = static_cast<char>(
-                  std::uniform_int_distribution<int>(0, 255)(rng));
+              frames[at][byte] = static_cast<char>(std::uniform_int_distribution<int>(0, 255)(rng));
             }
             break;
         }
@@ -808,8 +817,8 @@ TEST(Codec, RandomFramesNeverCrash) {
       for (std::size_t f = 0; f < count; ++f) {
         const int kind = std::uniform_int_distribution<int>(0, 9)(rng);
         if (kind < 3) {
-          frames.push_back(specials[std::uniform_int_distribution<std::size_t>(
-              0, specials.size() - 1)(rng)]);
+          frames.push_back(
+              specials[std::uniform_int_distribution<std::size_t>(0, specials.size() - 1)(rng)]);
         } else {
           frames.push_back(random_bytes(kind == 9 ? 300 : 40));
         }

@@ -1,3 +1,5 @@
+#include "cellgate/kernel/connection.hpp"
+
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -5,7 +7,6 @@
 #include <filesystem>
 #include <fstream>
 
-#include "cellgate/kernel/connection.hpp"
 #include "cellgate/util/text.hpp"
 
 namespace cellgate::kernel {
@@ -31,9 +32,15 @@ class TempDir {
 };
 
 json sample() {
-  return json{{"shell_port", 5001}, {"iopub_port", 5002}, {"stdin_port", 5003},
-              {"control_port", 5004}, {"hb_port", 5005},  {"ip", "127.0.0.1"},
-              {"key", "abc"},       {"transport", "tcp"}, {"signature_scheme", "hmac-sha256"},
+  return json{{"shell_port", 5001},
+              {"iopub_port", 5002},
+              {"stdin_port", 5003},
+              {"control_port", 5004},
+              {"hb_port", 5005},
+              {"ip", "127.0.0.1"},
+              {"key", "abc"},
+              {"transport", "tcp"},
+              {"signature_scheme", "hmac-sha256"},
               {"kernel_name", "python3"}};
 }
 
@@ -97,8 +104,8 @@ TEST(ConnectionInfo, FreshKeysDiffer) {
 TEST(ConnectionInfo, TcpPortsAreDistinctAndNonZero) {
   auto info = ConnectionInfo::make_tcp();
   ASSERT_TRUE(info);
-  std::set<int> ports = {info->shell_port, info->iopub_port, info->stdin_port,
-                         info->control_port, info->hb_port};
+  std::set<int> ports = {info->shell_port, info->iopub_port, info->stdin_port, info->control_port,
+                         info->hb_port};
   EXPECT_EQ(ports.size(), 5u);
   EXPECT_EQ(ports.count(0), 0u);
 }

@@ -290,7 +290,9 @@ TEST(FailingLine, MegabyteLinesOfEveryShapeTheScanMatches) {
 
 TEST(FailingLine, IPythonsShapes) {
   EXPECT_EQ(failing_line({"----> 3 x = d['k']"}), 3);
-  EXPECT_EQ(failing_line({"KeyError  Traceback", "Cell In[4], line 2\n      1 d = {}\n----> 2 d['k']"}), 2);
+  EXPECT_EQ(
+      failing_line({"KeyError  Traceback", "Cell In[4], line 2\n      1 d = {}\n----> 2 d['k']"}),
+      2);
   EXPECT_EQ(failing_line({"Cell In  [], line\t9"}), 9);
   EXPECT_EQ(failing_line({"File <stdin>:1", "  x ----> 3"}), 0);  // an arrow only starts a line
   EXPECT_EQ(failing_line({"Cell In[4], line x", "--> 8"}), 8);
@@ -375,18 +377,18 @@ TEST_F(ExecutorTest, AllOutputsTogetherAreCapped) {
   limits.total_output_bytes = 300;
   start(limits);
   const json bundle = {{"text/plain", std::string(100, 'y')}};
-  respond("many", FakeCell()
-                      .iopub("display_data", {{"data", {{"text/plain", "small"}}},
-                                              {"metadata", json::object()},
-                                              {"transient", {{"display_id", "p"}}}})
-                      .display(bundle)
-                      .display(bundle)
-                      .display(bundle)
-                      // Growing the small display past the total is refused as well.
-                      .iopub("update_display_data",
-                             {{"data", {{"text/plain", std::string(200, 'z')}}},
-                              {"metadata", json::object()},
-                              {"transient", {{"display_id", "p"}}}}));
+  respond("many",
+          FakeCell()
+              .iopub("display_data", {{"data", {{"text/plain", "small"}}},
+                                      {"metadata", json::object()},
+                                      {"transient", {{"display_id", "p"}}}})
+              .display(bundle)
+              .display(bundle)
+              .display(bundle)
+              // Growing the small display past the total is refused as well.
+              .iopub("update_display_data", {{"data", {{"text/plain", std::string(200, 'z')}}},
+                                             {"metadata", json::object()},
+                                             {"transient", {{"display_id", "p"}}}}));
   auto out = run("many");
   ASSERT_TRUE(answered(out));
   const json& a = out->json_answer();
@@ -637,17 +639,17 @@ TEST_F(ExecutorTest, ChartsAndDataFromTheDisplayFormatters) {
   start();
   const json chart = {{"type", "line"}, {"title", "t"}, {"elements", json::array()}};
   const json table = {{"a", {1, 2}}};
-  respond("plot()", FakeCell()
-                        .display({{"image/png", kPng},
-                                  {"text/plain", "<Figure>"},
-                                  {std::string(kernels::kChartMime), chart}})
-                        .iopub("update_display_data",
-                               {{"data", {{std::string(kernels::kChartMime), chart}}},
-                                {"metadata", json::object()},
-                                {"transient", {{"display_id", "d"}}}})
-                        .result({{"text/html", "<table/>"},
-                                 {"text/plain", "a"},
-                                 {std::string(kernels::kDataMime), table}}));
+  respond("plot()",
+          FakeCell()
+              .display({{"image/png", kPng},
+                        {"text/plain", "<Figure>"},
+                        {std::string(kernels::kChartMime), chart}})
+              .iopub("update_display_data", {{"data", {{std::string(kernels::kChartMime), chart}}},
+                                             {"metadata", json::object()},
+                                             {"transient", {{"display_id", "d"}}}})
+              .result({{"text/html", "<table/>"},
+                       {"text/plain", "a"},
+                       {std::string(kernels::kDataMime), table}}));
   auto out = run("plot()");
   ASSERT_TRUE(answered(out));
   const json& a = out->json_answer();

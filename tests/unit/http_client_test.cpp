@@ -2,8 +2,6 @@
 // connection, scripted by the test): request()'s status, body and headers; stream() handing each
 // piece of a chunked body over as it arrives; error answers collected; and bounded time when the
 // server never answers, stalls mid-body, or cuts the body short. parse_url and encode_path too.
-#include "cellgate/http/client.hpp"
-
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -11,13 +9,14 @@
 
 #include <atomic>
 #include <chrono>
-#include <cstdio>
 #include <condition_variable>
+#include <cstdio>
 #include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
 
+#include "cellgate/http/client.hpp"
 #include "cellgate/unique_fd.hpp"
 
 namespace cellgate::http::client {
@@ -275,8 +274,8 @@ TEST(HttpClient, AStreamThatStallsTimesOutAfterTheIdleLimit) {
 
 TEST(HttpClient, AStreamCutShortIsAnError) {
   OneShotServer server([](int fd, const std::string&) {
-    OneShotServer::send(fd, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" +
-                                chunk("partial\n"));
+    OneShotServer::send(
+        fd, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk("partial\n"));
     // Closing without the last chunk.
   });
   ASSERT_TRUE(server.listening());

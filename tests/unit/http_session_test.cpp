@@ -2,18 +2,18 @@
 // routing as a client on a socket sees them, without a socket.
 #include <gtest/gtest.h>
 
-#include <boost/beast/_experimental/test/stream.hpp>
 #include <atomic>
+#include <boost/beast/_experimental/test/stream.hpp>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <utility>
 
-#include "cellgate/testing/api_parts.hpp"
-#include "sessions.hpp"
 #include "cellgate/http/limits.hpp"
 #include "cellgate/http/log_limiter.hpp"
+#include "cellgate/testing/api_parts.hpp"
+#include "sessions.hpp"
 
 namespace cellgate::http {
 namespace {
@@ -30,9 +30,8 @@ class HttpSessionTest : public ::testing::Test {
     state_dir_ = ::mkdtemp(dir.data());
     options_.max_body_bytes = 1024;
     options_.max_header_bytes = 1024;
-    parts_ = std::make_unique<testing::ApiParts>(
-        testing::ApiPartsOptions{.state_dir = state_dir_, .token = "secret", .allow_origins = {},
-                                 .base_url = "/"});
+    parts_ = std::make_unique<testing::ApiParts>(testing::ApiPartsOptions{
+        .state_dir = state_dir_, .token = "secret", .allow_origins = {}, .base_url = "/"});
   }
   ~HttpSessionTest() override {
     parts_.reset();
@@ -42,8 +41,7 @@ class HttpSessionTest : public ::testing::Test {
 
   // Writes `request` (in pieces of `chunk` bytes as the server reads them) and returns what the
   // server wrote back once `until` appears in it (or after a deadline).
-  std::string exchange(const std::string& request, const std::string& until,
-                       std::size_t chunk = 0,
+  std::string exchange(const std::string& request, const std::string& until, std::size_t chunk = 0,
                        std::chrono::milliseconds patience = std::chrono::seconds(5)) {
     TestStream client(ioc_);
     TestStream server(ioc_);
@@ -51,8 +49,7 @@ class HttpSessionTest : public ::testing::Test {
     if (chunk > 0) {
       server.read_size(chunk);
     }
-    std::make_shared<HttpSession<TestStream>>(parts_->api, options_, std::move(server))
-        ->run();
+    std::make_shared<HttpSession<TestStream>>(parts_->api, options_, std::move(server))->run();
     net::write(client, net::buffer(request));
     const auto deadline = std::chrono::steady_clock::now() + patience;
     while (std::chrono::steady_clock::now() < deadline &&
@@ -91,14 +88,14 @@ TEST_F(HttpSessionTest, MissingAndWrongTokensAreRefused) {
   auto none = exchange("GET /api/kernels HTTP/1.1\r\nHost: x\r\n\r\n", "}");
   EXPECT_EQ(none.rfind("HTTP/1.1 401", 0), 0u) << none;
   EXPECT_NE(none.find("\"reason\":\"Unauthorized\""), std::string::npos) << none;
-  auto wrong = exchange(
-      "GET /api/kernels HTTP/1.1\r\nHost: x\r\nAuthorization: token nope\r\n\r\n", "}");
+  auto wrong =
+      exchange("GET /api/kernels HTTP/1.1\r\nHost: x\r\nAuthorization: token nope\r\n\r\n", "}");
   EXPECT_EQ(wrong.rfind("HTTP/1.1 403", 0), 0u) << wrong;
-  auto right = exchange(
-      "GET /api/kernels HTTP/1.1\r\nHost: x\r\nAuthorization: token secret\r\n\r\n", "[]");
+  auto right =
+      exchange("GET /api/kernels HTTP/1.1\r\nHost: x\r\nAuthorization: token secret\r\n\r\n", "[]");
   EXPECT_EQ(right.rfind("HTTP/1.1 200", 0), 0u) << right;
-  auto query = exchange("GET /api/kernels?token=secret&1712345678901 HTTP/1.1\r\nHost: x\r\n\r\n",
-                        "[]");
+  auto query =
+      exchange("GET /api/kernels?token=secret&1712345678901 HTTP/1.1\r\nHost: x\r\n\r\n", "[]");
   EXPECT_EQ(query.rfind("HTTP/1.1 200", 0), 0u) << query;
 }
 
@@ -116,9 +113,11 @@ TEST_F(HttpSessionTest, ARequestArrivingByteByByteIsParsed) {
 
 TEST_F(HttpSessionTest, ABodyOverTheLimitIs413AndTheConnectionCloses) {
   const std::string body(4096, 'x');
-  auto out = exchange("POST /api/kernels HTTP/1.1\r\nHost: x\r\nAuthorization: token secret\r\n"
-                      "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body,
-                      "}");
+  auto out = exchange(
+      "POST /api/kernels HTTP/1.1\r\nHost: x\r\nAuthorization: token secret\r\n"
+      "Content-Length: " +
+          std::to_string(body.size()) + "\r\n\r\n" + body,
+      "}");
   EXPECT_EQ(out.rfind("HTTP/1.1 413", 0), 0u) << out;
   EXPECT_NE(out.find("Connection: close"), std::string::npos) << out;
   EXPECT_TRUE(parts_->registry.list().empty());
@@ -190,9 +189,8 @@ TEST_F(HttpSessionTest, AMalformedHeaderIs400ThenClose) {
 
 TEST_F(HttpSessionTest, ObsFoldIs400) {
   for (const char* fold : {" ", "\t"}) {
-    auto out = exchange(std::string("GET /api HTTP/1.1\r\nHost: x\r\nX-A: one\r\n") + fold +
-                            "two\r\n\r\n",
-                        "}");
+    auto out = exchange(
+        std::string("GET /api HTTP/1.1\r\nHost: x\r\nX-A: one\r\n") + fold + "two\r\n\r\n", "}");
     EXPECT_EQ(out.rfind("HTTP/1.1 400", 0), 0u) << out;
     EXPECT_NE(out.find("folding"), std::string::npos) << out;
   }
@@ -205,8 +203,11 @@ TEST_F(HttpSessionTest, ControlRoutesHaveTheSmallBodyLimit) {
   options_.max_control_body_bytes = 256;
   const std::string body = "{\"name\": \"" + std::string(500, 'x') + "\"}";
   auto post = [&](const std::string& path) {
-    return exchange("POST " + path + " HTTP/1.1\r\nHost: x\r\nAuthorization: token secret\r\n"
-                    "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body, "}");
+    return exchange("POST " + path +
+                        " HTTP/1.1\r\nHost: x\r\nAuthorization: token secret\r\n"
+                        "Content-Length: " +
+                        std::to_string(body.size()) + "\r\n\r\n" + body,
+                    "}");
   };
   for (const char* path : {"/api/kernels", "/api/kernels/k1/restart", "/api/kernels/k1/interrupt",
                            "/api/sessions", "/api/sessions/s1"}) {
@@ -222,9 +223,11 @@ TEST_F(HttpSessionTest, ControlRoutesHaveTheSmallBodyLimit) {
 
 TEST_F(HttpSessionTest, DeeplyNestedJsonIs400BeforeItIsParsed) {
   const std::string body = "{\"env\": " + std::string(100, '[') + std::string(100, ']') + "}";
-  auto out = exchange("POST /api/kernels HTTP/1.1\r\nHost: x\r\nAuthorization: token secret\r\n"
-                      "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body,
-                      "}");
+  auto out = exchange(
+      "POST /api/kernels HTTP/1.1\r\nHost: x\r\nAuthorization: token secret\r\n"
+      "Content-Length: " +
+          std::to_string(body.size()) + "\r\n\r\n" + body,
+      "}");
   EXPECT_EQ(out.rfind("HTTP/1.1 400", 0), 0u) << out;
   EXPECT_NE(out.find("deeper than 64"), std::string::npos) << out;
   EXPECT_TRUE(parts_->registry.list().empty());
@@ -267,9 +270,11 @@ TEST(HttpLimits, BodyLimitsByRoute) {
 
 TEST_F(HttpSessionTest, MalformedJsonIs400WithAReason) {
   const std::string body = "{\"name\": ";
-  auto out = exchange("POST /api/kernels HTTP/1.1\r\nHost: x\r\nAuthorization: token secret\r\n"
-                      "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body,
-                      "}");
+  auto out = exchange(
+      "POST /api/kernels HTTP/1.1\r\nHost: x\r\nAuthorization: token secret\r\n"
+      "Content-Length: " +
+          std::to_string(body.size()) + "\r\n\r\n" + body,
+      "}");
   EXPECT_EQ(out.rfind("HTTP/1.1 400", 0), 0u) << out;
   EXPECT_NE(out.find("not valid JSON"), std::string::npos) << out;
 }
@@ -278,13 +283,17 @@ TEST_F(HttpSessionTest, WebSocketUpgradesAreCheckedBeforeUpgrading) {
   const std::string upgrade =
       "Host: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
       "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n";
-  auto no_token = exchange("GET /api/kernels/4d6c3e0e-6c8e-4b4e-9c43-0f5d4c1e2a77/channels "
-                           "HTTP/1.1\r\n" + upgrade + "\r\n",
-                           "}");
+  auto no_token = exchange(
+      "GET /api/kernels/4d6c3e0e-6c8e-4b4e-9c43-0f5d4c1e2a77/channels "
+      "HTTP/1.1\r\n" +
+          upgrade + "\r\n",
+      "}");
   EXPECT_EQ(no_token.rfind("HTTP/1.1 401", 0), 0u) << no_token;
-  auto unknown = exchange("GET /api/kernels/4d6c3e0e-6c8e-4b4e-9c43-0f5d4c1e2a77/channels"
-                          "?token=secret HTTP/1.1\r\n" + upgrade + "\r\n",
-                          "}");
+  auto unknown = exchange(
+      "GET /api/kernels/4d6c3e0e-6c8e-4b4e-9c43-0f5d4c1e2a77/channels"
+      "?token=secret HTTP/1.1\r\n" +
+          upgrade + "\r\n",
+      "}");
   EXPECT_EQ(unknown.rfind("HTTP/1.1 404", 0), 0u) << unknown;
   EXPECT_NE(unknown.find("Kernel does not exist"), std::string::npos) << unknown;
   auto other = exchange("GET /api/kernels?token=secret HTTP/1.1\r\n" + upgrade + "\r\n", "}");

@@ -26,8 +26,7 @@ PipeEnds make_pipe() {
 
 InitReport report_of(const std::string& text) {
   auto p = make_pipe();
-  EXPECT_EQ(::write(p.write.get(), text.data(), text.size()),
-            static_cast<ssize_t>(text.size()));
+  EXPECT_EQ(::write(p.write.get(), text.data(), text.size()), static_cast<ssize_t>(text.size()));
   return InitReport(std::move(p.read));  // p.write closes here: the reader sees EOF after text
 }
 
@@ -73,8 +72,7 @@ TEST(InitReport, NoExitLineIsNoStatus) {
 // Forks a child playing init: it starts `script` under /bin/sh as the kernel (its stdin
 // `stdin_fd` when given) and reaps it, watching `go` when given. Returns init's pid; its report
 // pipe's read end goes to `report`.
-pid_t start_init(const char* script, UniqueFd* report, PipeEnds* go = nullptr,
-                 int stdin_fd = -1) {
+pid_t start_init(const char* script, UniqueFd* report, PipeEnds* go = nullptr, int stdin_fd = -1) {
   auto p = make_pipe();
   const sigset_t mask = reaper_signals();
   sigset_t original;

@@ -2,7 +2,6 @@
 // filter, state records, interrupts, restarts and deaths, the warm pool, culling on a clock the
 // test moves, and the WebSocket bridge's routing. No root, no Python, no ZeroMQ.
 #include <gtest/gtest.h>
-
 #include <stdlib.h>
 #include <sys/stat.h>
 
@@ -563,8 +562,9 @@ TEST_F(KernelsTest, PoolStartsGiveWayToClientStarts) {
   fake_.set_launch_delay(400ms);
   fake_.reset_most_concurrent_launches();
   // A client start in flight (env: not from the pool) leaves the pool one start at a time.
-  auto client = std::async(std::launch::async,
-                           [&] { return registry().start("python3", json{{"KERNEL_X", "1"}}); });
+  auto client = std::async(std::launch::async, [&] {
+    return registry().start("python3", json{{"KERNEL_X", "1"}});
+  });
   ASSERT_TRUE(eventually([&] { return fake_.launches() == 4; }));
   ASSERT_TRUE(registry().start("python3", json::object()).ok());  // two claims: two refills
   ASSERT_TRUE(registry().start("python3", json::object()).ok());

@@ -78,21 +78,22 @@ class FakeKernels : public Kernels {
       answers.erase(answers.begin());
       cb.done(execute::CellResult::from_json(a));
     } else {
-      cb.done(execute::CellResult::from_json(
-          json{{"status", "ok"},
-               {"execution_count", 1},
-               {"stdout", request["code"]},
-               {"outputs", json::array({{{"output_type", "stream"},
-                                         {"name", "stdout"},
-                                         {"text", request["code"]}}})}}));
+      cb.done(execute::CellResult::from_json(json{
+          {"status", "ok"},
+          {"execution_count", 1},
+          {"stdout", request["code"]},
+          {"outputs",
+           json::array(
+               {{{"output_type", "stream"}, {"name", "stdout"}, {"text", request["code"]}}})}}));
     }
     return cell;
   }
   Result<json> list_files(const std::string&, const std::string& dir) override {
-    return json{{"path", dir},
-                {"entries", json::array({{{"name", "a.txt"}, {"path", "a.txt"},
-                                          {"type", "file"}, {"size", 3}}})},
-                {"truncated", false}};
+    return json{
+        {"path", dir},
+        {"entries",
+         json::array({{{"name", "a.txt"}, {"path", "a.txt"}, {"type", "file"}, {"size", 3}}})},
+        {"truncated", false}};
   }
   Result<std::string> read_file(const std::string&, const std::string& path) override {
     auto it = files.find(path);
@@ -156,7 +157,8 @@ class McpServerTest : public ::testing::Test {
 };
 
 TEST_F(McpServerTest, InitializeAnswersTheClientsVersionWhenSupported) {
-  json r = rpc("initialize", {{"protocolVersion", "2025-06-18"}, {"capabilities", json::object()},
+  json r = rpc("initialize", {{"protocolVersion", "2025-06-18"},
+                              {"capabilities", json::object()},
                               {"clientInfo", {{"name", "t"}, {"version", "1"}}}});
   EXPECT_EQ(r["result"]["protocolVersion"], "2025-06-18");
   EXPECT_EQ(r["result"]["serverInfo"]["name"], "cellgate");
@@ -175,8 +177,8 @@ TEST_F(McpServerTest, ProtocolFaultsAreJsonRpcErrors) {
   EXPECT_EQ(rpc("tools/call", {{"name", "nope"}})["error"]["code"], -32602);
   EXPECT_EQ(rpc("tools/call", {{"name", "run_code"}, {"arguments", "x"}})["error"]["code"], -32602);
   json response;
-  const Outbox out{.reply = [&](json r) { response = std::move(r); }, .notify = nullptr,
-                   .keepalive = nullptr};
+  const Outbox out{
+      .reply = [&](json r) { response = std::move(r); }, .notify = nullptr, .keepalive = nullptr};
   server.handle(conversation,
                 json::array({json{{"jsonrpc", "2.0"}, {"id", 1}, {"method", "ping"}}}), out);
   EXPECT_EQ(response["error"]["code"], -32600);
@@ -225,11 +227,13 @@ TEST_F(McpServerTest, NamedSessionsStartOnceAndKeepTheirKernel) {
   // Another conversation has its own "default".
   auto other = server.open();
   json response;
-  server.handle(other,
-                json{{"jsonrpc", "2.0"}, {"id", 1}, {"method", "tools/call"},
-                     {"params", {{"name", "run_code"}, {"arguments", {{"code", "1"}}}}}},
-                {.reply = [&](json x) { response = std::move(x); }, .notify = nullptr,
-                 .keepalive = nullptr});
+  server.handle(
+      other,
+      json{{"jsonrpc", "2.0"},
+           {"id", 1},
+           {"method", "tools/call"},
+           {"params", {{"name", "run_code"}, {"arguments", {{"code", "1"}}}}}},
+      {.reply = [&](json x) { response = std::move(x); }, .notify = nullptr, .keepalive = nullptr});
   EXPECT_EQ(response["result"]["structuredContent"]["new_session"], true);
   EXPECT_EQ(kernels.starts, 3);
   server.close(*conversation);
@@ -239,12 +243,10 @@ TEST_F(McpServerTest, NamedSessionsStartOnceAndKeepTheirKernel) {
 }
 
 TEST_F(McpServerTest, BadArgumentsAreToolErrors) {
-  for (const json& args : {json{{"timeout", 3}}, json{{"code", 1}},
-                           json{{"code", "1"}, {"timeout", -1}},
-                           json{{"code", "1"}, {"session", "../x"}},
-                           json{{"code", "1"}, {"timout", 3}},
-                           json{{"code", "1"}, {"stdin", {1, 2}}},
-                           json{{"code", "1"}, {"kernel", "nope"}}}) {
+  for (const json& args :
+       {json{{"timeout", 3}}, json{{"code", 1}}, json{{"code", "1"}, {"timeout", -1}},
+        json{{"code", "1"}, {"session", "../x"}}, json{{"code", "1"}, {"timout", 3}},
+        json{{"code", "1"}, {"stdin", {1, 2}}}, json{{"code", "1"}, {"kernel", "nope"}}}) {
     json r = call("run_code", args);
     EXPECT_EQ(r["isError"], true) << args;
     EXPECT_FALSE(text_of(r).empty()) << args;
@@ -297,11 +299,16 @@ TEST_F(McpServerTest, CancelledNotificationStopsTheCellAndProgressFlows) {
   json response;
   std::function<void()> keepalive;
   server.handle(conversation,
-                json{{"jsonrpc", "2.0"}, {"id", "r9"}, {"method", "tools/call"},
-                     {"params", {{"name", "run_code"}, {"arguments", {{"code", "sleep"}}},
-                                 {"_meta", {{"progressToken", "p1"}}}}}},
+                json{{"jsonrpc", "2.0"},
+                     {"id", "r9"},
+                     {"method", "tools/call"},
+                     {"params",
+                      {{"name", "run_code"},
+                       {"arguments", {{"code", "sleep"}}},
+                       {"_meta", {{"progressToken", "p1"}}}}}},
                 {.reply = [&](json r) { response = std::move(r); },
-                 .notify = [&](json n) { notes.push_back(std::move(n)); }, .keepalive = nullptr});
+                 .notify = [&](json n) { notes.push_back(std::move(n)); },
+                 .keepalive = nullptr});
   ASSERT_TRUE(kernels.held.on_keepalive);
   kernels.held.on_keepalive();
   ASSERT_EQ(notes.size(), 1u);
@@ -309,7 +316,8 @@ TEST_F(McpServerTest, CancelledNotificationStopsTheCellAndProgressFlows) {
   EXPECT_EQ(notes[0]["params"]["progressToken"], "p1");
   EXPECT_EQ(notes[0]["params"]["progress"], 1);
   server.handle(conversation,
-                json{{"jsonrpc", "2.0"}, {"method", "notifications/cancelled"},
+                json{{"jsonrpc", "2.0"},
+                     {"method", "notifications/cancelled"},
                      {"params", {{"requestId", "r9"}}}},
                 {});
   EXPECT_TRUE(kernels.last_cell->cancelled);
@@ -328,19 +336,21 @@ TEST(McpContent, AnswerBecomesTextImagesAndStructuredContent) {
       {"outputs",
        {{{"output_type", "stream"}, {"name", "stdout"}, {"text", "a\n"}},
         {{"output_type", "display_data"},
-         {"data", {{"image/png", png.substr(0, 4) + "\n" + png.substr(4)},
-                   {"text/plain", "<Figure>"}}},
+         {"data",
+          {{"image/png", png.substr(0, 4) + "\n" + png.substr(4)}, {"text/plain", "<Figure>"}}},
          {"chart", {{"type", "line"}, {"title", "t"}}}},
         {{"output_type", "stream"}, {"name", "stderr"}, {"text", "w\n"}},
         {{"output_type", "execute_result"}, {"data", {{"text/plain", "42"}}}},
         {{"output_type", "error"}, {"ename", "E"}, {"evalue", "v"}}}},
       {"result", {{"text/plain", "42"}}},
-      {"error", {{"ename", "KeyError"}, {"evalue", "'k'"}, {"line", 2},
-                 {"traceback", {"\x1b[31mKeyError\x1b[0m: 'k'"}}}},
+      {"error",
+       {{"ename", "KeyError"},
+        {"evalue", "'k'"},
+        {"line", 2},
+        {"traceback", {"\x1b[31mKeyError\x1b[0m: 'k'"}}}},
       {"artifacts", {{{"sha256", "abc"}, {"mime_type", "image/png"}}}},
       {"state_lost", false}};
-  json r =
-      run_code_result(result_of(answer), {"s", "k1", "python3", false, ""}, "/api/artifacts/");
+  json r = run_code_result(result_of(answer), {"s", "k1", "python3", false, ""}, "/api/artifacts/");
   ASSERT_EQ(r["content"].size(), 3u) << r["content"];
   EXPECT_EQ(r["content"][0], (json{{"type", "text"}, {"text", "a\n"}}));
   EXPECT_EQ(r["content"][1], (json{{"type", "image"}, {"data", png}, {"mimeType", "image/png"}}));
@@ -390,9 +400,9 @@ TEST(McpContent, AnswerBecomesTextImagesAndStructuredContent) {
 TEST(McpContent, Utf8) {
   EXPECT_TRUE(valid_utf8("héllo €𝄞"));
   EXPECT_FALSE(valid_utf8("\xff"));
-  EXPECT_FALSE(valid_utf8("\xc0\x80"));          // overlong
-  EXPECT_FALSE(valid_utf8("\xed\xa0\x80"));      // a surrogate
-  EXPECT_FALSE(valid_utf8("\xe2\x82"));          // cut short
+  EXPECT_FALSE(valid_utf8("\xc0\x80"));      // overlong
+  EXPECT_FALSE(valid_utf8("\xed\xa0\x80"));  // a surrogate
+  EXPECT_FALSE(valid_utf8("\xe2\x82"));      // cut short
 }
 
 TEST(McpStdio, OneMessagePerLineAndParseErrors) {
@@ -455,8 +465,8 @@ http::Response send(HttpEndpoint& endpoint, http::Verb verb, const std::string& 
 TEST(McpHttp, SessionsHeadersAndRefusals) {
   FakeKernels kernels;
   Server server(kernels, inline_offload(), {});
-  HttpEndpoint endpoint(server, inline_offload(), {.allow_origins = {"https://app.example"},
-                                                   .max_conversations = 2});
+  HttpEndpoint endpoint(server, inline_offload(),
+                        {.allow_origins = {"https://app.example"}, .max_conversations = 2});
   EXPECT_TRUE(endpoint.origin_allowed("http://localhost:3000"));
   EXPECT_TRUE(endpoint.origin_allowed("http://127.0.0.1"));
   EXPECT_TRUE(endpoint.origin_allowed("http://[::1]:8888"));
@@ -487,17 +497,17 @@ TEST(McpHttp, SessionsHeadersAndRefusals) {
                  {{"Mcp-Session-Id", sid}, {"Content-Type", "text/plain"}})
                 .result(),
             http::Status::unsupported_media_type);
-  EXPECT_EQ(send(endpoint, http::Verb::post, ping,
-                 {{"Mcp-Session-Id", sid}, {"Accept", "text/html"}})
-                .result(),
-            http::Status::not_acceptable);
+  EXPECT_EQ(
+      send(endpoint, http::Verb::post, ping, {{"Mcp-Session-Id", sid}, {"Accept", "text/html"}})
+          .result(),
+      http::Status::not_acceptable);
   res = send(endpoint, http::Verb::post, ping,
              {{"Mcp-Session-Id", sid}, {"MCP-Protocol-Version", "2025-11-25"}});
   EXPECT_EQ(res.result(), http::Status::ok);
   EXPECT_EQ(json::parse(res.body())["result"], json::object());
-  res = send(endpoint, http::Verb::post,
-             R"({"jsonrpc":"2.0","method":"notifications/initialized"})",
-             {{"Mcp-Session-Id", sid}});
+  res =
+      send(endpoint, http::Verb::post, R"({"jsonrpc":"2.0","method":"notifications/initialized"})",
+           {{"Mcp-Session-Id", sid}});
   EXPECT_EQ(res.result(), http::Status::accepted);
   EXPECT_TRUE(res.body().empty());
   res = send(endpoint, http::Verb::post, "[1", {{"Mcp-Session-Id", sid}});

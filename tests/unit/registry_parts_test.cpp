@@ -4,7 +4,6 @@
 // and the death monitor and culler run as timers on a ManualLoop the test moves. No root, no
 // Python, no ZeroMQ.
 #include <gtest/gtest.h>
-
 #include <stdlib.h>
 
 #include <filesystem>
@@ -162,7 +161,7 @@ TEST_F(WarmPoolTest, ThePoolGrowsWithDemandUpToItsMaxAndShrinksBackWhenItPasses)
     ASSERT_TRUE(registry().start("python3", json::object()).ok());
   }
   EXPECT_GE(registry().stats().pool_claims.value(), 1u);  // the first; a refill may serve more
-  EXPECT_EQ(registry().pool_target("python3"), 3u);        // at most pool_max
+  EXPECT_EQ(registry().pool_target("python3"), 3u);       // at most pool_max
   ASSERT_TRUE(eventually([&] { return registry().pool_ready("python3") == 3; }));
   // A minute without starts: back to pool_size, the extra ready kernels ended.
   clock_.advance(PoolDemand::kWindow + 1s);

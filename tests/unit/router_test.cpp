@@ -85,8 +85,7 @@ TEST(StatusFor, OneMapForEveryCode) {
             Status::payload_too_large);
   EXPECT_EQ(status_for(make_error(ErrorCode::kResourceExhausted, "no_space", "")),
             Status::insufficient_storage);
-  EXPECT_EQ(status_for(make_error(ErrorCode::kDeadlineExceeded, "t", "")),
-            Status::gateway_timeout);
+  EXPECT_EQ(status_for(make_error(ErrorCode::kDeadlineExceeded, "t", "")), Status::gateway_timeout);
 }
 
 }  // namespace

@@ -1,13 +1,13 @@
 // A JailSpec's JSON form (the launcher's --spec file, a zygote request): it round-trips, refuses
 // what the jail must not be given with the message the operator sees, and never throws.
+#include "cellgate/launcher/spec_json.hpp"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
 #include <string>
-
-#include "cellgate/launcher/spec_json.hpp"
 
 namespace cellgate::launcher {
 namespace {

@@ -1,8 +1,8 @@
+#include "cellgate/launcher/status.hpp"
+
 #include <gtest/gtest.h>
 
 #include <csignal>
-
-#include "cellgate/launcher/status.hpp"
 
 namespace cellgate::launcher {
 namespace {
@@ -54,10 +54,10 @@ TEST(StatusLine, UnknownFieldsAreIgnored) {
 }
 
 TEST(StatusLine, GarbageIsAnErrorNotACrash) {
-  for (const char* bad : {"", "{", "[]", "42", R"({"event":"nope"})",
-                          R"({"event":"exited","reason":"exploded"})",
-                          R"({"event":"exited","reason":"ok","exit_code":"zero"})",
-                          R"({"event":"started","pid":"x"})"}) {
+  for (const char* bad :
+       {"", "{", "[]", "42", R"({"event":"nope"})", R"({"event":"exited","reason":"exploded"})",
+        R"({"event":"exited","reason":"ok","exit_code":"zero"})",
+        R"({"event":"started","pid":"x"})"}) {
     auto parsed = StatusEvent::parse_line(bad);
     EXPECT_FALSE(parsed) << bad;
     if (!parsed) {

@@ -2,6 +2,7 @@
 // its limits, directory streams, file reads and writes, and the /proc readers on our own process.
 // No root, no Python.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -13,8 +14,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "cellgate/sys/dir_stream.hpp"
 #include "cellgate/sys/file.hpp"
@@ -28,7 +27,9 @@ namespace {
 
 using namespace std::chrono_literals;
 
-bool is_cloexec(int fd) { return (::fcntl(fd, F_GETFD) & FD_CLOEXEC) != 0; }
+bool is_cloexec(int fd) {
+  return (::fcntl(fd, F_GETFD) & FD_CLOEXEC) != 0;
+}
 
 class TempDir {
  public:

@@ -1,13 +1,13 @@
 // Rootless mode's decisions on what /proc says (jail/userns.hpp); entering a namespace for real
 // is tested in the systemd guest (tests/vm), as a non-root user.
+#include "cellgate/jail/userns.hpp"
+
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <filesystem>
 #include <fstream>
 #include <string>
-
-#include "cellgate/jail/userns.hpp"
 
 namespace cellgate::jail {
 namespace {
@@ -61,8 +61,8 @@ TEST_F(Sysctls, NamesTheSettingThatForbidsUserNamespaces) {
 TEST(SubordinateRanges, TheFirstLineNamingTheUserByNameOrUid) {
   const std::string subuid =
       "alice:100000:65536\n"
-      "bob:165536:0\n"       // a zero count grants nothing
-      "bob:x:5\n"            // nor does a malformed line
+      "bob:165536:0\n"  // a zero count grants nothing
+      "bob:x:5\n"       // nor does a malformed line
       "1001:231072:1000\n"
       "bob:300000:4096\n";
   EXPECT_EQ(find_subordinate_range(subuid, "alice", 1000).start, 100000u);
@@ -75,8 +75,9 @@ TEST(SubordinateRanges, TheFirstLineNamingTheUserByNameOrUid) {
 
 TEST(SubordinateRanges, KernelUidsAreTheRangeMappedBesideTheGateway) {
   // newuidmap's two lines: the user as 0, the subordinate range from 1.
-  auto r = kernel_uid_range_of_map("         0       1000          1\n"
-                                   "         1     100000      65536\n");
+  auto r = kernel_uid_range_of_map(
+      "         0       1000          1\n"
+      "         1     100000      65536\n");
   EXPECT_EQ(r.first, 1u);
   EXPECT_EQ(r.count, 65536u);
   // The single mapping and real root map no range for kernels.

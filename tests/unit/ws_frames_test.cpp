@@ -4,8 +4,6 @@
 // by hand the way JupyterLab's serialize.ts writes them.
 #include "cellgate/protocol/ws_frames.hpp"
 
-#include "cellgate/protocol/envelope.hpp"
-
 #include <gtest/gtest.h>
 
 #include <cstddef>
@@ -17,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cellgate/protocol/envelope.hpp"
 #include "cellgate/protocol/message.hpp"
 #include "cellgate/result.hpp"
 
@@ -292,16 +291,16 @@ TEST(Envelope, DeepFramesAreTooDeep) {
   frames.header = R"({"msg_id":"m","msg_type":"display_data"})";
   frames.parent_header = "{}";
   frames.metadata = "{}";
-  frames.content = R"({"data":{"application/json":)" + std::string(300, '[') +
-                   std::string(300, ']') + "}}";
+  frames.content =
+      R"({"data":{"application/json":)" + std::string(300, '[') + std::string(300, ']') + "}}";
   auto env = Envelope::from_frames(Channel::kIopub, frames);
   ASSERT_FALSE(env);
   EXPECT_EQ(env.error().reason, "too_deep");
   EXPECT_NE(env.error().message.find("content frame nests JSON deeper than 256 levels"),
             std::string::npos)
       << env.error().message;
-  frames.content = R"({"data":{"application/json":)" + std::string(200, '[') +
-                   std::string(200, ']') + "}}";
+  frames.content =
+      R"({"data":{"application/json":)" + std::string(200, '[') + std::string(200, ']') + "}}";
   EXPECT_TRUE(Envelope::from_frames(Channel::kIopub, frames));
 }
 

@@ -12,7 +12,6 @@
 namespace cellgate::api {
 namespace {
 
-using nlohmann::json;
 using http::bad_request;
 using http::body_object;
 using http::Call;
@@ -21,15 +20,16 @@ using http::json_response;
 using http::Response;
 using http::Status;
 using http::Verb;
+using nlohmann::json;
 
 std::string file_content_type(const std::string& path) {
   auto dot = path.rfind('.');
   const std::string ext = dot == std::string::npos ? "" : path.substr(dot + 1);
   static const std::map<std::string, std::string> types = {
-      {"png", "image/png"},   {"jpg", "image/jpeg"},       {"jpeg", "image/jpeg"},
-      {"gif", "image/gif"},   {"svg", "image/svg+xml"},    {"pdf", "application/pdf"},
-      {"csv", "text/csv"},    {"txt", "text/plain"},       {"json", "application/json"},
-      {"html", "text/html"},  {"py", "text/x-python"},     {"md", "text/markdown"},
+      {"png", "image/png"},  {"jpg", "image/jpeg"},    {"jpeg", "image/jpeg"},
+      {"gif", "image/gif"},  {"svg", "image/svg+xml"}, {"pdf", "application/pdf"},
+      {"csv", "text/csv"},   {"txt", "text/plain"},    {"json", "application/json"},
+      {"html", "text/html"}, {"py", "text/x-python"},  {"md", "text/markdown"},
   };
   auto it = types.find(ext);
   return it == types.end() ? "application/octet-stream" : it->second;
@@ -75,8 +75,8 @@ void Api::add_agent_routes() {
       return c.fail(request.error());
     }
     detail::answer_cell(c.req, c.exchange, detail::encoder_for(c.req), keepalive_interval(),
-                        [this, request = std::move(request).value()](
-                            execute::RunOptions run, execute::Done done) mutable {
+                        [this, request = std::move(request).value()](execute::RunOptions run,
+                                                                     execute::Done done) mutable {
                           return executor_.run_once(std::move(request), std::move(run),
                                                     std::move(done));
                         });
@@ -131,47 +131,47 @@ void Api::add_agent_routes() {
       return c.fail(bad_request("name a file: /api/kernels/{id}/files/{path}"));
     }
     auto reply = [ex = c.exchange](Response r) { ex->reply(std::move(r)); };
-  offload(
-      [this, req = std::move(c.req), k = std::move(kernel).value(), rel]() -> Response {
-        auto dir = store::files::WorkDir::open(k->work_dir(), k->files_uid(), k->files_uid());
-        if (!dir) {
-          return error_response(req, dir.error());
-        }
-        switch (req.method()) {
-          case Verb::put: {
-            auto info = dir->write(rel, req.body(), options_.max_file_bytes,
-                                   /*make_parents=*/true);
-            return info ? json_response(req, Status::created, store::files::to_json(*info))
-                        : error_response(req, info.error());
+    offload(
+        [this, req = std::move(c.req), k = std::move(kernel).value(), rel]() -> Response {
+          auto dir = store::files::WorkDir::open(k->work_dir(), k->files_uid(), k->files_uid());
+          if (!dir) {
+            return error_response(req, dir.error());
           }
-          case Verb::delete_: {
-            auto removed = dir->remove(rel);
-            return removed ? json_response(req, Status::no_content, json())
-                           : error_response(req, removed.error());
-          }
-          default: {
-            // A directory lists; a file is its bytes.
-            auto listing = dir->list(rel);
-            if (listing) {
-              json entries = json::array();
-              for (const auto& e : listing->entries) {
-                entries.push_back(store::files::to_json(e));
+          switch (req.method()) {
+            case Verb::put: {
+              auto info = dir->write(rel, req.body(), options_.max_file_bytes,
+                                     /*make_parents=*/true);
+              return info ? json_response(req, Status::created, store::files::to_json(*info))
+                          : error_response(req, info.error());
+            }
+            case Verb::delete_: {
+              auto removed = dir->remove(rel);
+              return removed ? json_response(req, Status::no_content, json())
+                             : error_response(req, removed.error());
+            }
+            default: {
+              // A directory lists; a file is its bytes.
+              auto listing = dir->list(rel);
+              if (listing) {
+                json entries = json::array();
+                for (const auto& e : listing->entries) {
+                  entries.push_back(store::files::to_json(e));
+                }
+                return json_response(
+                    req, Status::ok,
+                    json{{"path", rel}, {"entries", entries}, {"truncated", listing->truncated}});
               }
-              return json_response(req, Status::ok,
-                                   json{{"path", rel},
-                                        {"entries", entries},
-                                        {"truncated", listing->truncated}});
+              if (listing.error().reason != "not_a_directory") {
+                return error_response(req, listing.error());
+              }
+              auto bytes = dir->read(rel, options_.max_file_bytes);
+              return bytes ? http::bytes_response(req, std::move(bytes).value(),
+                                                  file_content_type(rel))
+                           : error_response(req, bytes.error());
             }
-            if (listing.error().reason != "not_a_directory") {
-              return error_response(req, listing.error());
-            }
-            auto bytes = dir->read(rel, options_.max_file_bytes);
-            return bytes ? http::bytes_response(req, std::move(bytes).value(), file_content_type(rel))
-                         : error_response(req, bytes.error());
           }
-        }
-      },
-      std::move(reply));
+        },
+        std::move(reply));
   };
   router_.add({Verb::get, Verb::put, Verb::delete_}, "/api/kernels/{id}/files", files);
   router_.add({Verb::get, Verb::put, Verb::delete_}, "/api/kernels/{id}/files/{path*}", files);

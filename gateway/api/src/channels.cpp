@@ -56,9 +56,9 @@ Result<protocol::EnvelopePtr> inbound(std::string_view frame, bool text, bool v1
     channel = *ch;
     return protocol::Envelope::from_frames(channel, std::move(parts.frames));
   }
-  CELLGATE_ASSIGN_OR_RETURN(protocol::WsMessage decoded,
-                            text ? protocol::decode_legacy_json(frame)
-                                 : protocol::decode_legacy_binary(frame));
+  CELLGATE_ASSIGN_OR_RETURN(
+      protocol::WsMessage decoded,
+      text ? protocol::decode_legacy_json(frame) : protocol::decode_legacy_binary(frame));
   auto ch = inbound_channel(decoded.channel);
   if (!ch) {
     return make_error(ErrorCode::kInvalidArgument, "bad_channel",
@@ -101,8 +101,7 @@ class ChannelBridge : public http::WsHandler,
       }
       return;
     }
-    if (auto posted = kernel_->post(channel, std::move(env).value(), shared_from_this());
-        !posted) {
+    if (auto posted = kernel_->post(channel, std::move(env).value(), shared_from_this()); !posted) {
       if (auto suffix = log_limiter_.admit("post")) {
         spdlog::warn("kernel {}: {}{}", kernel_->id(), posted.error().message, *suffix);
       }

@@ -334,8 +334,7 @@ std::string env_restore_code(const std::map<std::string, std::string>& vars) {
   return code;
 }
 
-std::optional<std::string> context_setup_code(const std::string& language,
-                                              const std::string& cwd) {
+std::optional<std::string> context_setup_code(const std::string& language, const std::string& cwd) {
   if (language == "python") {
     // In a function, so no name is left in the user's namespace.
     return "def _cellgate_e2b_context(cwd):\n"
@@ -428,19 +427,19 @@ std::vector<json> Translator::end(const execute::CellResult& answer) {
       }
       break;
     case CellStatus::kOther:
-      lines.push_back(error_line(
-          "ExecutionError",
-          say(answer.other_status.empty()
-                  ? "the cell ended without a status"
-                  : "the cell ended with status '" + answer.other_status + "'"),
-          ""));
+      lines.push_back(error_line("ExecutionError",
+                                 say(answer.other_status.empty() ? "the cell ended without a status"
+                                                                 : "the cell ended with status '" +
+                                                                       answer.other_status + "'"),
+                                 ""));
       break;
   }
   if (!lines.empty()) {
     error_sent_ = true;
   }
   if (answer.execution_count) {
-    lines.push_back({{"type", "number_of_executions"}, {"execution_count", *answer.execution_count}});
+    lines.push_back(
+        {{"type", "number_of_executions"}, {"execution_count", *answer.execution_count}});
   }
   lines.push_back({{"type", "end_of_execution"}});
   return lines;

@@ -13,12 +13,12 @@
 namespace cellgate::api {
 namespace {
 
-using nlohmann::json;
 using http::Call;
 using http::Response;
 using http::Status;
 using http::text_response;
 using http::Verb;
+using nlohmann::json;
 
 constexpr double kDefaultTimeoutSeconds = 300;  // the SDK keeps its own, shorter, client timeout
 constexpr std::chrono::seconds kSetupTimeout{30};
@@ -83,8 +83,7 @@ bool E2bApi::authorized(const http::Request& req) const {
     auto it = req.find(name);
     return it == req.end() ? std::string_view() : std::string_view(it->value());
   };
-  const std::string given =
-      e2b::request_token(header("X-Access-Token"), header("Authorization"));
+  const std::string given = e2b::request_token(header("X-Access-Token"), header("Authorization"));
   if (given.empty()) {
     return options_.allow_missing_token;
   }
@@ -191,8 +190,7 @@ void E2bApi::add_routes() {
         contexts_.erase(id);
         std::erase_if(default_ids_, [&](const auto& entry) { return entry.second == id; });
       }
-      ex->reply(down ? text_response(req, Status::no_content, "")
-                     : error_text(req, down.error()));
+      ex->reply(down ? text_response(req, Status::no_content, "") : error_text(req, down.error()));
     });
   });
 }
@@ -223,9 +221,9 @@ Result<std::string> E2bApi::kernelspec_for(const std::string& language) const {
   for (const auto& name : installed) {
     names += (names.empty() ? "" : ", ") + name;
   }
-  return make_error(ErrorCode::kInvalidArgument, "unsupported_language",
-                    "no kernel for language '" + language + "' is installed here (languages: " +
-                        names + ")");
+  return make_error(
+      ErrorCode::kInvalidArgument, "unsupported_language",
+      "no kernel for language '" + language + "' is installed here (languages: " + names + ")");
 }
 
 Result<void> E2bApi::set_up(const Context& ctx) {
@@ -236,16 +234,15 @@ Result<void> E2bApi::set_up(const Context& ctx) {
   return executor_.run_silently_and_wait(ctx.id, *code, kSetupTimeout);
 }
 
-Result<E2bApi::Context> E2bApi::start_context(const std::string& language,
-                                              const std::string& cwd) {
+Result<E2bApi::Context> E2bApi::start_context(const std::string& language, const std::string& cwd) {
   CELLGATE_ASSIGN_OR_RETURN(const std::string spec_name, kernelspec_for(language));
   CELLGATE_ASSIGN_OR_RETURN(auto model, registry_.start(spec_name, json::object()));
   Context c{model.id, language, cwd};
   if (auto cd = set_up(c); !cd) {
     (void)registry_.shutdown(model.id);
-    return make_error(ErrorCode::kInvalidArgument, "bad_cwd",
-                      "cannot use '" + cwd + "' as the context's working directory: " +
-                          cd.error().message);
+    return make_error(
+        ErrorCode::kInvalidArgument, "bad_cwd",
+        "cannot use '" + cwd + "' as the context's working directory: " + cd.error().message);
   }
   std::lock_guard lock(mu_);
   c.created = ++created_;
@@ -274,8 +271,8 @@ void E2bApi::execute(Call& c) {
     return c.reply(error_text(c.req, parsed.error()));
   }
   if (parsed->context_id && !registry_.find(*parsed->context_id)) {
-    return c.reply(text_response(c.req, Status::not_found,
-                                 "context " + *parsed->context_id + " not found"));
+    return c.reply(
+        text_response(c.req, Status::not_found, "context " + *parsed->context_id + " not found"));
   }
   std::string language = parsed->language;
   if (parsed->context_id) {
@@ -298,8 +295,8 @@ void E2bApi::execute(Call& c) {
   }
   const auto keepalive = std::chrono::milliseconds(
       static_cast<long long>(std::max(0.05, options_.execute_keepalive) * 1000));
-  auto run = [this, req = c.req, ex = c.exchange, cell = std::move(cell), keepalive](
-                 const std::string& id) mutable {
+  auto run = [this, req = c.req, ex = c.exchange, cell = std::move(cell),
+              keepalive](const std::string& id) mutable {
     detail::answer_cell(req, ex, std::make_shared<E2bEventEncoder>(), keepalive,
                         [this, id, cell = std::move(cell)](execute::RunOptions options,
                                                            execute::Done done) mutable {

@@ -15,7 +15,6 @@ namespace cellgate::api {
 namespace {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
 using http::bad_request;
 using http::body_object;
 using http::Call;
@@ -25,6 +24,7 @@ using http::Request;
 using http::Response;
 using http::Status;
 using http::Verb;
+using nlohmann::json;
 
 constexpr const char* kApiVersion = "2.14.0";  // the jupyter_server REST level we follow
 constexpr const char* kGatewayVersion = "0.1.0";
@@ -103,7 +103,9 @@ bool Api::origin_allowed(const Request& req) const {
   return netloc == std::string(host->value());
 }
 
-void Api::mount(std::string path, http::Handler& handler) { mounts_[std::move(path)] = &handler; }
+void Api::mount(std::string path, http::Handler& handler) {
+  mounts_[std::move(path)] = &handler;
+}
 
 void Api::decorate(const Request& req, Response& res) const {
   auto it = req.find(http::Field::origin);
@@ -149,8 +151,8 @@ std::optional<Response> Api::authenticate(const Request& req, const http::Target
                                           "or '?token=<token>'"));
   }
   if (!http::token_equals(given, options_.token)) {
-    return error_response(req, make_error(ErrorCode::kPermissionDenied, "bad_token",
-                                          "the token is not valid"));
+    return error_response(
+        req, make_error(ErrorCode::kPermissionDenied, "bad_token", "the token is not valid"));
   }
   return std::nullopt;
 }
@@ -188,8 +190,8 @@ class DecoratedExchange : public http::Exchange {
 void Api::handle(Request req, std::shared_ptr<http::Exchange> exchange) {
   http::Target target = http::Target::parse(req.target());
   if (!strip_base(target.path)) {
-    exchange->reply(error_response(req, make_error(ErrorCode::kNotFound, "not_found",
-                                                   "no route for " + target.path)));
+    exchange->reply(error_response(
+        req, make_error(ErrorCode::kNotFound, "not_found", "no route for " + target.path)));
     return;
   }
   if (!origin_allowed(req)) {
@@ -234,8 +236,8 @@ void Api::handle(Request req, std::shared_ptr<http::Exchange> exchange) {
     return;
   }
   Call call{std::move(req), nullptr, std::move(target), {}};
-  call.exchange = std::make_shared<DecoratedExchange>(*this, Request(call.req.base(), ""),
-                                                      std::move(exchange));
+  call.exchange =
+      std::make_shared<DecoratedExchange>(*this, Request(call.req.base(), ""), std::move(exchange));
   switch (router_.dispatch(call)) {
     case http::Router::Match::kFound:
       return;
@@ -299,8 +301,9 @@ void Api::add_jupyter_routes() {
     for (const auto& spec : registry_.kernelspecs()) {
       specs[spec.name] = spec_model(spec);
     }
-    c.reply(json_response(c.req, Status::ok,
-                          json{{"default", registry_.default_kernel_name()}, {"kernelspecs", specs}}));
+    c.reply(
+        json_response(c.req, Status::ok,
+                      json{{"default", registry_.default_kernel_name()}, {"kernelspecs", specs}}));
   });
   router_.add(Verb::get, "/api/kernelspecs/{name}", [this](Call& c) {
     auto spec = registry_.kernelspec(c.param("name"));
@@ -379,7 +382,8 @@ void Api::add_jupyter_routes() {
         [this, req = c.req, id]() {
           auto r = registry_.shutdown(id);
           executor_.artifacts().forget(id);  // the content stays, by SHA-256
-          return r ? json_response(req, Status::no_content, json()) : error_response(req, r.error());
+          return r ? json_response(req, Status::no_content, json())
+                   : error_response(req, r.error());
         },
         [ex = c.exchange](Response r) { ex->reply(std::move(r)); });
   });
@@ -387,7 +391,8 @@ void Api::add_jupyter_routes() {
     offload(
         [this, req = c.req, id = c.param("id")]() {
           auto r = registry_.interrupt(id);
-          return r ? json_response(req, Status::no_content, json()) : error_response(req, r.error());
+          return r ? json_response(req, Status::no_content, json())
+                   : error_response(req, r.error());
         },
         [ex = c.exchange](Response r) { ex->reply(std::move(r)); });
   });
@@ -400,9 +405,8 @@ void Api::add_jupyter_routes() {
         },
         [ex = c.exchange](Response r) { ex->reply(std::move(r)); });
   });
-  router_.add(Verb::get, "/api/kernels/{id}/channels", [](Call& c) {
-    c.fail(bad_request("this route needs a WebSocket upgrade"));
-  });
+  router_.add(Verb::get, "/api/kernels/{id}/channels",
+              [](Call& c) { c.fail(bad_request("this route needs a WebSocket upgrade")); });
 
   // ---- sessions ----
   router_.add(Verb::get, "/api/sessions", [this](Call& c) {
@@ -445,9 +449,9 @@ void Api::add_jupyter_routes() {
         [this, req = c.req, s]() {
           auto r = registry_.shutdown(s.kernel_id);
           if (!r && r.error().code == ErrorCode::kNotFound) {
-            return json_response(req, Status::gone,
-                                 json{{"reason", "Gone"},
-                                      {"message", "the session's kernel was already deleted"}});
+            return json_response(
+                req, Status::gone,
+                json{{"reason", "Gone"}, {"message", "the session's kernel was already deleted"}});
           }
           return json_response(req, Status::no_content, json());
         },
@@ -483,11 +487,14 @@ json Api::session_model(const Session& s) const {
   if (auto k = registry_.find(s.kernel_id)) {
     kernel_model = k.value()->model().to_json();
   } else {
-    kernel_model = {{"id", s.kernel_id}, {"name", ""}, {"execution_state", "dead"},
-                    {"connections", 0}, {"last_activity", protocol::iso8601_now()}};
+    kernel_model = {{"id", s.kernel_id},
+                    {"name", ""},
+                    {"execution_state", "dead"},
+                    {"connections", 0},
+                    {"last_activity", protocol::iso8601_now()}};
   }
-  json j = {{"id", s.id}, {"path", s.path}, {"name", s.name}, {"type", s.type},
-            {"kernel", kernel_model}};
+  json j = {
+      {"id", s.id}, {"path", s.path}, {"name", s.name}, {"type", s.type}, {"kernel", kernel_model}};
   if (s.type == "notebook") {
     j["notebook"] = {{"path", s.path}, {"name", s.name}};
   }
@@ -495,57 +502,57 @@ json Api::session_model(const Session& s) const {
 }
 
 void Api::sessions_post(Call& c) {
-    auto body = body_object(c.req);
-    if (!body) {
-      return c.fail(body.error());
-    }
-    const json& b = *body;
-    if (!b.contains("path") || !b["path"].is_string() || !b.contains("type") ||
-        !b["type"].is_string()) {
-      return c.fail(bad_request("a session needs 'path' and 'type' strings"));
-    }
-    Session s;
-    s.path = b["path"].get<std::string>();
-    s.type = b["type"].get<std::string>();
-    s.name = b.contains("name") && b["name"].is_string() ? b["name"].get<std::string>() : "";
-    json kernel = b.value("kernel", json::object());
-    if (!kernel.is_object()) {
-      return c.fail(bad_request("'kernel' must be an object"));
-    }
-    offload(
-        [this, req = c.req, s, kernel]() mutable {
-          {
-            // The same path returns the existing session.
-            std::lock_guard lock(sessions_mu_);
-            for (const auto& [id, existing] : sessions_) {
-              if (existing.path == s.path && registry_.find(existing.kernel_id)) {
-                return json_response(req, Status::created, session_model(existing));
-              }
+  auto body = body_object(c.req);
+  if (!body) {
+    return c.fail(body.error());
+  }
+  const json& b = *body;
+  if (!b.contains("path") || !b["path"].is_string() || !b.contains("type") ||
+      !b["type"].is_string()) {
+    return c.fail(bad_request("a session needs 'path' and 'type' strings"));
+  }
+  Session s;
+  s.path = b["path"].get<std::string>();
+  s.type = b["type"].get<std::string>();
+  s.name = b.contains("name") && b["name"].is_string() ? b["name"].get<std::string>() : "";
+  json kernel = b.value("kernel", json::object());
+  if (!kernel.is_object()) {
+    return c.fail(bad_request("'kernel' must be an object"));
+  }
+  offload(
+      [this, req = c.req, s, kernel]() mutable {
+        {
+          // The same path returns the existing session.
+          std::lock_guard lock(sessions_mu_);
+          for (const auto& [id, existing] : sessions_) {
+            if (existing.path == s.path && registry_.find(existing.kernel_id)) {
+              return json_response(req, Status::created, session_model(existing));
             }
           }
-          if (kernel.contains("id") && kernel["id"].is_string()) {
-            s.kernel_id = kernel["id"].get<std::string>();
-            if (auto k = registry_.find(s.kernel_id); !k) {
-              return error_response(req, k.error());
-            }
-          } else {
-            std::string name = kernel.value("name", "");
-            auto model = registry_.start(name, json());
-            if (!model) {
-              return error_response(req, model.error());
-            }
-            s.kernel_id = model->id;
+        }
+        if (kernel.contains("id") && kernel["id"].is_string()) {
+          s.kernel_id = kernel["id"].get<std::string>();
+          if (auto k = registry_.find(s.kernel_id); !k) {
+            return error_response(req, k.error());
           }
-          s.id = protocol::new_uuid();
-          {
-            std::lock_guard lock(sessions_mu_);
-            sessions_[s.id] = s;
+        } else {
+          std::string name = kernel.value("name", "");
+          auto model = registry_.start(name, json());
+          if (!model) {
+            return error_response(req, model.error());
           }
-          Response res = json_response(req, Status::created, session_model(s));
-          res.set(http::Field::location, base_ + "/api/sessions/" + s.id);
-          return res;
-        },
-        [ex = c.exchange](Response r) { ex->reply(std::move(r)); });
+          s.kernel_id = model->id;
+        }
+        s.id = protocol::new_uuid();
+        {
+          std::lock_guard lock(sessions_mu_);
+          sessions_[s.id] = s;
+        }
+        Response res = json_response(req, Status::created, session_model(s));
+        res.set(http::Field::location, base_ + "/api/sessions/" + s.id);
+        return res;
+      },
+      [ex = c.exchange](Response r) { ex->reply(std::move(r)); });
 }
 
 void Api::sessions_patch(Call& c) {
@@ -559,49 +566,49 @@ void Api::sessions_patch(Call& c) {
     }
     s = it->second;
   }
-    auto body = body_object(c.req);
-    if (!body) {
-      return c.fail(body.error());
-    }
-    json b = *body;
-    offload(
-        [this, req = c.req, s, b]() mutable {
-          for (const char* key : {"path", "name", "type"}) {
-            if (b.contains(key) && b[key].is_string()) {
-              std::string v = b[key].get<std::string>();
-              if (std::string(key) == "path") {
-                s.path = v;
-              } else if (std::string(key) == "name") {
-                s.name = v;
-              } else {
-                s.type = v;
-              }
+  auto body = body_object(c.req);
+  if (!body) {
+    return c.fail(body.error());
+  }
+  json b = *body;
+  offload(
+      [this, req = c.req, s, b]() mutable {
+        for (const char* key : {"path", "name", "type"}) {
+          if (b.contains(key) && b[key].is_string()) {
+            std::string v = b[key].get<std::string>();
+            if (std::string(key) == "path") {
+              s.path = v;
+            } else if (std::string(key) == "name") {
+              s.name = v;
+            } else {
+              s.type = v;
             }
           }
-          if (b.contains("kernel") && b["kernel"].is_object()) {
-            const json& k = b["kernel"];
-            if (k.contains("id") && k["id"].is_string()) {
-              std::string kid = k["id"].get<std::string>();
-              if (!registry_.find(kid)) {
-                return error_response(req, bad_request("no kernel with id " + kid));
-              }
-              s.kernel_id = kid;
-            } else if (k.contains("name") && k["name"].is_string()) {
-              auto model = registry_.start(k["name"].get<std::string>(), json());
-              if (!model) {
-                return error_response(req, model.error());
-              }
-              (void)registry_.shutdown(s.kernel_id);
-              s.kernel_id = model->id;
+        }
+        if (b.contains("kernel") && b["kernel"].is_object()) {
+          const json& k = b["kernel"];
+          if (k.contains("id") && k["id"].is_string()) {
+            std::string kid = k["id"].get<std::string>();
+            if (!registry_.find(kid)) {
+              return error_response(req, bad_request("no kernel with id " + kid));
             }
+            s.kernel_id = kid;
+          } else if (k.contains("name") && k["name"].is_string()) {
+            auto model = registry_.start(k["name"].get<std::string>(), json());
+            if (!model) {
+              return error_response(req, model.error());
+            }
+            (void)registry_.shutdown(s.kernel_id);
+            s.kernel_id = model->id;
           }
-          {
-            std::lock_guard lock(sessions_mu_);
-            sessions_[s.id] = s;
-          }
-          return json_response(req, Status::ok, session_model(s));
-        },
-        [ex = c.exchange](Response r) { ex->reply(std::move(r)); });
+        }
+        {
+          std::lock_guard lock(sessions_mu_);
+          sessions_[s.id] = s;
+        }
+        return json_response(req, Status::ok, session_model(s));
+      },
+      [ex = c.exchange](Response r) { ex->reply(std::move(r)); });
 }
 
 }  // namespace cellgate::api

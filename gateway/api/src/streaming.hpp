@@ -71,8 +71,8 @@ class JupyterEventEncoder : public EventEncoder {
  private:
   std::string frame(const nlohmann::json& event) const {
     if (sse_) {
-      return "event: " + event.value("type", std::string("message")) + "\ndata: " +
-             dump_json(event) + "\n\n";
+      return "event: " + event.value("type", std::string("message")) +
+             "\ndata: " + dump_json(event) + "\n\n";
     }
     return dump_json(event) + "\n";
   }

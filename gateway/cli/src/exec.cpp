@@ -28,7 +28,6 @@ using Clock = std::chrono::steady_clock;
 using kernel::Channel;
 using nlohmann::json;
 
-
 struct Delivered {
   Channel channel;
   protocol::Message msg;
@@ -196,8 +195,8 @@ int run_exec(const ExecOptions& options) {
   auto& kp = *process.value();
   if (options.verbose) {
     std::cerr << "cellgate exec: kernel pid " << kp.pid()
-              << (kp.jailed() ? " (jailed)" : " (unjailed)")
-              << ", runtime " << kp.connection_file() << ", log " << kp.log_file() << "\n";
+              << (kp.jailed() ? " (jailed)" : " (unjailed)") << ", runtime " << kp.connection_file()
+              << ", log " << kp.log_file() << "\n";
   }
 
   EventQueue events;
@@ -211,8 +210,7 @@ int run_exec(const ExecOptions& options) {
     if (auto ended = kp.poll_exit()) {
       return fail(std::string("the kernel exited while starting (") +
                   (ended->message.empty() ? "" : ended->message + "; ") +
-                  launcher::to_string(ended->reason) + "); its log ends with:\n" +
-                  kp.log_tail());
+                  launcher::to_string(ended->reason) + "); its log ends with:\n" + kp.log_tail());
     }
     return fail(ready.error().describe());
   }
@@ -263,16 +261,15 @@ int run_exec(const ExecOptions& options) {
     }
     auto end = std::get<Ended>(*ev).end;
     if (end != kernel::RequestEnd::kComplete) {
-      std::cerr << "cellgate exec: the kernel died during the cell ("
-                << kernel::to_string(end) << ")\n";
+      std::cerr << "cellgate exec: the kernel died during the cell (" << kernel::to_string(end)
+                << ")\n";
       return kExitKernelDied;
     }
     exit_code = interrupted ? kExitTimeout : (printer.status() == "ok" ? kExitOk : kExitCellError);
     break;
   }
   // A polite shutdown, so the kernel can clean up; the process owner kills it otherwise.
-  (void)client.request(Channel::kControl, "shutdown_request", json{{"restart", false}}, 2s,
-                       false);
+  (void)client.request(Channel::kControl, "shutdown_request", json{{"restart", false}}, 2s, false);
   kp.wait_exit(1s);
   return exit_code;
 }

@@ -5,8 +5,8 @@
 #include <iostream>
 
 #include "cellgate/execute/cell_result.hpp"
-#include "cellgate/http/limits.hpp"
 #include "cellgate/http/client.hpp"
+#include "cellgate/http/limits.hpp"
 #include "output.hpp"
 
 namespace cellgate::cli::detail {
@@ -132,8 +132,9 @@ int run_remote_exec(const ExecOptions& options, const std::string& code) {
 
   EventPrinter printer(options.artifacts_dir);
   const http::client::Client client(std::move(url).value(), options.token, "cellgate-exec");
-  auto res = client.stream("POST", target, body.dump(), "application/x-ndjson",
-                           [&printer](std::string_view piece) { printer.feed(piece); }, limits);
+  auto res = client.stream(
+      "POST", target, body.dump(), "application/x-ndjson",
+      [&printer](std::string_view piece) { printer.feed(piece); }, limits);
   if (!res) {
     if (printer.ended()) {
       return printer.exit_code();  // the cell's end arrived; the connection failed after it

@@ -1,12 +1,11 @@
 #include "cellgate/engine/engine.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
-
-#include <algorithm>
-#include <atomic>
 #include <optional>
 #include <thread>
 
@@ -55,12 +54,12 @@ Result<std::unique_ptr<Engine>> Engine::create(EngineOptions options,
                                                std::unique_ptr<kernel::KernelBackend> backend) {
   auto impl = std::make_unique<Impl>(std::move(options));
   const EngineOptions& o = impl->options;
-  impl->backend = backend ? std::move(backend)
-                          : std::make_unique<kernel::ProcessBackend>(launcher_options(o));
+  impl->backend =
+      backend ? std::move(backend) : std::make_unique<kernel::ProcessBackend>(launcher_options(o));
   impl->registry = std::make_unique<kernels::KernelRegistry>(
       o.registry, *impl->backend, [loop = &impl->loop] { return loop->now(); });
-  impl->artifacts = std::make_unique<store::ArtifactStore>(o.registry.state_dir + "/artifacts",
-                                                           o.artifacts);
+  impl->artifacts =
+      std::make_unique<store::ArtifactStore>(o.registry.state_dir + "/artifacts", o.artifacts);
   CELLGATE_ASSIGN_OR_RETURN(impl->audit, store::AuditLog::create(o.audit));
   impl->executor = std::make_unique<execute::Executor>(
       *impl->registry, *impl->artifacts, *impl->audit, o.limits, impl->loop, impl->offload());
@@ -115,14 +114,32 @@ void Engine::stop() {
   impl_->cell_threads.clear();
 }
 
-kernel::KernelBackend& Engine::backend() { return *impl_->backend; }
-kernels::KernelRegistry& Engine::registry() { return *impl_->registry; }
-store::ArtifactStore& Engine::artifacts() { return *impl_->artifacts; }
-store::AuditLog& Engine::audit() { return *impl_->audit; }
-execute::Executor& Engine::executor() { return *impl_->executor; }
-util::Loop& Engine::loop() { return impl_->loop; }
-util::Offload Engine::offload() { return impl_->offload(); }
-bool Engine::started() const { return impl_->offload_pool.has_value() && !impl_->stopped; }
-const EngineOptions& Engine::options() const { return impl_->options; }
+kernel::KernelBackend& Engine::backend() {
+  return *impl_->backend;
+}
+kernels::KernelRegistry& Engine::registry() {
+  return *impl_->registry;
+}
+store::ArtifactStore& Engine::artifacts() {
+  return *impl_->artifacts;
+}
+store::AuditLog& Engine::audit() {
+  return *impl_->audit;
+}
+execute::Executor& Engine::executor() {
+  return *impl_->executor;
+}
+util::Loop& Engine::loop() {
+  return impl_->loop;
+}
+util::Offload Engine::offload() {
+  return impl_->offload();
+}
+bool Engine::started() const {
+  return impl_->offload_pool.has_value() && !impl_->stopped;
+}
+const EngineOptions& Engine::options() const {
+  return impl_->options;
+}
 
 }  // namespace cellgate::engine

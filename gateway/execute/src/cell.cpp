@@ -602,28 +602,28 @@ CellResult Cell::answer_of(const std::string& status, const std::string& message
 
   const auto& request = params_.request;
   const json optional_metric = answer.metrics.cpu_ms ? json(*answer.metrics.cpu_ms) : json();
-  json audit = {{"time", protocol::iso8601(std::chrono::system_clock::now())},
-                {"kernel", params_.kernel_id},
-                {"client", params_.options.client},
-                {"code_sha256", store::sha256_hex(request.code)},
-                {"code_bytes", request.code.size()},
-                {"limits",
-                 {{"timeout_s", request.timeout_seconds},
-                  {"stream_bytes", context_->limits.stream_bytes},
-                  {"output_bytes", context_->limits.output_bytes}}},
-                {"status", status},
-                {"state_lost", state_lost_},
-                {"duration_ms", answer.metrics.wall_ms},
-                {"cpu_ms", optional_metric},
-                {"memory_peak_bytes", answer.metrics.memory_peak_bytes
-                                          ? json(*answer.metrics.memory_peak_bytes)
-                                          : json()},
-                {"output_bytes",
-                 {{"stdout", collector_.stdout_bytes()},
-                  {"stderr", collector_.stderr_bytes()},
-                  {"dropped", collector_.dropped_bytes()}}},
-                {"artifacts", collector_.artifacts().size()},
-                {"files_changed", answer.files.size()}};
+  json audit = {
+      {"time", protocol::iso8601(std::chrono::system_clock::now())},
+      {"kernel", params_.kernel_id},
+      {"client", params_.options.client},
+      {"code_sha256", store::sha256_hex(request.code)},
+      {"code_bytes", request.code.size()},
+      {"limits",
+       {{"timeout_s", request.timeout_seconds},
+        {"stream_bytes", context_->limits.stream_bytes},
+        {"output_bytes", context_->limits.output_bytes}}},
+      {"status", status},
+      {"state_lost", state_lost_},
+      {"duration_ms", answer.metrics.wall_ms},
+      {"cpu_ms", optional_metric},
+      {"memory_peak_bytes",
+       answer.metrics.memory_peak_bytes ? json(*answer.metrics.memory_peak_bytes) : json()},
+      {"output_bytes",
+       {{"stdout", collector_.stdout_bytes()},
+        {"stderr", collector_.stderr_bytes()},
+        {"dropped", collector_.dropped_bytes()}}},
+      {"artifacts", collector_.artifacts().size()},
+      {"files_changed", answer.files.size()}};
   if (const auto& error = collector_.error()) {
     audit["error"] = error->ename;
   }

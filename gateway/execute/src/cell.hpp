@@ -88,8 +88,12 @@ struct CellContext {
   CellContext(kernels::KernelRegistry& registry_in, store::ArtifactStore& artifacts_in,
               store::AuditLog& audit_in, ExecuteLimits limits_in, util::Loop& loop_in,
               util::Offload offload_in)
-      : registry(registry_in), artifacts(artifacts_in), audit(audit_in), limits(limits_in),
-        loop(loop_in), offload(std::move(offload_in)) {}
+      : registry(registry_in),
+        artifacts(artifacts_in),
+        audit(audit_in),
+        limits(limits_in),
+        loop(loop_in),
+        offload(std::move(offload_in)) {}
 
   kernels::KernelRegistry& registry;
   store::ArtifactStore& artifacts;

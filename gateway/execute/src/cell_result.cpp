@@ -77,8 +77,8 @@ std::vector<std::string> strings_at(const json& object, const char* key) {
 }
 
 std::optional<files::ChangeKind> change_kind_of(const std::string& s) {
-  for (auto k : {files::ChangeKind::kCreated, files::ChangeKind::kModified,
-                 files::ChangeKind::kDeleted}) {
+  for (auto k :
+       {files::ChangeKind::kCreated, files::ChangeKind::kModified, files::ChangeKind::kDeleted}) {
     if (s == files::to_string(k)) {
       return k;
     }
@@ -152,9 +152,8 @@ json CellResult::metrics_json() const {
 json CellResult::to_json() const {
   json error_json;
   if (error) {
-    error_json = {{"ename", error->ename},
-                  {"evalue", error->evalue},
-                  {"traceback", error->traceback}};
+    error_json = {
+        {"ename", error->ename}, {"evalue", error->evalue}, {"traceback", error->traceback}};
     if (error->line > 0) {
       error_json["line"] = error->line;
     }
@@ -226,8 +225,8 @@ Result<CellResult> CellResult::from_json(const json& answer) {
       if (!kind || !type || path.empty()) {
         continue;  // not a change this build can name
       }
-      r.files.push_back(files::Change{*kind, std::move(path), *type,
-                                      uint_at(entry, "size").value_or(0)});
+      r.files.push_back(
+          files::Change{*kind, std::move(path), *type, uint_at(entry, "size").value_or(0)});
     }
   }
   r.notices = strings_at(answer, "notices");

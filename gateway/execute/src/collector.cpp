@@ -72,7 +72,9 @@ bool is_space(char c) {
   return c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v' || c == '\n';
 }
 
-bool is_digit(char c) { return c >= '0' && c <= '9'; }
+bool is_digit(char c) {
+  return c >= '0' && c <= '9';
+}
 
 std::size_t skip(std::string_view s, std::size_t i, bool (*pred)(char)) {
   while (i < s.size() && pred(s[i])) {
@@ -380,8 +382,8 @@ void Collector::on_bundle(std::string_view type, const json& c) {
                        " bytes for all outputs together";
     notice(over_one ? "output_bytes" : "total_output_bytes",
            "an output of " + std::to_string(size) + " bytes is " + why + " and was dropped");
-    data = json{{"text/plain", "<" + std::to_string(size) + " bytes of output dropped: " + why +
-                                   ">"}};
+    data =
+        json{{"text/plain", "<" + std::to_string(size) + " bytes of output dropped: " + why + ">"}};
     metadata = json::object();
   } else {
     records = store_artifacts(data);
@@ -486,8 +488,8 @@ void Collector::on_error(const json& c) {
     dropped_bytes_ += cut_bytes;
     outputs_truncated_ = true;
     notice("error_traceback", "the traceback is over the per-cell limit of " +
-                                  std::to_string(limits_.stream_bytes) + " bytes: " +
-                                  std::to_string(cut_bytes) + " bytes were cut");
+                                  std::to_string(limits_.stream_bytes) +
+                                  " bytes: " + std::to_string(cut_bytes) + " bytes were cut");
     traceback.push_back("<" + std::to_string(cut_bytes) + " bytes of traceback cut>");
   }
   const int line = failing_line(traceback);

@@ -80,7 +80,9 @@ Executor::Executor(kernels::KernelRegistry& registry, store::ArtifactStore& arti
       artifacts_(artifacts),
       limits_(limits) {}
 
-const CellStats& Executor::stats() const { return impl_->context->stats; }
+const CellStats& Executor::stats() const {
+  return impl_->context->stats;
+}
 
 Executor::~Executor() {
   // Cells outlive the executor only as long as it takes them to answer "aborted" on their
@@ -135,8 +137,9 @@ std::shared_ptr<CellHandle> Executor::run_once(OneShotRequest request, RunOption
         return ok_result();
       }
       CELLGATE_ASSIGN_OR_RETURN(auto kernel, registry.find(id));
-      CELLGATE_ASSIGN_OR_RETURN(
-          auto dir, store::files::WorkDir::open(kernel->work_dir(), kernel->files_uid(), kernel->files_uid()));
+      CELLGATE_ASSIGN_OR_RETURN(auto dir,
+                                store::files::WorkDir::open(kernel->work_dir(), kernel->files_uid(),
+                                                            kernel->files_uid()));
       for (const auto& [path, bytes] : request.files) {
         CELLGATE_TRY(dir.write(path, bytes, bytes.size(), /*make_parents=*/true));
       }

@@ -11,9 +11,13 @@ std::unique_ptr<ByteBudget::Account> ByteBudget::open(std::function<void()> on_s
   return account;
 }
 
-ByteBudget::Account::~Account() { budget_->close(*this); }
+ByteBudget::Account::~Account() {
+  budget_->close(*this);
+}
 
-void ByteBudget::Account::set(std::size_t bytes) { budget_->update(*this, bytes); }
+void ByteBudget::Account::set(std::size_t bytes) {
+  budget_->update(*this, bytes);
+}
 
 std::size_t ByteBudget::Account::held() const {
   MutexLock lock(budget_->mu_);

@@ -1,5 +1,4 @@
 #include "cellgate/http/client.hpp"
-#include "cellgate/http/limits.hpp"
 
 #include <algorithm>
 #include <boost/asio/connect.hpp>
@@ -11,6 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <type_traits>
+
+#include "cellgate/http/limits.hpp"
 
 namespace cellgate::http::client {
 namespace {
@@ -80,9 +81,9 @@ class Exchange {
     do_connect(endpoints);
     ioc.run();
     if (failed_) {
-      return make_error(failed_ == beast::error::timeout ? ErrorCode::kDeadlineExceeded
-                                                         : ErrorCode::kUnavailable,
-                        "http", std::string("cannot ") + step_ + ": " + failed_.message());
+      return make_error(
+          failed_ == beast::error::timeout ? ErrorCode::kDeadlineExceeded : ErrorCode::kUnavailable,
+          "http", std::string("cannot ") + step_ + ": " + failed_.message());
     }
     return status_;
   }
@@ -341,11 +342,10 @@ Result<Response> Client::request(std::string_view method, const std::string& tar
   Response res;
   auto collect = [&res](int, std::string_view piece) { res.body.append(piece); };
   CELLGATE_ASSIGN_OR_RETURN(
-      res.status,
-      perform(url_, token_, user_agent_,
-              Call{method, target, std::move(body), content_type, "application/json",
-                   Deadlines::from({.head = timeout, .idle = {}, .total = timeout}), body_limit,
-                   collect}));
+      res.status, perform(url_, token_, user_agent_,
+                          Call{method, target, std::move(body), content_type, "application/json",
+                               Deadlines::from({.head = timeout, .idle = {}, .total = timeout}),
+                               body_limit, collect}));
   return res;
 }
 

@@ -1,8 +1,8 @@
 #include "cellgate/http/limits.hpp"
 
+#include <array>
 #include <boost/beast/http/empty_body.hpp>
 #include <boost/beast/http/parser.hpp>
-#include <array>
 #include <string>
 #include <vector>
 
@@ -14,7 +14,8 @@ namespace cellgate::http {
 namespace {
 
 // Whether the path's last segments are `tail` ("*" matches any one segment).
-bool ends_with(const std::vector<std::string>& segments, std::initializer_list<std::string_view> tail) {
+bool ends_with(const std::vector<std::string>& segments,
+               std::initializer_list<std::string_view> tail) {
   if (segments.size() < tail.size()) {
     return false;
   }
@@ -71,8 +72,7 @@ Result<void> check_json_depth(std::string_view text, std::size_t max_depth) {
       case '[':
       case '{':
         if (++depth > max_depth) {
-          return bad_request("the JSON nests deeper than " +
-                             std::to_string(max_depth) + " levels");
+          return bad_request("the JSON nests deeper than " + std::to_string(max_depth) + " levels");
         }
         break;
       case ']':

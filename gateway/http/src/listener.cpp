@@ -1,19 +1,19 @@
 #include "cellgate/http/listener.hpp"
 
 #include <fcntl.h>
+#include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
+#include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core/error.hpp>
-#include <spdlog/spdlog.h>
-#include <algorithm>
-#include <array>
-#include <atomic>
 #include <memory>
 #include <string>
 
@@ -39,7 +39,8 @@ TlsContext::~TlsContext() = default;
 Result<std::shared_ptr<TlsContext>> TlsContext::load(const std::string& certfile,
                                                      const std::string& keyfile) {
   if (certfile.empty() || keyfile.empty()) {
-    return make_error(ErrorCode::kInvalidArgument, "tls", "TLS needs both --certfile and --keyfile");
+    return make_error(ErrorCode::kInvalidArgument, "tls",
+                      "TLS needs both --certfile and --keyfile");
   }
   auto impl = std::make_unique<Impl>();
   try {
@@ -154,17 +155,17 @@ struct Listener::Impl {
     std::size_t drained = 0;
     explicit Refused(tcp::socket s) : socket(std::move(s)), deadline(socket.get_executor()) {}
     void drain() {
-      socket.async_read_some(net::buffer(sink), [self = shared_from_this()](
-                                                    beast::error_code ec, std::size_t n) {
-        self->drained += n;
-        if (ec || self->drained > (64u << 10)) {
-          self->deadline.cancel();
-          beast::error_code ignored;
-          self->socket.close(ignored);
-          return;
-        }
-        self->drain();
-      });
+      socket.async_read_some(net::buffer(sink),
+                             [self = shared_from_this()](beast::error_code ec, std::size_t n) {
+                               self->drained += n;
+                               if (ec || self->drained > (64u << 10)) {
+                                 self->deadline.cancel();
+                                 beast::error_code ignored;
+                                 self->socket.close(ignored);
+                                 return;
+                               }
+                               self->drain();
+                             });
     }
   };
 
@@ -264,11 +265,17 @@ Result<std::unique_ptr<Listener>> Listener::open(net::io_context& ioc, const std
   return std::unique_ptr<Listener>(new Listener(std::move(impl)));
 }
 
-int Listener::port() const { return impl_->port; }
+int Listener::port() const {
+  return impl_->port;
+}
 
-void Listener::start() { impl_->do_accept(); }
+void Listener::start() {
+  impl_->do_accept();
+}
 
-std::size_t Listener::open_connections() const { return impl_->open_connections->load(); }
+std::size_t Listener::open_connections() const {
+  return impl_->open_connections->load();
+}
 
 void Listener::stop() {
   net::post(impl_->acceptor.get_executor(), [impl = impl_] {

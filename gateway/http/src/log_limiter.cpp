@@ -20,7 +20,8 @@ std::optional<std::string> LogLimiter::admit(std::string_view key, Clock::time_p
     std::string suffix;
     if (e.suppressed > 0) {
       suffix = " (" + std::to_string(e.suppressed) + " more like this in the last " +
-               std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now - e.window_start).count()) +
+               std::to_string(
+                   std::chrono::duration_cast<std::chrono::seconds>(now - e.window_start).count()) +
                " s)";
     }
     e = Entry{now, 1, 0};

@@ -1,10 +1,10 @@
 #include "cellgate/http/message.hpp"
 
-#include "cellgate/http/limits.hpp"
-
 #include <openssl/crypto.h>
 
 #include <boost/beast/http/status.hpp>
+
+#include "cellgate/http/limits.hpp"
 
 namespace cellgate::http {
 
@@ -87,10 +87,10 @@ Response text_response(const Request& req, Status status, const std::string& tex
 }
 
 Response method_not_allowed(const Request& req) {
-  return json_response(req, Status::method_not_allowed,
-                       json{{"reason", "Method Not Allowed"},
-                            {"message", std::string(req.method_string()) +
-                                            " is not allowed on this route"}});
+  return json_response(
+      req, Status::method_not_allowed,
+      json{{"reason", "Method Not Allowed"},
+           {"message", std::string(req.method_string()) + " is not allowed on this route"}});
 }
 
 bool token_equals(std::string_view given, std::string_view token) {

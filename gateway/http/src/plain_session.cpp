@@ -6,7 +6,8 @@ namespace cellgate::http::detail {
 
 void start_plain_session(Handler& handler, const HttpOptions& options, tcp::socket socket,
                          std::shared_ptr<void> slot) {
-  auto session = std::make_shared<HttpSession<beast::tcp_stream>>(handler, options, std::move(socket));
+  auto session =
+      std::make_shared<HttpSession<beast::tcp_stream>>(handler, options, std::move(socket));
   session->hold(std::move(slot));
   session->run();
 }

@@ -6,9 +6,9 @@
 #pragma once
 
 #include <malloc.h>
-
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/asio/strand.hpp>
@@ -17,7 +17,6 @@
 #include <boost/beast/ssl.hpp>
 #include <boost/beast/websocket.hpp>
 #include <boost/beast/websocket/ssl.hpp>
-#include <atomic>
 #include <deque>
 #include <functional>
 #include <optional>
@@ -80,9 +79,8 @@ std::string peer_address(Stream& stream) {
   return "";
 }
 template <class Stream>
-constexpr bool kIsTls = requires(Stream& s) {
-  s.async_handshake(ssl::stream_base::server, [](beast::error_code) {});
-};
+constexpr bool kIsTls =
+    requires(Stream& s) { s.async_handshake(ssl::stream_base::server, [](beast::error_code) {}); };
 
 // ---- WebSocket: one client connection, bridged to a WsHandler ---------------------------------
 
@@ -144,10 +142,10 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
   void run(Request req) {
     websocket::stream_base::timeout timeout{};
     timeout.handshake_timeout = std::chrono::seconds(30);
-    timeout.idle_timeout = options_.ws_ping_interval > 0
-                               ? std::chrono::milliseconds(static_cast<long long>(
-                                     options_.ws_ping_interval * 3000))
-                               : websocket::stream_base::none();
+    timeout.idle_timeout =
+        options_.ws_ping_interval > 0
+            ? std::chrono::milliseconds(static_cast<long long>(options_.ws_ping_interval * 3000))
+            : websocket::stream_base::none();
     timeout.keep_alive_pings = options_.ws_ping_interval > 0;
     ws_.set_option(timeout);
     ws_.set_option(websocket::stream_base::decorator(
@@ -159,8 +157,8 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
         }));
     ws_.read_message_max(options_.max_ws_message_bytes);
     if (options_.ws_budget) {
-      account_ = options_.ws_budget->open(
-          [strand = ws_.get_executor(), weak = this->weak_from_this()] {
+      account_ =
+          options_.ws_budget->open([strand = ws_.get_executor(), weak = this->weak_from_this()] {
             net::post(strand, [weak] {
               if (auto self = weak.lock()) {
                 self->on_shed();
@@ -362,9 +360,8 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
     queued_bytes_ = 0;
     in_flight_.reset();  // no write is in flight: do_close runs only when none is
     account();
-    ws_.async_close(*close_reason_, [self = this->shared_from_this()](beast::error_code) {
-      self->finish();
-    });
+    ws_.async_close(*close_reason_,
+                    [self = this->shared_from_this()](beast::error_code) { self->finish(); });
   }
 
   // The connection is over: the handler hears it once, and lets go of us.
@@ -435,9 +432,8 @@ class HttpExchange : public Exchange {
   std::string peer() const override { return peer_; }
 
   void reply(Response res) override {
-    net::post(session_->stream_.get_executor(), [s = session_, res = std::move(res)]() mutable {
-      s->send(std::move(res));
-    });
+    net::post(session_->stream_.get_executor(),
+              [s = session_, res = std::move(res)]() mutable { s->send(std::move(res)); });
   }
   void begin(Response head) override {
     net::post(session_->stream_.get_executor(), [s = session_, head = std::move(head)]() mutable {
@@ -457,9 +453,8 @@ class HttpExchange : public Exchange {
     net::post(session_->stream_.get_executor(), [s = session_] { s->stream_end(); });
   }
   void watch(std::function<void()> on_gone) override {
-    net::post(session_->stream_.get_executor(), [s = session_, f = std::move(on_gone)]() mutable {
-      s->set_on_gone(std::move(f));
-    });
+    net::post(session_->stream_.get_executor(),
+              [s = session_, f = std::move(on_gone)]() mutable { s->set_on_gone(std::move(f)); });
   }
 
  private:
@@ -494,9 +489,9 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
   void start() {
     if constexpr (kTls) {
       set_deadline(stream_, std::chrono::seconds(30));
-      stream_.async_handshake(ssl::stream_base::server,
-                              beast::bind_front_handler(&HttpSession::on_handshake,
-                                                        this->shared_from_this()));
+      stream_.async_handshake(
+          ssl::stream_base::server,
+          beast::bind_front_handler(&HttpSession::on_handshake, this->shared_from_this()));
     } else {
       do_read();
     }
@@ -543,9 +538,9 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
       return reject(Status::bad_request, "Bad Request",
                     "obsolete line folding (a header line starting with a space or tab)");
     }
-    bhttp::async_read_header(stream_, buffer_, *parser_,
-                             beast::bind_front_handler(&HttpSession::on_header,
-                                                       this->shared_from_this()));
+    bhttp::async_read_header(
+        stream_, buffer_, *parser_,
+        beast::bind_front_handler(&HttpSession::on_header, this->shared_from_this()));
   }
 
   void on_head_bytes(beast::error_code ec, std::size_t n) {
@@ -598,10 +593,10 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
       return do_eof();
     }
     if (ec == bhttp::error::body_limit) {
-      return reject_body(parser_->is_header_done()
-                             ? body_limit_for(options_, parser_->get().method(),
-                                              parser_->get().target())
-                             : options_.max_body_bytes);
+      return reject_body(
+          parser_->is_header_done()
+              ? body_limit_for(options_, parser_->get().method(), parser_->get().target())
+              : options_.max_body_bytes);
     }
     if (ec == bhttp::error::header_limit) {
       return reject(Status::request_header_fields_too_large, "Request Header Fields Too Large",
@@ -619,16 +614,16 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
     if (websocket::is_upgrade(req)) {
       Upgrade upgrade = handler_.upgrade(req);
       if (upgrade.refusal || !upgrade.handler) {
-        Response refusal = upgrade.refusal ? std::move(*upgrade.refusal)
-                                           : error_response(req, make_error(ErrorCode::kNotFound,
-                                                                            "not_found",
-                                                                            "no WebSocket here"));
+        Response refusal = upgrade.refusal
+                               ? std::move(*upgrade.refusal)
+                               : error_response(req, make_error(ErrorCode::kNotFound, "not_found",
+                                                                "no WebSocket here"));
         refusal.keep_alive(false);
         answering_ = true;
         return send(std::move(refusal));
       }
-      auto ws = std::make_shared<WsSession<Stream>>(
-          std::move(stream_), std::move(upgrade.handler), std::move(upgrade.subprotocol), options_);
+      auto ws = std::make_shared<WsSession<Stream>>(std::move(stream_), std::move(upgrade.handler),
+                                                    std::move(upgrade.subprotocol), options_);
       ws->hold(std::move(slot_));
       ws->run(std::move(req));
       return;
@@ -639,9 +634,9 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
     keep_alive_ = req.keep_alive();
     gone_flag_ = std::make_shared<std::atomic<bool>>(false);
     watch_client();
-    handler_.handle(std::move(req), std::make_shared<HttpExchange<Stream>>(
-                                        this->shared_from_this(), gone_flag_,
-                                        peer_address(stream_)));
+    handler_.handle(std::move(req),
+                    std::make_shared<HttpExchange<Stream>>(this->shared_from_this(), gone_flag_,
+                                                           peer_address(stream_)));
   }
 
   // ---- noticing a client that leaves mid-answer ----
@@ -653,9 +648,9 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
       return;
     }
     watching_ = true;
-    stream_.async_read_some(buffer_.prepare(4096),
-                            beast::bind_front_handler(&HttpSession::on_watch,
-                                                      this->shared_from_this()));
+    stream_.async_read_some(
+        buffer_.prepare(4096),
+        beast::bind_front_handler(&HttpSession::on_watch, this->shared_from_this()));
   }
 
   void on_watch(beast::error_code ec, std::size_t n) {
@@ -727,7 +722,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
     keep_alive_ = keep_alive_ && res.keep_alive();
     response_ = std::make_shared<Response>(std::move(res));
     bhttp::async_write(stream_, *response_,
-                      beast::bind_front_handler(&HttpSession::on_write, this->shared_from_this()));
+                       beast::bind_front_handler(&HttpSession::on_write, this->shared_from_this()));
   }
 
   void on_write(beast::error_code ec, std::size_t) {
@@ -788,9 +783,9 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
     // The piece being written is held apart from the queue, which client_gone() may clear.
     stream_in_flight_ = std::move(stream_queue_.front());
     stream_queue_.pop_front();
-    net::async_write(stream_, net::buffer(stream_in_flight_),
-                     beast::bind_front_handler(&HttpSession::on_stream_write,
-                                               this->shared_from_this()));
+    net::async_write(
+        stream_, net::buffer(stream_in_flight_),
+        beast::bind_front_handler(&HttpSession::on_stream_write, this->shared_from_this()));
   }
 
   void on_stream_write(beast::error_code ec, std::size_t) {
@@ -834,8 +829,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
   bool trusted_ = false;    // a request was answered with other than 401/403: see note_status
   bool answering_ = false;  // a request is being answered
   bool keep_alive_ = true;
-  bool watching_ = false;   // a read is posted to notice the client leaving
-  bool resume_ = false;     // read the next request when the watching read completes
+  bool watching_ = false;  // a read is posted to notice the client leaving
+  bool resume_ = false;    // read the next request when the watching read completes
   std::shared_ptr<std::atomic<bool>> gone_flag_ = std::make_shared<std::atomic<bool>>(false);
   std::function<void()> on_gone_;
   std::deque<std::string> stream_queue_;

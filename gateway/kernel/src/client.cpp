@@ -1,15 +1,14 @@
 #include "cellgate/kernel/client.hpp"
 
 #include <spdlog/spdlog.h>
-
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <array>
 #include <atomic>
-#include <cstring>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <future>
 #include <mutex>
@@ -26,7 +25,9 @@ struct ZmqContext {
   zmq::context_t context{1};  // one I/O thread, started with the first socket
 };
 
-std::shared_ptr<ZmqContext> make_zmq_context() { return std::make_shared<ZmqContext>(); }
+std::shared_ptr<ZmqContext> make_zmq_context() {
+  return std::make_shared<ZmqContext>();
+}
 
 namespace {
 
@@ -98,7 +99,7 @@ struct KernelClient::Impl {
   int hb_misses = 0;        // unanswered pings in a row
   int hb_quiet_misses = 0;  // of those, the ones in a row the progress probe found no progress in
   bool hb_busy_logged = false;  // this silence was logged as busy, not dead
-  bool kernel_busy = false;  // the kernel's last iopub status, whoever's request it was for
+  bool kernel_busy = false;     // the kernel's last iopub status, whoever's request it was for
   json busy_parent = json::object();  // parent_header of the last "busy" status
   // iopub was disconnected and the kernel has not yet been heard from since: see
   // note_iopub_disconnected().
@@ -172,8 +173,7 @@ struct KernelClient::Impl {
     iopub.set(zmq::sockopt::rcvhwm, kIopubReceiveHwm);
     const std::string monitor_endpoint =
         "inproc://iopub-monitor-" + session.id() + "-" + std::to_string(++iopub_generation);
-    if (zmq_socket_monitor(iopub.handle(), monitor_endpoint.c_str(), ZMQ_EVENT_DISCONNECTED) !=
-        0) {
+    if (zmq_socket_monitor(iopub.handle(), monitor_endpoint.c_str(), ZMQ_EVENT_DISCONNECTED) != 0) {
       throw zmq::error_t();
     }
     iopub_monitor = zmq::socket_t(context, zmq::socket_type::pair);
@@ -233,8 +233,15 @@ struct KernelClient::Impl {
   // is asked only when its fd fired, or after something that may have taken its notification
   // without reading its messages: a send on it, or the socket being new. A socket read until
   // EAGAIN signals its fd again when more arrives.
-  enum Sock : std::size_t { kShellSock, kControlSock, kStdinSock, kIopubSock, kHbSock, kMonitorSock,
-                            kSockCount };
+  enum Sock : std::size_t {
+    kShellSock,
+    kControlSock,
+    kStdinSock,
+    kIopubSock,
+    kHbSock,
+    kMonitorSock,
+    kSockCount
+  };
 
   zmq::socket_t& sock(std::size_t i) {
     switch (i) {
@@ -272,15 +279,16 @@ struct KernelClient::Impl {
   // Keeps the epoll set on the current sockets: iopub and its monitor are replaced on a cut,
   // which open_iopub counts in iopub_generation (a new socket may reuse the old one's address,
   // so the handle alone does not tell). Returns false when the context is gone.
-  bool sync_epoll(int ep, std::array<void*, kSockCount>& registered, std::array<int, kSockCount>& fds,
-                  std::array<bool, kSockCount>& dirty, int& registered_generation) {
+  bool sync_epoll(int ep, std::array<void*, kSockCount>& registered,
+                  std::array<int, kSockCount>& fds, std::array<bool, kSockCount>& dirty,
+                  int& registered_generation) {
     const bool replaced = registered_generation != iopub_generation;
     registered_generation = iopub_generation;
     std::array<bool, kSockCount> changed{};
     // Every old fd out first: a closed one's number may already belong to a new socket.
     for (std::size_t i = 0; i < kSockCount; ++i) {
-      changed[i] = sock(i).handle() != registered[i] ||
-                   (replaced && (i == kIopubSock || i == kMonitorSock));
+      changed[i] =
+          sock(i).handle() != registered[i] || (replaced && (i == kIopubSock || i == kMonitorSock));
       if (changed[i] && fds[i] >= 0) {
         ::epoll_ctl(ep, EPOLL_CTL_DEL, fds[i], nullptr);  // gone already if libzmq closed it
         fds[i] = -1;
@@ -493,8 +501,7 @@ struct KernelClient::Impl {
   void dispatch(Channel channel, const protocol::EnvelopePtr& env) {
     if (channel == Channel::kIopub) {
       iopub_seen.store(true);
-      if (!hb_while_busy.load(std::memory_order_relaxed) &&
-          env->header().msg_type == "status") {
+      if (!hb_while_busy.load(std::memory_order_relaxed) && env->header().msg_type == "status") {
         const bool busy = env->message().content.value("execution_state", "") == "busy";
         if (kernel_busy && !busy) {
           hb_misses = 0;  // pings lost while it ran the cell are not held against it
@@ -554,7 +561,8 @@ struct KernelClient::Impl {
     const auto now = Clock::now();
     for (auto it = routes.begin(); it != routes.end();) {
       Route& r = it->second;
-      if (r.got_reply && !r.got_idle && r.handlers.wait_for_idle && now - r.reply_at >= kIdleGrace) {
+      if (r.got_reply && !r.got_idle && r.handlers.wait_for_idle &&
+          now - r.reply_at >= kIdleGrace) {
         RequestHandlers handlers = std::move(r.handlers);
         it = routes.erase(it);
         if (handlers.on_end) {
@@ -648,8 +656,8 @@ struct KernelClient::Impl {
     std::string reason = "no answer to " + std::to_string(hb_misses) + " heartbeats in a row (" +
                          std::to_string(hb_misses * interval) + " ms)";
     if (options.progress) {
-      reason += ", and for the last " + std::to_string(hb_quiet_misses * interval) +
-                " ms " + progress.why;
+      reason += ", and for the last " + std::to_string(hb_quiet_misses * interval) + " ms " +
+                progress.why;
     }
     declare_dead(reason);
     return true;
@@ -698,15 +706,19 @@ struct KernelClient::Impl {
     const std::string limit_text = limit >= (1u << 20) && limit % (1u << 20) == 0
                                        ? std::to_string(limit >> 20) + " MiB"
                                        : std::to_string(limit) + " bytes";
-    spdlog::warn("a kernel's iopub connection was cut while it ran on (a message over {}, "
-                 "maxmsgsize?); clients told",
-                 limit_text);
+    spdlog::warn(
+        "a kernel's iopub connection was cut while it ran on (a message over {}, "
+        "maxmsgsize?); clients told",
+        limit_text);
     protocol::Message msg = session.make(
         "stream", json{{"name", "stderr"},
-                       {"text", "[cellgate] output dropped: the connection carrying the kernel's "
-                                "output was cut while the kernel ran on, most likely by a message "
-                                "over the " + limit_text + " limit (--max-kernel-message-bytes); "
-                                "that output and any queued behind it were lost\n"},
+                       {"text",
+                        "[cellgate] output dropped: the connection carrying the kernel's "
+                        "output was cut while the kernel ran on, most likely by a message "
+                        "over the " +
+                            limit_text +
+                            " limit (--max-kernel-message-bytes); "
+                            "that output and any queued behind it were lost\n"},
                        {kDroppedMark, true}});
     msg.parent_header = busy_parent;  // the request that ran last: the likely sender
     dispatch(Channel::kIopub, protocol::Envelope::from_message(Channel::kIopub, std::move(msg)));
@@ -737,11 +749,10 @@ struct KernelClient::Impl {
       type = type.substr(0, 64) + "...";
     }
     protocol::Message msg = session.make(
-        "stream",
-        json{{"name", "stderr"},
-             {"text", "[cellgate] a " + type + " message from the kernel was dropped: " +
-                          why.message + "\n"},
-             {kDroppedMark, true}});
+        "stream", json{{"name", "stderr"},
+                       {"text", "[cellgate] a " + type +
+                                    " message from the kernel was dropped: " + why.message + "\n"},
+                       {kDroppedMark, true}});
     msg.parent_header = std::move(parent);
     dispatch(Channel::kIopub, protocol::Envelope::from_message(Channel::kIopub, std::move(msg)));
   }
@@ -824,7 +835,9 @@ KernelClient::~KernelClient() {
   }
 }
 
-const protocol::Session& KernelClient::session() const { return impl_->session; }
+const protocol::Session& KernelClient::session() const {
+  return impl_->session;
+}
 
 std::string KernelClient::send(Channel channel, protocol::Message msg, RequestHandlers handlers) {
   std::string id = msg.msg_id();
@@ -878,16 +891,21 @@ Result<json> KernelClient::wait_ready(std::chrono::milliseconds timeout) {
   }
   return make_error(ErrorCode::kDeadlineExceeded, "kernel_not_ready",
                     info ? "the kernel answered kernel_info_request but its iopub channel "
-                           "delivered nothing within " + std::to_string(timeout.count()) + " ms"
+                           "delivered nothing within " +
+                               std::to_string(timeout.count()) + " ms"
                          : "the kernel did not answer kernel_info_request within " +
                                std::to_string(timeout.count()) + " ms");
 }
 
-bool KernelClient::is_alive() const { return impl_->alive.load(); }
+bool KernelClient::is_alive() const {
+  return impl_->alive.load();
+}
 std::string KernelClient::death_reason() const {
   std::lock_guard lock(impl_->mu);
   return impl_->dead_reason;
 }
-std::size_t KernelClient::wire_errors() const { return impl_->wire_error_count.load(); }
+std::size_t KernelClient::wire_errors() const {
+  return impl_->wire_error_count.load();
+}
 
 }  // namespace cellgate::kernel

@@ -1,11 +1,10 @@
 #include "cellgate/kernel/connection.hpp"
-#include "cellgate/util/fs.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <sys/socket.h>
 #include <openssl/rand.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +15,7 @@
 #include <sstream>
 
 #include "cellgate/unique_fd.hpp"
+#include "cellgate/util/fs.hpp"
 
 namespace cellgate::kernel {
 namespace {
@@ -126,11 +126,16 @@ Result<ConnectionInfo> ConnectionInfo::load(const std::string& path) {
 }
 
 json ConnectionInfo::to_json() const {
-  return json{{"transport", transport},       {"ip", ip},
-              {"shell_port", shell_port},     {"iopub_port", iopub_port},
-              {"stdin_port", stdin_port},     {"control_port", control_port},
-              {"hb_port", hb_port},           {"key", key},
-              {"signature_scheme", signature_scheme}, {"kernel_name", kernel_name}};
+  return json{{"transport", transport},
+              {"ip", ip},
+              {"shell_port", shell_port},
+              {"iopub_port", iopub_port},
+              {"stdin_port", stdin_port},
+              {"control_port", control_port},
+              {"hb_port", hb_port},
+              {"key", key},
+              {"signature_scheme", signature_scheme},
+              {"kernel_name", kernel_name}};
 }
 
 Result<void> ConnectionInfo::save(const std::string& path) const {

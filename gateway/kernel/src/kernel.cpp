@@ -43,7 +43,9 @@ std::string proc_stat_field(pid_t pid, int field) {
   return value;
 }
 
-std::string process_start_time(pid_t pid) { return proc_stat_field(pid, 22); }
+std::string process_start_time(pid_t pid) {
+  return proc_stat_field(pid, 22);
+}
 
 json AdoptionFacts::to_json() const {
   return json{{"launcher_pid", launcher_pid},
@@ -83,12 +85,9 @@ Result<AdoptionFacts> AdoptionFacts::from_json(const json& j) {
 }
 
 json execute_content(std::string code, bool allow_stdin, bool store_history, bool silent) {
-  return json{{"code", std::move(code)},
-              {"silent", silent},
-              {"store_history", store_history},
-              {"user_expressions", json::object()},
-              {"allow_stdin", allow_stdin},
-              {"stop_on_error", true}};
+  return json{{"code", std::move(code)},        {"silent", silent},
+              {"store_history", store_history}, {"user_expressions", json::object()},
+              {"allow_stdin", allow_stdin},     {"stop_on_error", true}};
 }
 
 std::string KernelConnection::send(Channel channel, std::string_view msg_type, json content,
@@ -133,8 +132,8 @@ Result<Collected> KernelConnection::request(Channel channel, std::string_view ms
 
 Result<std::unique_ptr<KernelConnection>> KernelBackend::connect(const KernelProcessHandle& process,
                                                                  ClientOptions options) {
-  CELLGATE_ASSIGN_OR_RETURN(auto client, KernelClient::connect(process.connection(),
-                                                               std::move(options)));
+  CELLGATE_ASSIGN_OR_RETURN(auto client,
+                            KernelClient::connect(process.connection(), std::move(options)));
   return std::unique_ptr<KernelConnection>(std::move(client));
 }
 

@@ -114,8 +114,8 @@ Result<std::unique_ptr<KernelProcess>> KernelProcess::start(LaunchRequest reques
   std::unique_ptr<KernelProcess> kp(new KernelProcess());
 
   // A private runtime directory: connection file (it holds the key), ipc sockets, work dir.
-  std::string parent = request.runtime_parent.empty() ? env_or("TMPDIR", "/tmp")
-                                                      : request.runtime_parent;
+  std::string parent =
+      request.runtime_parent.empty() ? env_or("TMPDIR", "/tmp") : request.runtime_parent;
   std::string templ = parent + "/cellgate-XXXXXX";
   if (::mkdtemp(templ.data()) == nullptr) {
     return errno_error(ErrorCode::kInternal, "runtime_dir", "mkdtemp('" + templ + "')", errno);
@@ -161,12 +161,16 @@ Result<std::unique_ptr<KernelProcess>> KernelProcess::start(LaunchRequest reques
         atomic_write(conn_dir + "/" + name, content, 0644, Durability::kNone, "runtime_dir"));
   }
 
-  std::string launcher = request.launcher_path.empty() ? executable_dir() + "/cellgate-kernel"
-                                                       : request.launcher_path;
+  std::string launcher =
+      request.launcher_path.empty() ? executable_dir() + "/cellgate-kernel" : request.launcher_path;
   kp->status_file_ = templ + "/status";
-  std::vector<std::string> args = {launcher, "--status-fd", std::to_string(kLauncherStatusFd),
-                                   "--status-file", kp->status_file_,
-                                   "--connection-file", kp->connection_file_};
+  std::vector<std::string> args = {launcher,
+                                   "--status-fd",
+                                   std::to_string(kLauncherStatusFd),
+                                   "--status-file",
+                                   kp->status_file_,
+                                   "--connection-file",
+                                   kp->connection_file_};
   auto env_map = request.env.empty() ? default_kernel_env(kp->work_dir_, kp->jailed_) : request.env;
   for (auto& [k, v] : request.spec.env.items()) {
     if (v.is_string()) {
@@ -227,8 +231,8 @@ Result<std::unique_ptr<KernelProcess>> KernelProcess::start(LaunchRequest reques
   kp->log_file_ = templ + "/kernel.log";
   // Nothing else of the gateway's reaches the launcher or its kernel: not its listening socket
   // (which an orphaned kernel would keep open), not client connections, not other kernels' fds.
-  auto spawned = spawn_with_status_fd(std::move(args), std::move(env_strings),
-                                      write_end.get(), kp->log_file_);
+  auto spawned =
+      spawn_with_status_fd(std::move(args), std::move(env_strings), write_end.get(), kp->log_file_);
   if (!spawned) {
     Error e = std::move(spawned).error();
     e.reason = "launcher_missing";
@@ -258,8 +262,7 @@ Result<std::unique_ptr<KernelProcess>> KernelProcess::start(LaunchRequest reques
   // through poll_exit() and log_tail().
   kp->kernel_pid_ = kp->started_->pid;
   if (!kp->started_->connection_file.empty()) {
-    CELLGATE_ASSIGN_OR_RETURN(kp->connection_,
-                              ConnectionInfo::load(kp->started_->connection_file));
+    CELLGATE_ASSIGN_OR_RETURN(kp->connection_, ConnectionInfo::load(kp->started_->connection_file));
   }
   return kp;
 }
@@ -470,9 +473,9 @@ void KernelProcess::end_adopted() {
   ::syscall(SYS_pidfd_send_signal, launcher_pidfd_.get(), SIGKILL, nullptr, 0);
   if (started_ && !started_->cgroup_paths.empty()) {
     // Its destructor kills every process left in it and removes it.
-    jail::Cgroup::adopt(started_->cgroup_version == "v2" ? jail::CgroupVersion::kV2
-                                                         : jail::CgroupVersion::kV1,
-                        started_->cgroup_paths);
+    jail::Cgroup::adopt(
+        started_->cgroup_version == "v2" ? jail::CgroupVersion::kV2 : jail::CgroupVersion::kV1,
+        started_->cgroup_paths);
   }
   wait_exit(std::chrono::milliseconds(1000));
 }

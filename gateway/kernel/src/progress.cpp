@@ -105,8 +105,9 @@ class Probe {
     }
     // 1% of one CPU: an idle ipykernel's own threads use less; a kernel starved at its quota
     // still gets its share, and a throttled period means work was waiting to run.
-    const bool running = throttled_more > 0 || used * 100 >= static_cast<std::uint64_t>(
-                                                                std::max<long long>(elapsed_usec, 0));
+    const bool running =
+        throttled_more > 0 ||
+        used * 100 >= static_cast<std::uint64_t>(std::max<long long>(elapsed_usec, 0));
     return {running ? State::kRunning : State::kStalled, why};
   }
 

@@ -1,6 +1,7 @@
 #include "cellgate/kernel/zygote.hpp"
 
 #include <fcntl.h>
+#include <spdlog/spdlog.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,8 +11,6 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <thread>
-
-#include <spdlog/spdlog.h>
 
 #include "cellgate/kernel/process.hpp"
 
@@ -52,7 +51,8 @@ void Zygote::spawn_locked() {
   const std::string launcher = options_.launcher_path.empty()
                                    ? executable_dir() + "/cellgate-kernel"
                                    : options_.launcher_path;
-  std::vector<std::string> args = {launcher, "--zygote", "--socket", options_.socket_path,
+  std::vector<std::string> args = {launcher,      "--zygote",
+                                   "--socket",    options_.socket_path,
                                    "--status-fd", std::to_string(kStatusFd)};
   if (!options_.preload.empty()) {
     std::string list;
@@ -131,9 +131,10 @@ void Zygote::tick() {
       const std::string how = WIFSIGNALED(status)
                                   ? "killed by signal " + std::to_string(WTERMSIG(status))
                                   : "exited with " + std::to_string(WEXITSTATUS(status));
-      spdlog::warn("zygote: pid {} {}; its kernels run on, new ones start cold until it is back "
-                   "(in {} ms)",
-                   pid_, how, backoff_.count());
+      spdlog::warn(
+          "zygote: pid {} {}; its kernels run on, new ones start cold until it is back "
+          "(in {} ms)",
+          pid_, how, backoff_.count());
       if (!ready_) {
         failed_ = true;
       }

@@ -4,6 +4,8 @@
 // connected again over its connection file — and ends and cleans up everything else a previous
 // gateway left: pooled kernels (a pool is refilled fresh), kernels whose launcher is gone,
 // records that cannot be read, and runtime dirs no record names (a start cut short).
+#include "adoption.hpp"
+
 #include <spdlog/spdlog.h>
 #include <sys/mount.h>
 #include <unistd.h>
@@ -15,7 +17,6 @@
 #include "cellgate/jail/cgroup.hpp"
 #include "cellgate/kernels/registry.hpp"
 #include "cellgate/launcher/status.hpp"
-#include "adoption.hpp"
 #include "cleanup.hpp"
 #include "kernelspecs.hpp"
 #include "records.hpp"

@@ -55,8 +55,8 @@ inline std::size_t end_runtime_dirs(const std::string& run_dir,
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(run_dir, ec)) {
     const std::string path = entry.path().string();
-    if (entry.path().filename().string().rfind("cellgate-", 0) != 0 ||
-        !entry.is_directory(ec) || keep.count(path) != 0) {
+    if (entry.path().filename().string().rfind("cellgate-", 0) != 0 || !entry.is_directory(ec) ||
+        keep.count(path) != 0) {
       continue;
     }
     end_cgroup_from_status(path + "/status");

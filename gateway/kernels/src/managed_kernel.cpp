@@ -64,8 +64,8 @@ ProcessFacts ProcessFacts::of(const kernel::KernelProcessHandle& process) {
 }
 
 ManagedKernel::ManagedKernel(std::string id, kernel::KernelSpec spec, std::string home, uid_t uid,
-                             std::map<std::string, std::string> env, Now now,
-                             std::string work_dir, bool shared_files)
+                             std::map<std::string, std::string> env, Now now, std::string work_dir,
+                             bool shared_files)
     : id_(std::move(id)),
       spec_(std::move(spec)),
       home_(std::move(home)),

@@ -107,7 +107,7 @@ void KernelRegistry::Impl::monitor_once() {
 }
 
 void KernelRegistry::Impl::handle_death(const std::shared_ptr<ManagedKernel>& k,
-                                  const std::string& reason) {
+                                        const std::string& reason) {
   const auto after = k->died(reason, options_.restart_limit);
   if (after != ManagedKernel::AfterDeath::kIgnored) {
     // The launcher's reason word ("oom (signal 9): killed by the memory limit…" → "oom").

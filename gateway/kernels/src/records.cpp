@@ -18,23 +18,21 @@ std::string record_path(const std::string& state_dir, const std::string& id) {
 }
 
 Result<void> write_record(const std::string& state_dir, const ManagedKernel& k,
-                          const ProcessFacts& process, const jail::JailSpec& limits,
-                          bool pooled) {
-  nlohmann::json record = {
-      {"id", k.id()},
-      {"kernelspec", k.spec().name},
-      {"connection", process.connection.to_json()},
-      {"connection_file", process.connection_file},
-      {"pid", process.pid},
-      {"pid_start_time", kernel::process_start_time(process.pid)},
-      {"jailed", process.jailed},
-      {"uid", k.uid()},
-      {"cgroup", "k-" + k.id()},
-      {"work_dir", k.work_dir()},
-      {"limits", launcher::spec_to_json(limits)},
-      {"started_at", protocol::iso8601(std::chrono::system_clock::now())},
-      {"pooled", pooled},
-      {"env", k.env()}};
+                          const ProcessFacts& process, const jail::JailSpec& limits, bool pooled) {
+  nlohmann::json record = {{"id", k.id()},
+                           {"kernelspec", k.spec().name},
+                           {"connection", process.connection.to_json()},
+                           {"connection_file", process.connection_file},
+                           {"pid", process.pid},
+                           {"pid_start_time", kernel::process_start_time(process.pid)},
+                           {"jailed", process.jailed},
+                           {"uid", k.uid()},
+                           {"cgroup", "k-" + k.id()},
+                           {"work_dir", k.work_dir()},
+                           {"limits", launcher::spec_to_json(limits)},
+                           {"started_at", protocol::iso8601(std::chrono::system_clock::now())},
+                           {"pooled", pooled},
+                           {"env", k.env()}};
   if (process.adoption) {
     record["process"] = process.adoption->to_json();
   }

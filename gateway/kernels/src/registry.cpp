@@ -2,8 +2,8 @@
 // forwarding to its parts (registry_impl.hpp).
 #include "cellgate/kernels/registry.hpp"
 
-#include <spdlog/spdlog.h>
 #include <fcntl.h>
+#include <spdlog/spdlog.h>
 #include <sys/file.h>
 #include <sys/mount.h>
 #include <unistd.h>
@@ -17,11 +17,11 @@
 #include "cellgate/kernel/client.hpp"
 #include "cellgate/kernel/process.hpp"
 #include "cellgate/kernel/progress.hpp"
-#include "cellgate/util/fs.hpp"
 #include "cellgate/kernels/display_formatters.hpp"
+#include "cellgate/util/fs.hpp"
 #include "env.hpp"
-#include "kernelspecs.hpp"
 #include "kernel_jail.hpp"
+#include "kernelspecs.hpp"
 #include "records.hpp"
 #include "registry_impl.hpp"
 
@@ -100,9 +100,10 @@ KernelRegistry::Impl::Impl(RegistryOptions options, kernel::KernelBackend& backe
       now_(loop != nullptr ? Now([loop] { return loop->now(); }) : std::move(now)),
       uids_(uid_options(options_)),
       admission_(options_.max_kernels),
-      pool_(pool_options(options_, default_kernel_), admission_, backend_,
-            [this](const std::string& name) { return launch_pooled(name); },
-            [this](const std::shared_ptr<ManagedKernel>& k) { discard(k); }, now_),
+      pool_(
+          pool_options(options_, default_kernel_), admission_, backend_,
+          [this](const std::string& name) { return launch_pooled(name); },
+          [this](const std::shared_ptr<ManagedKernel>& k) { discard(k); }, now_),
       monitor_loop_(loop) {
   if (options_.state_dir.empty()) {
     spdlog::error("kernel registry: no state dir configured; kernels cannot start");
@@ -196,17 +197,17 @@ Result<std::shared_ptr<ManagedKernel>> KernelRegistry::Impl::new_kernel(
   return make_kernel(id, std::move(spec), uid, std::move(env));
 }
 
-std::shared_ptr<ManagedKernel> KernelRegistry::Impl::make_kernel(const std::string& id,
-                                                           kernel::KernelSpec spec, uid_t uid,
-                                                           std::map<std::string, std::string> env) {
+std::shared_ptr<ManagedKernel> KernelRegistry::Impl::make_kernel(
+    const std::string& id, kernel::KernelSpec spec, uid_t uid,
+    std::map<std::string, std::string> env) {
   const bool broker = options_.privilege_separated;
   return std::make_shared<ManagedKernel>(
       id, std::move(spec), options_.state_dir + "/kernels/" + id, uid, std::move(env), now_,
       broker ? options_.state_dir + "/work/" + id : std::string(), /*shared_files=*/broker);
 }
 
-kernel::ClientOptions KernelRegistry::Impl::client_options(const std::shared_ptr<ManagedKernel>& k,
-                                                     const kernel::KernelProcessHandle& process) {
+kernel::ClientOptions KernelRegistry::Impl::client_options(
+    const std::shared_ptr<ManagedKernel>& k, const kernel::KernelProcessHandle& process) {
   // The callbacks hold the kernel weakly; they run on the connection's I/O thread, which the
   // kernel stops (joins) before it goes.
   std::weak_ptr<ManagedKernel> weak = k;
@@ -217,8 +218,8 @@ kernel::ClientOptions KernelRegistry::Impl::client_options(const std::shared_ptr
   const auto timeout =
       milliseconds(std::max<long long>(100, std::llround(options_.heartbeat_timeout * 1000)));
   co.heartbeat_interval = std::min(milliseconds(500), timeout / 4);
-  co.heartbeat_misses = static_cast<int>(
-      (timeout.count() + co.heartbeat_interval.count() - 1) / co.heartbeat_interval.count());
+  co.heartbeat_misses = static_cast<int>((timeout.count() + co.heartbeat_interval.count() - 1) /
+                                         co.heartbeat_interval.count());
   co.progress = kernel::progress_probe(process);
   co.log_name = k->id();
   co.limits.max_message_bytes = options_.max_kernel_message_bytes;
@@ -242,14 +243,15 @@ kernel::ClientOptions KernelRegistry::Impl::client_options(const std::shared_ptr
                          Channel ch, const Error& e) {
     const std::uint64_t n = ++*count;
     if (n <= 5 || n % 1000 == 0) {
-      spdlog::warn("kernel {}: dropped a message on {}: {} ({} so far)", id,
-                   kernel::to_string(ch), e.describe(), n);
+      spdlog::warn("kernel {}: dropped a message on {}: {} ({} so far)", id, kernel::to_string(ch),
+                   e.describe(), n);
     }
   };
   return co;
 }
 
-Result<ManagedKernel::Running> KernelRegistry::Impl::launch(const std::shared_ptr<ManagedKernel>& k) {
+Result<ManagedKernel::Running> KernelRegistry::Impl::launch(
+    const std::shared_ptr<ManagedKernel>& k) {
   if (options_.state_dir.empty()) {
     return make_error(ErrorCode::kFailedPrecondition, "no_state_dir",
                       "the gateway has no state dir configured");
@@ -262,15 +264,14 @@ Result<ManagedKernel::Running> KernelRegistry::Impl::launch(const std::shared_pt
   // The launcher's report (the jail built, the kernel forked) within the same bound as the
   // kernel's first answer: a slow host (a guest under emulation, a loaded CI machine) can take
   // longer than the launcher's own 10 s default for the jail alone.
-  req.start_timeout =
-      std::chrono::milliseconds(std::llround(options_.kernel_start_timeout * 1000));
+  req.start_timeout = std::chrono::milliseconds(std::llround(options_.kernel_start_timeout * 1000));
   req.env = kernel::default_kernel_env(req.work_dir, !options_.no_jail);
   for (const auto& [key, value] : k->env()) {
     req.env[key] = value;
   }
   if (!options_.no_jail) {
-    req.jail = kernel_jail(options_.jail, k->id(), k->uid(), k->work_dir(),
-                           options_.work_dir_aliases);
+    req.jail =
+        kernel_jail(options_.jail, k->id(), k->uid(), k->work_dir(), options_.work_dir_aliases);
   }
   if (options_.display_formatters) {
     add_display_formatters(req);
@@ -583,7 +584,6 @@ void KernelRegistry::Impl::shutdown_all() {
   }
 }
 
-
 // ---- KernelRegistry: the contract, forwarded to its parts ------------------------------------
 
 KernelRegistry::KernelRegistry(RegistryOptions options, kernel::KernelBackend& backend, Now now)
@@ -592,23 +592,45 @@ KernelRegistry::KernelRegistry(RegistryOptions options, kernel::KernelBackend& b
                                util::Loop& loop)
     : impl_(std::make_unique<Impl>(std::move(options), backend, Now(), &loop)) {}
 KernelRegistry::~KernelRegistry() = default;
-Result<void> KernelRegistry::claim_state_dir() { return impl_->claim_state_dir(); }
-void KernelRegistry::start() { impl_->start(); }
+Result<void> KernelRegistry::claim_state_dir() {
+  return impl_->claim_state_dir();
+}
+void KernelRegistry::start() {
+  impl_->start();
+}
 Result<KernelModel> KernelRegistry::start(const std::string& name, const json& env) {
   return impl_->start(name, env);
 }
 Result<std::shared_ptr<ManagedKernel>> KernelRegistry::find(const std::string& id) const {
   return impl_->find(id);
 }
-std::vector<KernelModel> KernelRegistry::list() const { return impl_->list(); }
-Result<void> KernelRegistry::interrupt(const std::string& id) { return impl_->interrupt(id); }
-Result<KernelModel> KernelRegistry::restart(const std::string& id) { return impl_->restart(id); }
-Result<void> KernelRegistry::shutdown(const std::string& id) { return impl_->shutdown(id); }
-void KernelRegistry::shutdown_all() { impl_->shutdown_all(); }
-void KernelRegistry::hand_over() { impl_->hand_over(); }
-void KernelRegistry::monitor_once() { impl_->monitor_once(); }
-const RegistryStats& KernelRegistry::stats() const { return impl_->stats_; }
-std::size_t KernelRegistry::pool_ready_total() const { return impl_->pool_ready_total(); }
+std::vector<KernelModel> KernelRegistry::list() const {
+  return impl_->list();
+}
+Result<void> KernelRegistry::interrupt(const std::string& id) {
+  return impl_->interrupt(id);
+}
+Result<KernelModel> KernelRegistry::restart(const std::string& id) {
+  return impl_->restart(id);
+}
+Result<void> KernelRegistry::shutdown(const std::string& id) {
+  return impl_->shutdown(id);
+}
+void KernelRegistry::shutdown_all() {
+  impl_->shutdown_all();
+}
+void KernelRegistry::hand_over() {
+  impl_->hand_over();
+}
+void KernelRegistry::monitor_once() {
+  impl_->monitor_once();
+}
+const RegistryStats& KernelRegistry::stats() const {
+  return impl_->stats_;
+}
+std::size_t KernelRegistry::pool_ready_total() const {
+  return impl_->pool_ready_total();
+}
 std::size_t KernelRegistry::pool_ready(const std::string& name) const {
   return impl_->pool_ready(name);
 }
@@ -624,8 +646,14 @@ std::vector<kernel::KernelSpec> KernelRegistry::kernelspecs() const {
 Result<kernel::KernelSpec> KernelRegistry::kernelspec(const std::string& name) const {
   return impl_->kernelspec(name);
 }
-const std::string& KernelRegistry::default_kernel_name() const { return impl_->default_kernel_; }
-const RegistryOptions& KernelRegistry::options() const { return impl_->options_; }
-const std::string& KernelRegistry::state_dir() const { return impl_->options_.state_dir; }
+const std::string& KernelRegistry::default_kernel_name() const {
+  return impl_->default_kernel_;
+}
+const RegistryOptions& KernelRegistry::options() const {
+  return impl_->options_;
+}
+const std::string& KernelRegistry::state_dir() const {
+  return impl_->options_.state_dir;
+}
 
 }  // namespace cellgate::kernels

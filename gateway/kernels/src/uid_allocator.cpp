@@ -22,7 +22,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string errno_text(int err) { return std::strerror(err); }
+std::string errno_text(int err) {
+  return std::strerror(err);
+}
 
 }  // namespace
 
@@ -79,8 +81,7 @@ Result<bool> UidAllocator::lease_in(const std::string& dir) {
     // Who holds it, for an operator reading the dir (the lock, not this text, is the lease).
     const std::string holder = "pid " + std::to_string(::getpid()) + "\nuids " +
                                std::to_string(r.first) + "-" + std::to_string(r.last) + "\n";
-    if (::ftruncate(fd.get(), 0) != 0 ||
-        ::pwrite(fd.get(), holder.data(), holder.size(), 0) < 0) {
+    if (::ftruncate(fd.get(), 0) != 0 || ::pwrite(fd.get(), holder.data(), holder.size(), 0) < 0) {
       spdlog::debug("uid ranges: cannot note our pid in {}: {}", path, errno_text(errno));
     }
     lease_fd_ = std::move(fd);

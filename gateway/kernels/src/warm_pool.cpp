@@ -61,7 +61,9 @@ WarmPool::WarmPool(WarmPoolOptions options, Admission& admission, kernel::Kernel
   }
 }
 
-WarmPool::~WarmPool() { stop(); }
+WarmPool::~WarmPool() {
+  stop();
+}
 
 bool WarmPool::pools(const std::string& name) const {
   return std::find(options_.names.begin(), options_.names.end(), name) != options_.names.end();
@@ -106,7 +108,9 @@ void WarmPool::stop() {
   }
 }
 
-void WarmPool::wake() { cv_.notify_all(); }
+void WarmPool::wake() {
+  cv_.notify_all();
+}
 
 std::optional<WarmPool::Taken> WarmPool::take(const std::string& name) {
   std::optional<Taken> out;
@@ -134,7 +138,8 @@ void WarmPool::evict_excess() {
     while (admission_.excess() > 0) {
       Spec* fullest = nullptr;
       for (auto& [name, spec] : specs_) {
-        if (!spec.ready.empty() && (fullest == nullptr || spec.ready.size() > fullest->ready.size())) {
+        if (!spec.ready.empty() &&
+            (fullest == nullptr || spec.ready.size() > fullest->ready.size())) {
           fullest = &spec;
         }
       }

@@ -58,7 +58,7 @@ class PoolDemand {
   util::Clock::duration refill_time() const { return refill_; }
 
  private:
-  std::deque<util::Clock::time_point> starts_;  // oldest first, within kWindow
+  std::deque<util::Clock::time_point> starts_;              // oldest first, within kWindow
   util::Clock::duration refill_ = std::chrono::seconds(1);  // until one is measured
   bool measured_ = false;
 };
@@ -140,7 +140,7 @@ class WarmPool {
   const Now now_;
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;  // with mu_: a claim, a death, a client start ended, stopping
+  std::condition_variable cv_;         // with mu_: a claim, a death, a client start ended, stopping
   std::map<std::string, Spec> specs_;  // one per name in options_.names
   bool stopping_ = false;
   std::vector<std::thread> fillers_;

@@ -46,7 +46,9 @@ std::string compact_base64(const json& v) {
   return out;
 }
 
-json text_item(std::string text) { return json{{"type", "text"}, {"text", std::move(text)}}; }
+json text_item(std::string text) {
+  return json{{"type", "text"}, {"text", std::move(text)}};
+}
 
 void end_line(std::string& buf) {
   if (!buf.empty() && buf.back() != '\n') {
@@ -270,14 +272,10 @@ json run_code_result(const execute::CellResult& answer, const RunInfo& info,
     b.line("[state_lost] the kernel was restarted: variables and imports are gone");
   }
 
-  json structured = {{"session", info.session},
-                     {"kernel_id", info.kernel_id},
-                     {"kernel", info.kernelspec},
-                     {"new_session", info.new_session},
-                     {"status", status},
-                     {"state_lost", answer.state_lost}};
-  structured["execution_count"] =
-      answer.execution_count ? json(*answer.execution_count) : json();
+  json structured = {{"session", info.session},   {"kernel_id", info.kernel_id},
+                     {"kernel", info.kernelspec}, {"new_session", info.new_session},
+                     {"status", status},          {"state_lost", answer.state_lost}};
+  structured["execution_count"] = answer.execution_count ? json(*answer.execution_count) : json();
   structured["stdout"] = answer.stdout_text;
   structured["stderr"] = answer.stderr_text;
   structured["result"] = nullptr;

@@ -19,11 +19,11 @@ class Conversation {
     std::string language;
   };
 
-  std::mutex mu;  // guards everything below but start_mu
+  std::mutex mu;                 // guards everything below but start_mu
   std::string protocol_version;  // "" until initialize
   bool initialized = false;      // notifications/initialized arrived
   bool closed = false;
-  std::map<std::string, Named> sessions;                    // by name
+  std::map<std::string, Named> sessions;                   // by name
   std::map<std::string, std::shared_ptr<Cell>> in_flight;  // jsonrpc::id_key → its cancel hook
 
   // Held while a named session is started or closed, so two calls naming a new session at once

@@ -4,20 +4,20 @@
 
 #include <algorithm>
 
+#include "cellgate/http/limits.hpp"
 #include "cellgate/kernel/connection.hpp"
 #include "cellgate/protocol/message.hpp"
 #include "jsonrpc.hpp"
-#include "cellgate/http/limits.hpp"
 
 namespace cellgate::mcp {
 namespace {
 
-using nlohmann::json;
 using http::Field;
 using http::Request;
 using http::Response;
 using http::Status;
 using http::Verb;
+using nlohmann::json;
 
 constexpr const char* kSessionHeader = "Mcp-Session-Id";
 constexpr const char* kVersionHeader = "MCP-Protocol-Version";

@@ -46,6 +46,8 @@ json notification(const std::string& method, json params) {
   return json{{"jsonrpc", "2.0"}, {"method", method}, {"params", std::move(params)}};
 }
 
-std::string id_key(const json& id) { return protocol::dump_json(id); }
+std::string id_key(const json& id) {
+  return protocol::dump_json(id);
+}
 
 }  // namespace cellgate::mcp::jsonrpc

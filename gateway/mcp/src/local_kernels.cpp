@@ -118,7 +118,8 @@ class LocalKernels : public Kernels {
  private:
   Result<store::files::WorkDir> open(const std::string& id) {
     CELLGATE_ASSIGN_OR_RETURN(auto kernel, registry_.find(id));
-    return store::files::WorkDir::open(kernel->work_dir(), kernel->files_uid(), kernel->files_uid());
+    return store::files::WorkDir::open(kernel->work_dir(), kernel->files_uid(),
+                                       kernel->files_uid());
   }
 
   kernels::KernelRegistry& registry_;
@@ -132,8 +133,7 @@ class LocalKernels : public Kernels {
 std::unique_ptr<Kernels> make_local_kernels(kernels::KernelRegistry& registry,
                                             execute::Executor& executor, KernelsOptions options,
                                             util::Offload offload) {
-  return std::make_unique<LocalKernels>(registry, executor, std::move(options),
-                                        std::move(offload));
+  return std::make_unique<LocalKernels>(registry, executor, std::move(options), std::move(offload));
 }
 
 }  // namespace cellgate::mcp

@@ -33,9 +33,9 @@ Error http_error(const std::string& what, const client::Response& res) {
   } else if (res.status >= 400 && res.status < 500) {
     code = ErrorCode::kInvalidArgument;
   }
-  return make_error(code, "http_" + std::to_string(res.status),
-                    what + ": the gateway answered " + std::to_string(res.status) + ": " +
-                        res.error_message());
+  return make_error(
+      code, "http_" + std::to_string(res.status),
+      what + ": the gateway answered " + std::to_string(res.status) + ": " + res.error_message());
 }
 
 bool is_listing(const json& j) {
@@ -74,8 +74,7 @@ class RemoteKernels : public Kernels {
     const auto& u = client_.url();
     const bool v6 = u.host.find(':') != std::string::npos;
     artifact_base_ = std::string(u.tls ? "https" : "http") + "://" +
-                     (v6 ? "[" + u.host + "]" : u.host) + ":" + u.port + u.base +
-                     "/api/artifacts/";
+                     (v6 ? "[" + u.host + "]" : u.host) + ":" + u.port + u.base + "/api/artifacts/";
   }
 
   Result<KernelSpecs> kernelspecs() override {
@@ -102,9 +101,9 @@ class RemoteKernels : public Kernels {
   }
 
   Result<std::string> start(const std::string& kernelspec) override {
-    CELLGATE_ASSIGN_OR_RETURN(auto res, client_.request("POST", "/api/kernels",
-                                                        json{{"name", kernelspec}}.dump(),
-                                                        kStartTimeout));
+    CELLGATE_ASSIGN_OR_RETURN(
+        auto res,
+        client_.request("POST", "/api/kernels", json{{"name", kernelspec}}.dump(), kStartTimeout));
     if (res.status != 201 && res.status != 200) {
       return http_error("starting a " + kernelspec + " kernel", res);
     }
@@ -183,8 +182,8 @@ class RemoteKernels : public Kernels {
                           const std::string& bytes) override {
     CELLGATE_ASSIGN_OR_RETURN(
         auto res,
-        client_.request("PUT", "/api/kernels/" + id + "/files/" + client::encode_path(path),
-                        bytes, kRestTimeout, "application/octet-stream"));
+        client_.request("PUT", "/api/kernels/" + id + "/files/" + client::encode_path(path), bytes,
+                        kRestTimeout, "application/octet-stream"));
     if (res.status != 201 && res.status != 200) {
       return http_error("writing " + path, res);
     }
@@ -229,19 +228,18 @@ class RemoteKernels : public Kernels {
       }
     };
     CELLGATE_ASSIGN_OR_RETURN(
-        auto res, client_.stream("POST", "/api/kernels/" + id + "/execute", body.dump(),
-                                 "application/x-ndjson",
-                                 [&](std::string_view piece) {
-                                   pending.append(piece);
-                                   std::size_t nl;
-                                   while ((nl = pending.find('\n')) != std::string::npos) {
-                                     on_line(std::string_view(pending).substr(0, nl));
-                                     pending.erase(0, nl + 1);
-                                   }
-                                 },
-                                 {.head = wait,
-                                  .idle = kStreamIdle,
-                                  .total = wait + kAnswerSlack}));
+        auto res,
+        client_.stream("POST", "/api/kernels/" + id + "/execute", body.dump(),
+                       "application/x-ndjson",
+                       [&](std::string_view piece) {
+                         pending.append(piece);
+                         std::size_t nl;
+                         while ((nl = pending.find('\n')) != std::string::npos) {
+                           on_line(std::string_view(pending).substr(0, nl));
+                           pending.erase(0, nl + 1);
+                         }
+                       },
+                       {.head = wait, .idle = kStreamIdle, .total = wait + kAnswerSlack}));
     if (res.status != 200) {
       return http_error("running a cell in kernel " + id, res);
     }

@@ -55,9 +55,13 @@ bool Server::supports(std::string_view version) {
   return std::find(v.begin(), v.end(), version) != v.end();
 }
 
-std::shared_ptr<Conversation> Server::open() { return std::make_shared<Conversation>(); }
+std::shared_ptr<Conversation> Server::open() {
+  return std::make_shared<Conversation>();
+}
 
-void Server::close(Conversation& conversation) { impl_->tools.close_all(conversation); }
+void Server::close(Conversation& conversation) {
+  impl_->tools.close_all(conversation);
+}
 
 void Server::handle(const std::shared_ptr<Conversation>& conversation, const json& message,
                     Outbox out) {
@@ -73,8 +77,8 @@ void Server::handle(const std::shared_ptr<Conversation>& conversation, const jso
     case jsonrpc::Kind::kInvalid: {
       json id;
       if (message.is_object()) {
-        if (auto it = message.find("id"); it != message.end() &&
-                                          (it->is_string() || it->is_number_integer())) {
+        if (auto it = message.find("id");
+            it != message.end() && (it->is_string() || it->is_number_integer())) {
           id = *it;
         }
       }
@@ -179,8 +183,8 @@ void Server::Impl::call_tool(const std::shared_ptr<Conversation>& c, const json&
     arguments = *a;
   }
   if (!tools.has(*name)) {
-    out.reply(jsonrpc::error(id, jsonrpc::kInvalidParams,
-                             "Unknown tool: " + name->get<std::string>()));
+    out.reply(
+        jsonrpc::error(id, jsonrpc::kInvalidParams, "Unknown tool: " + name->get<std::string>()));
     return;
   }
   ToolCall call;
@@ -203,11 +207,11 @@ void Server::Impl::call_tool(const std::shared_ptr<Conversation>& c, const json&
       const auto secs = std::chrono::duration_cast<std::chrono::seconds>(
                             std::chrono::steady_clock::now() - started)
                             .count();
-      notify(jsonrpc::notification(
-          "notifications/progress",
-          json{{"progressToken", token},
-               {"progress", ++*ticks},
-               {"message", "running for " + std::to_string(secs) + " s"}}));
+      notify(
+          jsonrpc::notification("notifications/progress",
+                                json{{"progressToken", token},
+                                     {"progress", ++*ticks},
+                                     {"message", "running for " + std::to_string(secs) + " s"}}));
     };
   }
   const std::string key = jsonrpc::id_key(id);

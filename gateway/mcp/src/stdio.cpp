@@ -9,9 +9,9 @@
 #include <mutex>
 #include <string>
 
+#include "cellgate/http/limits.hpp"
 #include "cellgate/protocol/message.hpp"
 #include "jsonrpc.hpp"
-#include "cellgate/http/limits.hpp"
 
 namespace cellgate::mcp {
 namespace {

@@ -26,8 +26,8 @@ json session_property() {
 }
 
 json object_schema(json properties, json required) {
-  json s = {{"type", "object"}, {"properties", std::move(properties)},
-            {"additionalProperties", false}};
+  json s = {
+      {"type", "object"}, {"properties", std::move(properties)}, {"additionalProperties", false}};
   if (!required.empty()) {
     s["required"] = std::move(required);
   }
@@ -131,13 +131,13 @@ json tool_definitions() {
       {{"name", "list_files"},
        {"title", "List files"},
        {"description", "List a directory of the session's work dir (the kernel's cwd)."},
-       {"inputSchema",
-        object_schema({{"session", session_property()},
-                       {"path",
-                        {{"type", "string"},
-                         {"description", "Directory relative to the work dir; default the "
+       {"inputSchema", object_schema({{"session", session_property()},
+                                      {"path",
+                                       {{"type", "string"},
+                                        {"description",
+                                         "Directory relative to the work dir; default the "
                                          "work dir itself."}}}},
-                      json::array())},
+                                     json::array())},
        {"outputSchema",
         {{"type", "object"},
          {"properties",
@@ -153,11 +153,11 @@ json tool_definitions() {
        {"description",
         "Read a file of the session's work dir: text as text, PNG/JPEG/GIF as an image, other "
         "binary files as a base64 resource."},
-       {"inputSchema",
-        object_schema({{"session", session_property()},
-                       {"path", {{"type", "string"},
-                                 {"description", "File path relative to the work dir."}}}},
-                      json::array({"path"}))},
+       {"inputSchema", object_schema({{"session", session_property()},
+                                      {"path",
+                                       {{"type", "string"},
+                                        {"description", "File path relative to the work dir."}}}},
+                                     json::array({"path"}))},
        {"annotations", annotations(true, false, true)}});
   tools.push_back(
       {{"name", "write_file"},
@@ -189,24 +189,23 @@ json tool_definitions() {
        {"description", "Shut the session's kernel down; its variables and work dir are gone."},
        {"inputSchema", object_schema({{"session", session_property()}}, json::array())},
        {"annotations", annotations(false, true, true)}});
-  tools.push_back(
-      {{"name", "list_sessions"},
-       {"title", "List sessions"},
-       {"description", "The sessions open in this MCP connection, with their kernels."},
-       {"inputSchema", object_schema(json::object(), json::array())},
-       {"outputSchema",
-        {{"type", "object"},
-         {"properties",
-          {{"sessions",
-            {{"type", "array"},
-             {"items",
-              {{"type", "object"},
-               {"properties",
-                {{"name", {{"type", "string"}}},
-                 {"kernel_id", {{"type", "string"}}},
-                 {"kernel", {{"type", "string"}}}}}}}}}}},
-         {"required", json::array({"sessions"})}}},
-       {"annotations", annotations(true, false, true)}});
+  tools.push_back({{"name", "list_sessions"},
+                   {"title", "List sessions"},
+                   {"description", "The sessions open in this MCP connection, with their kernels."},
+                   {"inputSchema", object_schema(json::object(), json::array())},
+                   {"outputSchema",
+                    {{"type", "object"},
+                     {"properties",
+                      {{"sessions",
+                        {{"type", "array"},
+                         {"items",
+                          {{"type", "object"},
+                           {"properties",
+                            {{"name", {{"type", "string"}}},
+                             {"kernel_id", {{"type", "string"}}},
+                             {"kernel", {{"type", "string"}}}}}}}}}}},
+                     {"required", json::array({"sessions"})}}},
+                   {"annotations", annotations(true, false, true)}});
   return tools;
 }
 
@@ -239,8 +238,9 @@ class Args {
     std::string name = str("session", false, kDefaultSession);
     static const std::regex pattern(kSessionPattern);
     if (!std::regex_match(name, pattern)) {
-      fail("'session' must be 1-64 letters, digits, '_', '-' or '.', starting with a letter or "
-           "digit");
+      fail(
+          "'session' must be 1-64 letters, digits, '_', '-' or '.', starting with a letter or "
+          "digit");
     }
     return name;
   }
@@ -274,7 +274,9 @@ std::string lower(std::string s) {
   return s;
 }
 
-json tool_error(const std::string& message) { return text_result(message, true); }
+json tool_error(const std::string& message) {
+  return text_result(message, true);
+}
 
 }  // namespace
 
@@ -389,9 +391,9 @@ Result<std::pair<Conversation::Named, bool>> Tools::ensure(Conversation& c, cons
   std::string available;
   for (const auto& s : specs.specs) {
     available += (available.empty() ? "" : ", ") + s.name + " (" + s.language + ")";
-    if (!kernel.empty() ? s.name == kernel
-                        : !language.empty() ? lower(s.language) == lower(language)
-                                            : s.name == specs.default_name) {
+    if (!kernel.empty()     ? s.name == kernel
+        : !language.empty() ? lower(s.language) == lower(language)
+                            : s.name == specs.default_name) {
       if (chosen == nullptr || s.name == specs.default_name) {
         chosen = &s;
       }
@@ -418,8 +420,7 @@ Result<std::pair<Conversation::Named, bool>> Tools::ensure(Conversation& c, cons
     (void)kernels_.shutdown(named.kernel_id);
     return make_error(ErrorCode::kFailedPrecondition, "closed", "the MCP session has ended");
   }
-  spdlog::info("mcp: session '{}' started kernel {} ({})", name, named.kernel_id,
-               named.kernelspec);
+  spdlog::info("mcp: session '{}' started kernel {} ({})", name, named.kernel_id, named.kernelspec);
   return std::make_pair(named, true);
 }
 
@@ -439,7 +440,7 @@ void Tools::run_code(const json& args, ToolCall call, std::shared_ptr<Pending> p
   }
   if (auto s = args.find("stdin"); s != args.end() && !s->is_null()) {
     const bool lines = s->is_array() && std::all_of(s->begin(), s->end(),
-                                                   [](const json& l) { return l.is_string(); });
+                                                    [](const json& l) { return l.is_string(); });
     if (!lines) {
       a.fail("'stdin' must be an array of strings");
     } else {
@@ -485,8 +486,7 @@ void Tools::run_in(const std::string& name, json request, Conversation::Named na
         {
           std::lock_guard lock(call.conversation->mu);
           auto it = call.conversation->sessions.find(name);
-          if (it != call.conversation->sessions.end() &&
-              it->second.kernel_id == named.kernel_id) {
+          if (it != call.conversation->sessions.end() && it->second.kernel_id == named.kernel_id) {
             call.conversation->sessions.erase(it);
           }
         }
@@ -496,8 +496,9 @@ void Tools::run_in(const std::string& name, json request, Conversation::Named na
           return;
         }
         run_in(name, std::move(request), ensured->first, true,
-               "session '" + name + "' had lost its kernel (shut down or culled); this is a new "
-               "kernel, so earlier variables are gone",
+               "session '" + name +
+                   "' had lost its kernel (shut down or culled); this is a new "
+                   "kernel, so earlier variables are gone",
                std::move(call), std::move(pending), true);
         return;
       }
@@ -592,9 +593,9 @@ json Tools::files_tool(const std::string& tool, const json& args, Conversation& 
   }
   json structured = *entry;
   structured["session"] = name;
-  return text_result("wrote " + entry->value("path", path) + " (" +
-                         std::to_string(content.size()) + " bytes)",
-                     false, std::move(structured));
+  return text_result(
+      "wrote " + entry->value("path", path) + " (" + std::to_string(content.size()) + " bytes)",
+      false, std::move(structured));
 }
 
 json Tools::session_tool(const std::string& tool, const json& args, Conversation& c) {
@@ -631,16 +632,18 @@ json Tools::session_tool(const std::string& tool, const json& args, Conversation
       if (restarted.error().code == ErrorCode::kNotFound) {
         std::lock_guard lock(c.mu);
         c.sessions.erase(name);
-        return tool_error("session '" + name + "' had lost its kernel (shut down or culled); "
+        return tool_error("session '" + name +
+                          "' had lost its kernel (shut down or culled); "
                           "run_code starts a new one");
       }
       return tool_error(restarted.error().message);
     }
-    return text_result("restarted session '" + name +
-                           "': variables and imports are gone, work-dir files stay",
-                       false,
-                       json{{"session", name}, {"kernel_id", named->first.kernel_id},
-                            {"kernel", named->first.kernelspec}});
+    return text_result(
+        "restarted session '" + name + "': variables and imports are gone, work-dir files stay",
+        false,
+        json{{"session", name},
+             {"kernel_id", named->first.kernel_id},
+             {"kernel", named->first.kernelspec}});
   }
   // close_session: idempotent, so closing twice is not an error.
   std::optional<Conversation::Named> closing;

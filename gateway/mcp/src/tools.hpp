@@ -25,8 +25,8 @@ namespace cellgate::mcp {
 
 struct ToolCall {
   std::shared_ptr<Conversation> conversation;
-  std::function<void()> keepalive;            // a cell still runs (optional)
-  std::function<void(nlohmann::json)> done;   // the CallToolResult, once
+  std::function<void()> keepalive;           // a cell still runs (optional)
+  std::function<void(nlohmann::json)> done;  // the CallToolResult, once
 };
 
 class Tools {

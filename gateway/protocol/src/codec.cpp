@@ -1,9 +1,8 @@
 #include "cellgate/protocol/codec.hpp"
 
-#include <xeus/xauthentication.hpp>
-
 #include <algorithm>
 #include <exception>
+#include <xeus/xauthentication.hpp>
 
 namespace cellgate::protocol {
 namespace {
@@ -31,9 +30,9 @@ Signer& Signer::operator=(Signer&&) noexcept = default;
 
 Result<Signer> Signer::create(std::string_view scheme, std::string key) {
   auto unsupported = [&](const std::string& why) {
-    return make_error(ErrorCode::kInvalidArgument, "bad_signature_scheme",
-                      "unsupported signature_scheme '" + std::string(scheme) +
-                          "' (use hmac-sha256)" + why);
+    return make_error(
+        ErrorCode::kInvalidArgument, "bad_signature_scheme",
+        "unsupported signature_scheme '" + std::string(scheme) + "' (use hmac-sha256)" + why);
   };
   // Only HMAC schemes sign anything; xeus would accept others and then verify nothing.
   if (!scheme.starts_with("hmac-")) {
@@ -129,10 +128,9 @@ Result<RawMessage> split(std::span<const std::string_view> frames, const Limits&
 Result<void> verify(const RawMessage& raw_msg, const Signer& signer) {
   if (!signer.verify(raw_msg.signature, raw_msg.header, raw_msg.parent_header, raw_msg.metadata,
                      raw_msg.content)) {
-    return wire_error("bad_signature",
-                      raw_msg.signature.empty()
-                          ? "message is not signed but the connection has a key"
-                          : "HMAC signature does not match the message");
+    return wire_error("bad_signature", raw_msg.signature.empty()
+                                           ? "message is not signed but the connection has a key"
+                                           : "HMAC signature does not match the message");
   }
   return {};
 }

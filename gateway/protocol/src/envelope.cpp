@@ -12,7 +12,7 @@ namespace {
 using nlohmann::json;
 
 constexpr std::array<const char*, 4> kEnvelopeFrameNames = {"header", "parent_header", "metadata",
-                                                    "content"};
+                                                            "content"};
 
 Error envelope_error(const char* reason, std::string message) {
   return make_error(ErrorCode::kInvalidArgument, reason, std::move(message));
@@ -78,14 +78,15 @@ Result<EnvelopePtr> Envelope::checked(Channel channel, Frames frames) {
   for (std::size_t i = 0; i < 4; ++i) {
     switch (json_kind(*texts[i])) {
       case JsonKind::kInvalid:
-        return envelope_error("invalid_json",
-                          std::string(kEnvelopeFrameNames[i]) + " frame is not valid JSON (or UTF-8)");
+        return envelope_error("invalid_json", std::string(kEnvelopeFrameNames[i]) +
+                                                  " frame is not valid JSON (or UTF-8)");
       case JsonKind::kTooDeep:
         return envelope_error("too_deep", std::string(kEnvelopeFrameNames[i]) +
                                               " frame nests JSON deeper than " +
                                               std::to_string(parser().max_depth()) + " levels");
       case JsonKind::kOther:
-        return envelope_error("bad_shape", std::string(kEnvelopeFrameNames[i]) + " frame is not a JSON object");
+        return envelope_error("bad_shape",
+                              std::string(kEnvelopeFrameNames[i]) + " frame is not a JSON object");
       case JsonKind::kObject:
         break;
     }

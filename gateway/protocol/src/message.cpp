@@ -1,10 +1,9 @@
 #include "cellgate/protocol/message.hpp"
 
-#include <xeus/xguid.hpp>
-
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <xeus/xguid.hpp>
 
 namespace cellgate::protocol {
 
@@ -43,9 +42,15 @@ std::string string_field(const nlohmann::json& object, const char* key) {
 
 }  // namespace
 
-std::string Message::msg_type() const { return string_field(header, "msg_type"); }
-std::string Message::msg_id() const { return string_field(header, "msg_id"); }
-std::string Message::parent_msg_id() const { return string_field(parent_header, "msg_id"); }
+std::string Message::msg_type() const {
+  return string_field(header, "msg_type");
+}
+std::string Message::msg_id() const {
+  return string_field(header, "msg_id");
+}
+std::string Message::parent_msg_id() const {
+  return string_field(parent_header, "msg_id");
+}
 
 std::string new_uuid() {
   // xeus::new_xguid() is libuuid's random (version 4) UUID as 32 hex digits; Jupyter clients
@@ -58,7 +63,9 @@ std::string new_uuid() {
          hex.substr(16, 4) + '-' + hex.substr(20);
 }
 
-std::string iso8601_now() { return iso8601(std::chrono::system_clock::now()); }
+std::string iso8601_now() {
+  return iso8601(std::chrono::system_clock::now());
+}
 
 std::string iso8601(std::chrono::system_clock::time_point now) {
   // Not xeus::iso8601_now(): xeus 2.4.1 does not zero-pad the fraction, so 576 us comes out as
@@ -80,12 +87,9 @@ Session::Session(std::string username, std::string session_id)
     : username_(std::move(username)), session_id_(std::move(session_id)) {}
 
 nlohmann::json Session::make_header(std::string_view msg_type) const {
-  return nlohmann::json{{"msg_id", new_uuid()},
-                        {"msg_type", msg_type},
-                        {"session", session_id_},
-                        {"username", username_},
-                        {"date", iso8601_now()},
-                        {"version", kProtocolVersion}};
+  return nlohmann::json{{"msg_id", new_uuid()},   {"msg_type", msg_type},
+                        {"session", session_id_}, {"username", username_},
+                        {"date", iso8601_now()},  {"version", kProtocolVersion}};
 }
 
 Message Session::make(std::string_view msg_type, nlohmann::json content,

@@ -13,7 +13,6 @@
 //   parent_header, metadata and content that are missing, null or (v1) empty bytes become {};
 //   any other non-object is a bad frame.
 #include "cellgate/protocol/ws_frames.hpp"
-#include "cellgate/protocol/envelope.hpp"
 
 #include <array>
 #include <cstddef>
@@ -25,6 +24,8 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include "cellgate/protocol/envelope.hpp"
 
 namespace cellgate::protocol {
 namespace {
@@ -330,7 +331,8 @@ struct DumpedParts {
 
 std::string encode_legacy_json(std::string_view channel, const protocol::Message& msg) {
   DumpedParts d(msg);
-  return legacy_json_text(channel, d.parts, msg.msg_id(), msg.msg_type(), /*with_buffers_key=*/true);
+  return legacy_json_text(channel, d.parts, msg.msg_id(), msg.msg_type(),
+                          /*with_buffers_key=*/true);
 }
 
 std::string encode_legacy_binary(std::string_view channel, const protocol::Message& msg) {

@@ -7,10 +7,10 @@
 #include <string>
 
 #include "cellgate/http/message.hpp"
-#include "cellgate/util/descriptors.hpp"
-#include "cellgate/util/metrics.hpp"
 #include "cellgate/sys/dir_stream.hpp"
 #include "cellgate/sys/proc.hpp"
+#include "cellgate/util/descriptors.hpp"
+#include "cellgate/util/metrics.hpp"
 
 namespace cellgate::server {
 namespace {
@@ -18,7 +18,9 @@ namespace {
 using http::Status;
 
 // Entries of a /proc directory (the threads), or 0.
-std::size_t count_entries(const char* dir) { return sys::list_dir(dir).size(); }
+std::size_t count_entries(const char* dir) {
+  return sys::list_dir(dir).size();
+}
 
 // VmRSS from /proc/self/status ("123 kB"), in bytes (0 when unreadable).
 double resident_bytes() {

@@ -58,8 +58,8 @@ Result<void> give_tree(const std::string& path, const GatewayUser& user) {
        it.increment(ec)) {
     // lchown: a symlink is changed itself, never what it points at.
     if (::lchown(it->path().c_str(), user.uid, user.gid) != 0) {
-      return errno_error(ErrorCode::kInternal, "state_dir",
-                         "lchown('" + it->path().string() + "')", errno);
+      return errno_error(ErrorCode::kInternal, "state_dir", "lchown('" + it->path().string() + "')",
+                         errno);
     }
   }
   return {};
@@ -88,9 +88,10 @@ Result<GatewayUser> resolve_gateway_user(const std::string& spec) {
     }
     const passwd* pw = ::getpwnam(first.c_str());
     if (pw == nullptr) {
-      return bad_user("--user " + first + ": no such user (a system user for the gateway: "
-                      "useradd --system --no-create-home --shell /usr/sbin/nologin " + first +
-                      ")");
+      return bad_user("--user " + first +
+                      ": no such user (a system user for the gateway: "
+                      "useradd --system --no-create-home --shell /usr/sbin/nologin " +
+                      first + ")");
     }
     user.name = first;
     user.uid = pw->pw_uid;

@@ -1,23 +1,22 @@
 #include "cellgate/server/server.hpp"
 
-#include <spdlog/spdlog.h>
-
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/post.hpp>
-#include <boost/asio/signal_set.hpp>
-#include <boost/asio/thread_pool.hpp>
 #include <malloc.h>
+#include <spdlog/spdlog.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <thread>
@@ -25,12 +24,12 @@
 
 #include "cellgate/api/api.hpp"
 #include "cellgate/api/e2b_api.hpp"
+#include "cellgate/broker/broker.hpp"
 #include "cellgate/engine/engine.hpp"
 #include "cellgate/engine/host.hpp"
 #include "cellgate/http/listener.hpp"
 #include "cellgate/kernel/backend.hpp"
 #include "cellgate/kernel/connection.hpp"
-#include "cellgate/broker/broker.hpp"
 #include "cellgate/kernels/registry.hpp"
 #include "cellgate/kernels/uid_allocator.hpp"
 #include "cellgate/mcp/http_endpoint.hpp"
@@ -71,7 +70,9 @@ std::chrono::milliseconds seconds_to_ms(double s) {
 }
 
 // E2B's code runs in /home/user (its contexts' default cwd) and sometimes /root: the work dir.
-std::vector<std::string> work_dir_aliases() { return {"/home/user", "/root"}; }
+std::vector<std::string> work_dir_aliases() {
+  return {"/home/user", "/root"};
+}
 
 // Every part below the front ends, from `cellgate serve`'s options.
 engine::EngineOptions engine_options(const ServeOptions& o) {
@@ -184,8 +185,8 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   e2b_options.allow_missing_token = o.e2b_no_token;
   e2b_options.execute_max_timeout = o.execute_max_timeout;
   e2b_options.execute_keepalive = o.execute_keepalive;
-  impl_->e2b = std::make_unique<api::E2bApi>(registry, executor, std::move(e2b_options),
-                                             impl_->offload());
+  impl_->e2b =
+      std::make_unique<api::E2bApi>(registry, executor, std::move(e2b_options), impl_->offload());
 
   mcp::KernelsOptions mo;
   mo.max_timeout = o.execute_max_timeout;
@@ -228,11 +229,11 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   impl_->http_options.max_connections = o.max_connections;
   impl_->http_options.max_ws_message_bytes = o.max_ws_message_bytes;
   impl_->http_options.max_ws_queue_bytes = o.max_ws_queue_bytes;
-  const std::size_t trim_after =
-      o.max_ws_total_bytes > 0 ? std::min(kTrimAfterWsBytes, o.max_ws_total_bytes / 2)
-                               : kTrimAfterWsBytes;
-  impl_->http_options.ws_budget = std::make_shared<http::ByteBudget>(
-      o.max_ws_total_bytes, trim_after, [impl = impl_.get()] {
+  const std::size_t trim_after = o.max_ws_total_bytes > 0
+                                     ? std::min(kTrimAfterWsBytes, o.max_ws_total_bytes / 2)
+                                     : kTrimAfterWsBytes;
+  impl_->http_options.ws_budget =
+      std::make_shared<http::ByteBudget>(o.max_ws_total_bytes, trim_after, [impl = impl_.get()] {
         // On the offload pool: a trim walks every arena, and no network thread waits for it.
         if (impl->engine->started()) {
           impl->engine->offload()([] { ::malloc_trim(0); });
@@ -255,10 +256,18 @@ Server::~Server() {
   impl_->engine.reset();
 }
 
-const std::string& Server::token() const { return impl_->token; }
-kernels::KernelRegistry& Server::registry() { return impl_->engine->registry(); }
-const ServeOptions& Server::options() const { return impl_->options; }
-int Server::e2b_port() const { return impl_->e2b_listener ? impl_->e2b_listener->port() : 0; }
+const std::string& Server::token() const {
+  return impl_->token;
+}
+kernels::KernelRegistry& Server::registry() {
+  return impl_->engine->registry();
+}
+const ServeOptions& Server::options() const {
+  return impl_->options;
+}
+int Server::e2b_port() const {
+  return impl_->e2b_listener ? impl_->e2b_listener->port() : 0;
+}
 
 Result<int> Server::start() {
   auto& o = impl_->options;
@@ -268,7 +277,8 @@ Result<int> Server::start() {
   if (o.e2b_port != 0 && o.e2b_no_token && !http::is_loopback(o.ip)) {
     return make_error(ErrorCode::kInvalidArgument, "e2b_no_token",
                       "--e2b-no-token serves code execution without a token, so it is only "
-                      "allowed on a loopback --ip (127.0.0.1 or ::1), not " + o.ip);
+                      "allowed on a loopback --ip (127.0.0.1 or ::1), not " +
+                          o.ip);
   }
   // Before anything listens: a second gateway on one state dir would adopt the first's kernels.
   CELLGATE_TRY(impl_->engine->registry().claim_state_dir());
@@ -302,7 +312,9 @@ void Server::run() {
   }
 }
 
-void Server::stop() { impl_->network.stop(); }
+void Server::stop() {
+  impl_->network.stop();
+}
 
 namespace {
 
@@ -366,9 +378,10 @@ Result<std::unique_ptr<kernel::KernelBackend>> split_privileges(
   o.kernel_uid_base = range.first;
   o.kernel_uid_range_size = range.last - range.first + 1;
   o.kernel_uid_ranges = 1;
-  spdlog::info("privilege separation: this gateway runs as {} (uid {}, gid {}) with no "
-               "capabilities; kernels start in the broker, pid {} (root), as uids {}-{}",
-               user.name, user.uid, user.gid, pid, range.first, range.last);
+  spdlog::info(
+      "privilege separation: this gateway runs as {} (uid {}, gid {}) with no "
+      "capabilities; kernels start in the broker, pid {} (root), as uids {}-{}",
+      user.name, user.uid, user.gid, pid, range.first, range.last);
   return std::unique_ptr<kernel::KernelBackend>(
       std::make_unique<broker::BrokerBackend>(std::move(channel.first)));
 }
@@ -384,8 +397,10 @@ int run_serve(ServeOptions options) {
       return 2;
     }
     for (const auto& limit : options.jail.optional) {
-      spdlog::warn("--optional-limits: kernels start without the {} limit where this host cannot "
-                   "enforce it", limit);
+      spdlog::warn(
+          "--optional-limits: kernels start without the {} limit where this host cannot "
+          "enforce it",
+          limit);
     }
   }
   // The host's steps (engine/host.hpp): before the zygote, any kernel and any thread.
@@ -462,8 +477,8 @@ int run_serve(ServeOptions options) {
   std::cout << "cellgate serve: listening on " << scheme << "://" << o.ip << ":" << *port
             << o.base_url << "\n";
   std::cout << "cellgate serve: MCP (Streamable HTTP) at " << scheme << "://" << o.ip << ":"
-            << *port << (o.base_url.empty() || o.base_url.back() != '/' ? o.base_url + "/"
-                                                                         : o.base_url)
+            << *port
+            << (o.base_url.empty() || o.base_url.back() != '/' ? o.base_url + "/" : o.base_url)
             << "mcp\n";
   if (server.e2b_port() != 0) {
     std::cout << "cellgate serve: E2B-compatible endpoints on http://" << o.ip << ":"

@@ -11,9 +11,9 @@
 #include <cstdio>
 
 #include "cellgate/protocol/message.hpp"
-#include "cellgate/util/text.hpp"
 #include "cellgate/unique_fd.hpp"
 #include "cellgate/util/fs.hpp"
+#include "cellgate/util/text.hpp"
 
 namespace cellgate::store {
 namespace {
@@ -350,10 +350,7 @@ void ArtifactStore::append_index(const ArtifactRecord& record) {
     if (!fd) {
       done = errno_error(ErrorCode::kInternal, "artifact_io", "open('" + path + "')", errno);
     } else {
-      done = write_all(
-          fd.get(),
-          protocol::dump_json(record.to_json()) + "\n",
-          path);
+      done = write_all(fd.get(), protocol::dump_json(record.to_json()) + "\n", path);
     }
   }
   if (!done.ok() && !index_warned_) {

@@ -1,6 +1,4 @@
 #include "cellgate/store/audit.hpp"
-#include "cellgate/protocol/message.hpp"
-#include "cellgate/util/fs.hpp"
 
 #include <fcntl.h>
 #include <re2/re2.h>
@@ -11,6 +9,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <exception>
+
+#include "cellgate/protocol/message.hpp"
+#include "cellgate/util/fs.hpp"
 
 namespace cellgate::store {
 namespace {
@@ -118,9 +119,9 @@ Result<std::unique_ptr<AuditLog>> AuditLog::create(Options options) {
     re_options.set_log_errors(false);
     auto re = std::make_shared<const RE2>(source, re_options);
     if (!re->ok()) {
-      return make_error(ErrorCode::kInvalidArgument, "bad_redact_pattern",
-                        "redact pattern '" + source + "' is not a valid RE2 regular expression: " +
-                            re->error());
+      return make_error(
+          ErrorCode::kInvalidArgument, "bad_redact_pattern",
+          "redact pattern '" + source + "' is not a valid RE2 regular expression: " + re->error());
     }
     if (RE2::PartialMatch("", *re)) {
       return make_error(

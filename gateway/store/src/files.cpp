@@ -62,7 +62,8 @@ Error path_error(int err, const std::string& call, const std::string& rel) {
     case EXDEV:
     case ELOOP:
       return make_error(ErrorCode::kPermissionDenied, "path_escape",
-                        quote_rel(rel) + " is a symlink, or goes through one that leads out of the " +
+                        quote_rel(rel) +
+                            " is a symlink, or goes through one that leads out of the " +
                             "work dir; such links are not followed");
     case ENXIO:  // open(2) of a socket, or of a device with no driver
     case ENODEV:
@@ -167,7 +168,8 @@ Result<void> for_each_entry(int dir_fd, const std::string& rel, OnEntry&& on_ent
   ::lseek(own.get(), 0, SEEK_SET);
   DirPtr dir(::fdopendir(own.get()));
   if (!dir) {
-    return errno_error(ErrorCode::kInternal, "io_error", "fdopendir(" + quote_rel(rel) + ")", errno);
+    return errno_error(ErrorCode::kInternal, "io_error", "fdopendir(" + quote_rel(rel) + ")",
+                       errno);
   }
   own.release();  // closedir closes it now
   while (true) {
@@ -175,7 +177,8 @@ Result<void> for_each_entry(int dir_fd, const std::string& rel, OnEntry&& on_ent
     const dirent* entry = ::readdir(dir.get());
     if (entry == nullptr) {
       if (errno != 0) {
-        return errno_error(ErrorCode::kInternal, "io_error", "readdir(" + quote_rel(rel) + ")", errno);
+        return errno_error(ErrorCode::kInternal, "io_error", "readdir(" + quote_rel(rel) + ")",
+                           errno);
       }
       return ok_result();
     }
@@ -529,14 +532,17 @@ Result<FileInfo> WorkDir::write(std::string_view rel_path, std::string_view data
   CELLGATE_ASSIGN_OR_RETURN(TempFile temp, TempFile::create(dir.get(), rel));
   CELLGATE_TRY(write_all(temp.fd(), data, rel));
   if (::fchown(temp.fd(), uid_, gid_) != 0) {
-    return errno_error(ErrorCode::kInternal, "io_error", "fchown(" + quote_rel(rel) + " temp)", errno);
+    return errno_error(ErrorCode::kInternal, "io_error", "fchown(" + quote_rel(rel) + " temp)",
+                       errno);
   }
   if (::fchmod(temp.fd(), shared() ? 0666 : 0644) != 0) {
-    return errno_error(ErrorCode::kInternal, "io_error", "fchmod(" + quote_rel(rel) + " temp)", errno);
+    return errno_error(ErrorCode::kInternal, "io_error", "fchmod(" + quote_rel(rel) + " temp)",
+                       errno);
   }
   struct stat st {};
   if (::fstat(temp.fd(), &st) != 0) {
-    return errno_error(ErrorCode::kInternal, "io_error", "fstat(" + quote_rel(rel) + " temp)", errno);
+    return errno_error(ErrorCode::kInternal, "io_error", "fstat(" + quote_rel(rel) + " temp)",
+                       errno);
   }
   // rename(2) replaces whatever non-directory has the name (a symlink itself, never its
   // target) and fails with EISDIR over a directory: the kernel checks, so nothing can race it.

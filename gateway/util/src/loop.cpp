@@ -36,12 +36,11 @@ class AsioStrand : public Strand {
     auto timer = std::make_shared<AsioTimer>(strand_);
     timer->keep_alive = timer;
     timer->timer.expires_at(when);
-    timer->timer.async_wait(
-        [timer, fn = std::move(fn)](const boost::system::error_code& ec) {
-          if (!ec && !timer->cancelled->load()) {
-            fn();
-          }
-        });
+    timer->timer.async_wait([timer, fn = std::move(fn)](const boost::system::error_code& ec) {
+      if (!ec && !timer->cancelled->load()) {
+        fn();
+      }
+    });
     return timer;
   }
 
@@ -51,7 +50,9 @@ class AsioStrand : public Strand {
 
 }  // namespace
 
-std::shared_ptr<Strand> AsioLoop::strand() { return std::make_shared<AsioStrand>(ioc_); }
+std::shared_ptr<Strand> AsioLoop::strand() {
+  return std::make_shared<AsioStrand>(ioc_);
+}
 
 // ---- ManualLoop ------------------------------------------------------------------------------
 
@@ -85,7 +86,9 @@ Clock::time_point ManualLoop::now() const {
   return now_;
 }
 
-std::shared_ptr<Strand> ManualLoop::strand() { return std::make_shared<ManualStrand>(*this); }
+std::shared_ptr<Strand> ManualLoop::strand() {
+  return std::make_shared<ManualStrand>(*this);
+}
 
 void ManualLoop::add(Clock::time_point when, std::function<void()> fn,
                      std::shared_ptr<bool> cancelled) {

@@ -49,8 +49,8 @@ Histogram::Histogram(std::vector<double> upper_bounds)
     : bounds_(std::move(upper_bounds)), buckets_(bounds_.size() + 1, 0) {}
 
 void Histogram::observe(double value) {
-  const auto i = static_cast<std::size_t>(
-      std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin());
+  const auto i = static_cast<std::size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), value) -
+                                          bounds_.begin());
   MutexLock lock(mu_);
   ++buckets_[i];
   sum_ += value;
@@ -91,8 +91,8 @@ void PrometheusText::labeled(const std::string& name, const std::string& help,
                              const std::map<std::string, std::uint64_t>& values) {
   header(name, help, type);
   for (const auto& [value_label, value] : values) {
-    text_ += name + "{" + label + "=\"" + escape(value_label) + "\"} " + std::to_string(value) +
-             "\n";
+    text_ +=
+        name + "{" + label + "=\"" + escape(value_label) + "\"} " + std::to_string(value) + "\n";
   }
 }
 

@@ -47,7 +47,9 @@ std::optional<DirStream::Entry> DirStream::next() {
   return std::nullopt;
 }
 
-int DirStream::fd() const { return dir_ != nullptr ? ::dirfd(dir_) : -1; }
+int DirStream::fd() const {
+  return dir_ != nullptr ? ::dirfd(dir_) : -1;
+}
 
 std::vector<std::string> list_dir(const std::string& path) {
   std::vector<std::string> out;

@@ -138,8 +138,7 @@ Result<void> atomic_write(const std::string& path, std::string_view data, mode_t
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
-    return errno_error(ErrorCode::kInternal, reason, "rename('" + tmp + "', '" + path + "')",
-                       err);
+    return errno_error(ErrorCode::kInternal, reason, "rename('" + tmp + "', '" + path + "')", err);
   }
   // The rename itself is durable once the directory is (ext4 usually gets there anyway).
   if (durability == Durability::kFsync) {

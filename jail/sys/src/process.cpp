@@ -23,10 +23,9 @@ Result<PidFd> PidFd::open(pid_t pid) {
 
 Result<void> PidFd::signal(int sig) const {
   if (::syscall(SYS_pidfd_send_signal, fd_.get(), sig, nullptr, 0) != 0) {
-    return errno_error(errno == ESRCH ? ErrorCode::kNotFound : ErrorCode::kInternal, "pidfd",
-                       "pidfd_send_signal(" + std::to_string(pid_) + ", " + std::to_string(sig) +
-                           ")",
-                       errno);
+    return errno_error(
+        errno == ESRCH ? ErrorCode::kNotFound : ErrorCode::kInternal, "pidfd",
+        "pidfd_send_signal(" + std::to_string(pid_) + ", " + std::to_string(sig) + ")", errno);
   }
   return {};
 }
@@ -36,8 +35,8 @@ bool PidFd::wait_readable(std::chrono::milliseconds timeout) const {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     // Rounded up: poll(2) takes whole milliseconds, and the grace is a minimum.
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     const int n = ::poll(&p, 1, static_cast<int>(std::max<long long>(0, left.count())));
     if (n > 0) {
       return true;

@@ -8,8 +8,7 @@
 
 namespace cellgate::sys {
 
-Result<std::pair<SeqpacketChannel, SeqpacketChannel>> SeqpacketChannel::pair(
-    ChannelLimits limits) {
+Result<std::pair<SeqpacketChannel, SeqpacketChannel>> SeqpacketChannel::pair(ChannelLimits limits) {
   int fds[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds) != 0) {
     return errno_error(ErrorCode::kInternal, "socketpair", "socketpair(SOCK_SEQPACKET)", errno);
@@ -130,6 +129,8 @@ Result<std::optional<Message>> receive_packet(int fd, const ChannelLimits& limit
   return std::optional<Message>(std::move(out));
 }
 
-void SeqpacketChannel::shutdown() const { ::shutdown(fd_.get(), SHUT_RDWR); }
+void SeqpacketChannel::shutdown() const {
+  ::shutdown(fd_.get(), SHUT_RDWR);
+}
 
 }  // namespace cellgate::sys

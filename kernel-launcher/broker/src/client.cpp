@@ -165,7 +165,8 @@ class BrokerProcess : public kernel::KernelProcessHandle {
   std::string log_tail(std::size_t max_bytes) const override {
     auto r = shared_->call({{"op", "log_tail"}, {"handle", handle_}, {"max_bytes", max_bytes}},
                            milliseconds(5000));
-    return r ? r->value("text", "") : "(the broker did not give the log: " + r.error().message + ")";
+    return r ? r->value("text", "")
+             : "(the broker did not give the log: " + r.error().message + ")";
   }
 
   // The cgroup's files are readable by anyone: no round trip to the broker.
@@ -173,7 +174,8 @@ class BrokerProcess : public kernel::KernelProcessHandle {
     if (!facts_ || facts_->cgroup_paths.empty()) {
       return make_error(ErrorCode::kNotFound, "no_cgroup", "the kernel has no cgroup");
     }
-    return jail::read_cgroup_stats(kernels::cgroup_version(facts_->cgroup_version), facts_->cgroup_paths);
+    return jail::read_cgroup_stats(kernels::cgroup_version(facts_->cgroup_version),
+                                   facts_->cgroup_paths);
   }
 
   Result<void> signal(int sig) override {
@@ -280,7 +282,8 @@ Result<std::unique_ptr<kernel::KernelProcessHandle>> BrokerBackend::launch(
         r.at("jailed").get<bool>(), std::move(connection),
         r.at("connection_file").get<std::string>(), std::move(facts)));
   } catch (const json::exception& e) {
-    return make_error(ErrorCode::kInternal, "broker", std::string("a bad launch reply: ") + e.what());
+    return make_error(ErrorCode::kInternal, "broker",
+                      std::string("a bad launch reply: ") + e.what());
   }
 }
 

@@ -22,10 +22,11 @@ Result<void> only_fields(const json& req, std::initializer_list<const char*> all
     if (key == "id" || key == "op") {
       continue;
     }
-    const bool known =
-        std::any_of(allowed.begin(), allowed.end(), [&key = key](const char* a) { return key == a; });
+    const bool known = std::any_of(allowed.begin(), allowed.end(),
+                                   [&key = key](const char* a) { return key == a; });
     if (!known) {
-      return refused("unknown field '" + key + "': a request names a kernelspec, a kernel id, "
+      return refused("unknown field '" + key +
+                     "': a request names a kernelspec, a kernel id, "
                      "a uid, the environment and connection-dir files, never the jail");
     }
   }
@@ -40,11 +41,12 @@ Result<const json*> field(const json& req, const char* name, json::value_t type)
                    "' is missing");
   }
   const bool number_ok = type == json::value_t::number_unsigned &&
-                         it->type() == json::value_t::number_integer && it->get<std::int64_t>() >= 0;
+                         it->type() == json::value_t::number_integer &&
+                         it->get<std::int64_t>() >= 0;
   const bool signed_ok = type == json::value_t::number_integer && it->is_number_integer();
   if (it->type() != type && !number_ok && !signed_ok) {
-    return refused(std::string("a field is missing or has the wrong type: '") + name +
-                   "' is a " + it->type_name());
+    return refused(std::string("a field is missing or has the wrong type: '") + name + "' is a " +
+                   it->type_name());
   }
   return &*it;
 }
@@ -53,8 +55,7 @@ Result<std::string> string_field(const json& req, const char* name, std::size_t 
   CELLGATE_ASSIGN_OR_RETURN(const json* j, field(req, name, json::value_t::string));
   const auto& s = j->get_ref<const std::string&>();
   if (s.size() > max) {
-    return refused(std::string("'") + name + "' is longer than " + std::to_string(max) +
-                   " bytes");
+    return refused(std::string("'") + name + "' is longer than " + std::to_string(max) + " bytes");
   }
   return s;
 }
@@ -66,8 +67,8 @@ Result<std::uint64_t> unsigned_field(const json& req, const char* name) {
 
 Result<std::int64_t> integer_field(const json& req, const char* name) {
   CELLGATE_ASSIGN_OR_RETURN(const json* j, field(req, name, json::value_t::number_integer));
-  return j->is_number_unsigned() ? static_cast<std::int64_t>(std::min<std::uint64_t>(
-                                       j->get<std::uint64_t>(), INT64_MAX))
+  return j->is_number_unsigned() ? static_cast<std::int64_t>(
+                                       std::min<std::uint64_t>(j->get<std::uint64_t>(), INT64_MAX))
                                  : j->get<std::int64_t>();
 }
 
@@ -77,8 +78,8 @@ bool plain_file_name(const std::string& s) {
     return false;
   }
   return std::all_of(s.begin(), s.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '-' || c == '_' || c == '.';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '_' || c == '.';
   });
 }
 
@@ -224,7 +225,9 @@ const char* to_string(Op op) {
   return "?";
 }
 
-Op Request::op() const { return static_cast<Op>(body.index()); }
+Op Request::op() const {
+  return static_cast<Op>(body.index());
+}
 
 Error refused(const std::string& message) {
   return make_error(ErrorCode::kInvalidArgument, "broker_refused", message);
@@ -299,8 +302,9 @@ Error error_from_reply(const nlohmann::json& reply) {
     return it != reply.end() && it->is_string() ? it->get<std::string>() : std::string(fallback);
   };
   const auto c = reply.find("code");
-  const int code = c != reply.end() && c->is_number_integer() ? c->get<int>()
-                                                               : static_cast<int>(ErrorCode::kInternal);
+  const int code = c != reply.end() && c->is_number_integer()
+                       ? c->get<int>()
+                       : static_cast<int>(ErrorCode::kInternal);
   const bool known = code >= 0 && code <= static_cast<int>(ErrorCode::kInternal);
   return make_error(known ? static_cast<ErrorCode>(code) : ErrorCode::kInternal,
                     text("reason", "broker"), text("message", "the broker refused"));

@@ -177,7 +177,8 @@ class Broker {
     if (recheck) {
       timeout = std::min(timeout, kRecheck);
     }
-    const int n = ::poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(0, timeout.count())));
+    const int n =
+        ::poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(0, timeout.count())));
     if (n <= 0) {
       return;
     }
@@ -226,8 +227,8 @@ class Broker {
   void dispatch(Request request) {
     const std::uint64_t id = request.id;
     const Op op = request.op();
-    Result<json> answer = std::visit([this, id](auto&& body) { return handle(id, std::move(body)); },
-                                     std::move(request.body));
+    Result<json> answer = std::visit(
+        [this, id](auto&& body) { return handle(id, std::move(body)); }, std::move(request.body));
     if (!answer) {
       spdlog::warn("broker: refused {} from the gateway: {}", to_string(op),
                    answer.error().describe());
@@ -451,8 +452,8 @@ class Broker {
     req.env = std::move(env);
     req.conn_files = std::move(conn_files);
     req.start_timeout = policy_.start_timeout;
-    req.jail = kernels::kernel_jail(policy_.jail, kernel_id, uid, work_dir,
-                                    policy_.work_dir_aliases);
+    req.jail =
+        kernels::kernel_jail(policy_.jail, kernel_id, uid, work_dir, policy_.work_dir_aliases);
     req.jail->access_gid = policy_.access_gid;  // the kernel's gid then (the launcher sees to it)
     return backend_.launch(std::move(req));
   }

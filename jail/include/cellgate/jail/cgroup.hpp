@@ -50,10 +50,11 @@ struct CgroupLimits {
 struct CgroupStats {
   std::uint64_t oom_kills = 0;  // v1 memory.oom_control "oom_kill"; v2 memory.events "oom_kill"
   std::uint64_t memory_current_bytes = 0;
-  std::uint64_t memory_peak_bytes = 0;  // v1 memory.max_usage_in_bytes; v2 memory.peak (0 if absent)
+  std::uint64_t memory_peak_bytes =
+      0;  // v1 memory.max_usage_in_bytes; v2 memory.peak (0 if absent)
   std::int64_t pids_current = 0;
   std::uint64_t pids_limit_hits = 0;  // pids.events "max"
-  std::uint64_t cpu_usage_usec = 0;   // v1 cpuacct.usage / 1000 if available; v2 cpu.stat usage_usec
+  std::uint64_t cpu_usage_usec = 0;  // v1 cpuacct.usage / 1000 if available; v2 cpu.stat usage_usec
   // Whether cpu_usage_usec was measured. Where v1 has no cpuacct next to
   // cpu, it is the user+system time of the cgroup's processes (and their reaped children).
   bool cpu_usage_known = false;
@@ -178,13 +179,14 @@ class Cgroup {
   // finds again through the kernel's record, to end what is left in it. kill_all(), remove()
   // (and the destructor) as for one of ours; dirs that are gone already are skipped.
   static std::unique_ptr<Cgroup> adopt(CgroupVersion version, std::vector<std::string> dirs);
-  ~Cgroup();  // kill_all(), then remove()
+  ~Cgroup();                            // kill_all(), then remove()
   Result<void> add_process(pid_t pid);  // into every hierarchy
   Result<CgroupStats> stats() const;
   // v2: cgroup.kill when present; otherwise (and on v1) SIGKILL every pid in cgroup.procs until
   // it is empty (bounded retries).
   Result<void> kill_all();
-  Result<void> remove();  // rmdir every directory it created (the leaf, and its group parent if now empty)
+  Result<void>
+  remove();  // rmdir every directory it created (the leaf, and its group parent if now empty)
   const std::vector<std::string>& paths() const;  // one directory per hierarchy
   CgroupVersion version() const { return version_; }
 

@@ -46,9 +46,9 @@ Result<void> run_steps(const std::vector<Step>& steps);
 Result<pid_t> clone_jailed();
 
 struct RootPaths {
-  std::string staging;       // an empty root-owned directory to build the new root on
-  std::string conn_dir;      // host path, bound at kJailConnDir ("" : none)
-  std::string work_dir;      // host path bound at kJailWorkDir, or "" for a private tmpfs
+  std::string staging;   // an empty root-owned directory to build the new root on
+  std::string conn_dir;  // host path, bound at kJailConnDir ("" : none)
+  std::string work_dir;  // host path bound at kJailWorkDir, or "" for a private tmpfs
 };
 
 // The two lists of steps, in the order above; the first failure is "<step>: <message>".

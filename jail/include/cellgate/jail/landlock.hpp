@@ -30,7 +30,7 @@
 namespace cellgate::jail {
 
 struct LandlockRule {
-  std::string path;     // inside the jail; a row whose path does not exist is skipped
+  std::string path;      // inside the jail; a row whose path does not exist is skipped
   std::uint64_t access;  // LANDLOCK_ACCESS_FS_* bits, before masking to the ABI
   std::string reason;
 };

@@ -23,17 +23,17 @@
 namespace cellgate::jail {
 
 struct SeccompArg {
-  unsigned index = 0;        // which argument (0-5)
-  std::uint64_t mask = 0;    // (arg & mask) == value
+  unsigned index = 0;      // which argument (0-5)
+  std::uint64_t mask = 0;  // (arg & mask) == value
   std::uint64_t value = 0;
-  bool not_equal = false;    // true: (arg & mask) != value  — used as "any other value"
+  bool not_equal = false;  // true: (arg & mask) != value  — used as "any other value"
 };
 
 struct SeccompRow {
-  std::string syscall;  // name as libseccomp knows it, e.g. "ptrace"
-  int errno_value = 0;  // EPERM, ENOSYS, EOPNOTSUPP, …
+  std::string syscall;           // name as libseccomp knows it, e.g. "ptrace"
+  int errno_value = 0;           // EPERM, ENOSYS, EOPNOTSUPP, …
   std::vector<SeccompArg> args;  // empty: every call; several: all must match (separate args)
-  std::string reason;   // why, with a CVE or a reference where there is one
+  std::string reason;            // why, with a CVE or a reference where there is one
 };
 
 const std::vector<SeccompRow>& default_seccomp_table();

@@ -89,9 +89,10 @@ struct JailSpec {
   // and the `R` wrapper script of an R kernelspec stops without ldpaths. "timezone": the zone's
   // name, which R's Sys.timezone() reads.
   std::vector<std::string> etc_binds = {
-      "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "localtime", "timezone",
-      "protocols", "services", "matplotlibrc", "mime.types", "alternatives", "fonts", "python3",
-      "python3.11", "ssl", "R"};
+      "ld.so.cache",  "ld.so.conf", "ld.so.conf.d", "nsswitch.conf",
+      "localtime",    "timezone",   "protocols",    "services",
+      "matplotlibrc", "mime.types", "alternatives", "fonts",
+      "python3",      "python3.11", "ssl",          "R"};
   // Host paths outside /usr and /etc bound read-only at the same place when they exist: shared,
   // secret-free caches a kernel would otherwise rebuild in its work dir on every start.
   // fontconfig's serves R's png()/cairo devices (without it each R kernel's first plot scans

@@ -48,8 +48,8 @@ inline Error make_error(ErrorCode code, std::string reason, std::string message)
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}          // NOLINT(google-explicit-constructor)
-  Result(Error error) : v_(std::move(error)) {}      // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}      // NOLINT(google-explicit-constructor)
+  Result(Error error) : v_(std::move(error)) {}  // NOLINT(google-explicit-constructor)
 
   bool ok() const { return v_.index() == 0; }
   explicit operator bool() const { return ok(); }
@@ -107,7 +107,9 @@ class [[nodiscard]] Result<void> {
   bool ok_ = true;
 };
 
-inline Result<void> ok_result() { return {}; }
+inline Result<void> ok_result() {
+  return {};
+}
 
 }  // namespace cellgate
 
@@ -115,12 +117,12 @@ inline Result<void> ok_result() { return {}; }
 #define CELLGATE_CONCAT(a, b) CELLGATE_CONCAT_INNER(a, b)
 
 // Returns the error of a failed Result<...> from the enclosing function.
-#define CELLGATE_TRY(expr)                          \
-  do {                                              \
-    auto cellgate_try_result_ = (expr);             \
-    if (!cellgate_try_result_.ok()) {               \
+#define CELLGATE_TRY(expr)                            \
+  do {                                                \
+    auto cellgate_try_result_ = (expr);               \
+    if (!cellgate_try_result_.ok()) {                 \
       return std::move(cellgate_try_result_).error(); \
-    }                                               \
+    }                                                 \
   } while (false)
 
 // Declares `lhs` from a successful Result, or returns its error.

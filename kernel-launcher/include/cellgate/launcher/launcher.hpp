@@ -22,10 +22,10 @@ struct LaunchOptions {
   // The same status lines appended here too (the kernel's runtime dir): the pipe's reader, the
   // gateway, may be gone when the kernel ends, and a gateway that adopts the kernel reads them.
   std::string status_file;
-  std::string cwd;                // "" : inherit (unjailed only; a jailed kernel starts in its work dir)
-  bool die_with_parent = false;   // SIGKILL the kernel when the launcher's parent dies
-  bool jail = true;               // false: run unjailed (an explicit operator choice)
-  std::string spec_path;          // JailSpec JSON; "": the defaults
+  std::string cwd;  // "" : inherit (unjailed only; a jailed kernel starts in its work dir)
+  bool die_with_parent = false;  // SIGKILL the kernel when the launcher's parent dies
+  bool jail = true;              // false: run unjailed (an explicit operator choice)
+  std::string spec_path;         // JailSpec JSON; "": the defaults
   // The kernel's connection file on the host. In the jail it becomes kJailConnDir/kernel.json
   // (ipc endpoints) and every argv element equal to this path is replaced by that.
   std::string connection_file;

@@ -40,18 +40,18 @@ class App;
 namespace cellgate::notebooks {
 
 struct NotebookRunOptions {
-  std::vector<std::string> inputs;      // notebooks, or directories of *.ipynb
-  std::string output;                   // -o: the executed notebook (one input only)
-  std::string output_dir;               // --output-dir: DIR/<name>.ipynb per notebook
-  bool inplace = false;                 // write the executed notebook over its input
+  std::vector<std::string> inputs;  // notebooks, or directories of *.ipynb
+  std::string output;               // -o: the executed notebook (one input only)
+  std::string output_dir;           // --output-dir: DIR/<name>.ipynb per notebook
+  bool inplace = false;             // write the executed notebook over its input
   std::vector<std::pair<std::string, std::string>> parameters;      // -p NAME VALUE
   std::vector<std::pair<std::string, std::string>> raw_parameters;  // -r NAME VALUE
   std::vector<std::string> yaml_parameters;                         // -y YAML
-  double timeout_seconds = 0;           // per cell; 0: none
-  bool allow_errors = false;            // run every cell even after errors
-  std::string artifacts_dir;            // save images and PDFs to DIR/<notebook>/
-  std::string kernel;                   // "": the notebook's kernelspec when known, else python3
-  std::string url;                      // a running gateway; "": an embedded one
+  double timeout_seconds = 0;                                       // per cell; 0: none
+  bool allow_errors = false;  // run every cell even after errors
+  std::string artifacts_dir;  // save images and PDFs to DIR/<notebook>/
+  std::string kernel;         // "": the notebook's kernelspec when known, else python3
+  std::string url;            // a running gateway; "": an embedded one
   std::string token;
   bool json = false;     // the summary as JSON on stdout
   int jobs = 1;          // notebooks at once

@@ -18,8 +18,8 @@
 // updated across cells) and execution count. The run stops at the first cell that raises
 // (unless allow_errors, or the cell is tagged "raises-exception", as nbclient does), that times
 // out (unless allow_errors and the interrupt stopped it: nbclient's interrupt_on_timeout), whose
-// kernel dies, or once the backend is cancelled. Then the kernel is shut down, images and PDFs are saved, and
-// the executed notebook is written (also when the run failed, so the error is in it).
+// kernel dies, or once the backend is cancelled. Then the kernel is shut down, images and PDFs are
+// saved, and the executed notebook is written (also when the run failed, so the error is in it).
 //
 // Thread-safety: run_notebook blocks; many may run at once on one Backend, one per thread. The
 // progress callback runs on the calling thread.
@@ -55,7 +55,7 @@ struct NotebookRun {
   std::vector<notebook::Parameter> parameters;  // injected after the "parameters" cell
   double timeout_seconds = 0;                   // per cell; 0: none
   bool allow_errors = false;  // run every cell even after errors and interrupted timeouts
-  std::string kernel;  // "": the notebook's kernelspec when the backend has it, else python3
+  std::string kernel;         // "": the notebook's kernelspec when the backend has it, else python3
   std::string files_from;     // a directory whose files go to the work dir; "": none
   std::string artifacts_dir;  // images and PDFs saved as DIR/cell<i>-<n>.<ext>; "": not saved
   std::string output;         // the executed notebook is written here; "": not written

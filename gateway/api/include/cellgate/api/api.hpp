@@ -24,8 +24,8 @@
 
 #include "cellgate/execute/executor.hpp"
 #include "cellgate/http/handler.hpp"
-#include "cellgate/http/stats.hpp"
 #include "cellgate/http/router.hpp"
+#include "cellgate/http/stats.hpp"
 #include "cellgate/kernels/registry.hpp"
 #include "cellgate/util/loop.hpp"
 

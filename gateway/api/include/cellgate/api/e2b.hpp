@@ -82,8 +82,7 @@ std::string env_restore_code(const std::map<std::string, std::string>& vars);
 // Image.save() displaying the image, as E2B's sandboxes do (the kernel's display formatters,
 // gateway/kernels/python/cellgate_display.py). nullopt for a language whose syntax cellgate does
 // not know (python and r are known): the context then starts in its kernel's work dir.
-std::optional<std::string> context_setup_code(const std::string& language,
-                                              const std::string& cwd);
+std::optional<std::string> context_setup_code(const std::string& language, const std::string& cwd);
 
 // Maps cellgate's execution events to E2B NDJSON objects, one execution at a time:
 //   stream           → {"type":"stdout"|"stderr","text"}

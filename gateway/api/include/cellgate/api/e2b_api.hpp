@@ -34,7 +34,7 @@
 namespace cellgate::api {
 
 struct E2bOptions {
-  std::string token;                // "" : every request is allowed
+  std::string token;                 // "" : every request is allowed
   bool allow_missing_token = false;  // a request without any token is allowed (E2B's debug SDK)
   double execute_max_timeout = 600;
   double execute_keepalive = 3;

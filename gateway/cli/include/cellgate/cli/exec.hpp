@@ -32,8 +32,8 @@ class App;
 namespace cellgate::cli {
 
 struct ExecOptions {
-  std::string code;               // the cell
-  std::string file;               // read the cell from this file ("-": stdin)
+  std::string code;                // the cell
+  std::string file;                // read the cell from this file ("-": stdin)
   std::string kernel = "python3";  // kernelspec name
   double timeout_seconds = 0;      // 0: no limit
   bool no_jail = false;            // run the kernel unjailed (explicit only)

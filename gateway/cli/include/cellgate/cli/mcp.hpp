@@ -31,14 +31,14 @@ struct McpOptions {
   std::string token;  // its token
   // Embedded only:
   bool no_jail = false;
-  std::string state_dir;            // "": a temp dir, removed at exit
+  std::string state_dir;  // "": a temp dir, removed at exit
   std::size_t max_kernels = 16;
   double execute_max_timeout = 600;  // seconds
   double execute_grace = 5;
   std::size_t execute_stream_bytes = 1u << 20;
   std::size_t execute_output_bytes = 8u << 20;
   std::size_t max_file_bytes = 16u << 20;
-  std::string audit_log;  // "": none
+  std::string audit_log;           // "": none
   std::uint64_t memory_bytes = 0;  // 0: the jail's default
   double cpus = 0;
   std::uint64_t pids = 0;

@@ -46,7 +46,7 @@ struct HostOptions {
 
 struct PreparedHost {
   jail::HostSupport support;
-  std::string cgroup_parent;  // for JailSpec::cgroup_parent; "" = each launcher's own cgroup
+  std::string cgroup_parent;    // for JailSpec::cgroup_parent; "" = each launcher's own cgroup
   bool user_namespace = false;  // this process entered a user namespace of its own
 };
 

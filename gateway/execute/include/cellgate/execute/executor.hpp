@@ -81,25 +81,25 @@ struct ExecuteRequest {
 // POST /api/execute: a fresh kernel, files placed in its work dir, one cell, torn down.
 struct OneShotRequest {
   ExecuteRequest cell;
-  std::string kernel_name;                    // "" : the default kernelspec
-  std::map<std::string, std::string> files;   // work-dir path → bytes
+  std::string kernel_name;                   // "" : the default kernelspec
+  std::map<std::string, std::string> files;  // work-dir path → bytes
 
   static Result<OneShotRequest> from_json(const nlohmann::json& body, double max_timeout,
                                           std::size_t max_file_bytes);
 };
 
 struct ExecuteLimits {
-  std::size_t stream_bytes = 1u << 20;    // stdout and stderr, each
-  std::size_t output_bytes = 8u << 20;    // one display_data / execute_result
-  std::size_t outputs = 1000;             // outputs kept
+  std::size_t stream_bytes = 1u << 20;         // stdout and stderr, each
+  std::size_t output_bytes = 8u << 20;         // one display_data / execute_result
+  std::size_t outputs = 1000;                  // outputs kept
   std::size_t total_output_bytes = 64u << 20;  // every output kept, together (1000 x 8 MiB is
                                                // 8 GiB otherwise)
-  std::chrono::milliseconds grace{5000};  // after the interrupt, before a restart
+  std::chrono::milliseconds grace{5000};       // after the interrupt, before a restart
 };
 
 struct RunOptions {
   std::function<void(const nlohmann::json& event)> on_event;  // must not block
-  std::chrono::milliseconds keepalive{0};                    // 0: no keepalive events
+  std::chrono::milliseconds keepalive{0};                     // 0: no keepalive events
   std::string client;                                         // who asked, for the audit log
 };
 

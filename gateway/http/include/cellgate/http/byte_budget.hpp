@@ -25,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <vector>
+
 #include "cellgate/mutex.hpp"
 
 namespace cellgate::http {
@@ -63,9 +64,9 @@ class ByteBudget : public std::enable_shared_from_this<ByteBudget> {
   std::unique_ptr<Account> open(std::function<void()> on_shed);
 
   std::size_t limit() const { return limit_; }
-  std::size_t used() const;       // every account's bytes, shed ones included until they let go
-  std::size_t peak() const;       // the most `used()` has been
-  std::size_t shed_count() const; // accounts shed so far
+  std::size_t used() const;        // every account's bytes, shed ones included until they let go
+  std::size_t peak() const;        // the most `used()` has been
+  std::size_t shed_count() const;  // accounts shed so far
 
  private:
   void update(Account& account, std::size_t bytes);
@@ -80,7 +81,8 @@ class ByteBudget : public std::enable_shared_from_this<ByteBudget> {
   mutable Mutex mu_;
   std::vector<Account*> accounts_ CELLGATE_GUARDED_BY(mu_);
   std::size_t used_ CELLGATE_GUARDED_BY(mu_) = 0;
-  std::size_t shed_bytes_ CELLGATE_GUARDED_BY(mu_) = 0;  // held by shed accounts: going, not counted against the limit
+  std::size_t shed_bytes_ CELLGATE_GUARDED_BY(mu_) =
+      0;  // held by shed accounts: going, not counted against the limit
   std::size_t peak_ CELLGATE_GUARDED_BY(mu_) = 0;
   std::size_t shed_count_ CELLGATE_GUARDED_BY(mu_) = 0;
 };

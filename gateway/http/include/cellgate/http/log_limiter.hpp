@@ -16,6 +16,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+
 #include "cellgate/mutex.hpp"
 
 namespace cellgate::http {

@@ -4,7 +4,8 @@
 //   exchange->reply(http::json_response(req, status::ok, {{"id", id}}));
 //   exchange->reply(http::error_response(req, make_error(ErrorCode::kNotFound, "no_such_kernel",
 //                                                        "Kernel does not exist: " + id)));
-//   // → 404 {"reason": "Not Found", "message": "Kernel does not exist: …", "error": "no_such_kernel"}
+//   // → 404 {"reason": "Not Found", "message": "Kernel does not exist: …", "error":
+//   "no_such_kernel"}
 //
 // Thread-safety: the functions are pure; Exchange's methods may be called from any thread.
 #pragma once

@@ -10,8 +10,8 @@
 namespace cellgate::http {
 
 struct HttpStats {
-  util::Counter accepted;        // connections accepted and served
-  util::LabeledCounter rejected;  // requests or connections refused, by reason
+  util::Counter accepted;           // connections accepted and served
+  util::LabeledCounter rejected;    // requests or connections refused, by reason
   util::LabeledCounter ws_dropped;  // WebSocket connections the gateway closed, by reason
 };
 

@@ -174,8 +174,8 @@ struct AdoptionFacts {
   std::string launcher_start_time;  // field 22 of /proc/<pid>/stat
   pid_t kernel_pid = -1;            // host pid namespace
   bool jailed = false;
-  std::string runtime_dir;    // connection dir, jail spec, status file, log
-  std::string status_file;    // the launcher's status lines (launcher --status-file)
+  std::string runtime_dir;  // connection dir, jail spec, status file, log
+  std::string status_file;  // the launcher's status lines (launcher --status-file)
   std::string log_file;
   std::string work_dir;
   std::vector<std::string> cgroup_paths;  // the kernel's cgroup, one dir per hierarchy

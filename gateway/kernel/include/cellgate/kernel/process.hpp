@@ -22,10 +22,10 @@
 #include <string>
 #include <vector>
 
+#include "cellgate/jail/cgroup.hpp"
 #include "cellgate/jail/spec.hpp"
 #include "cellgate/kernel/connection.hpp"
 #include "cellgate/kernel/kernel.hpp"
-#include "cellgate/jail/cgroup.hpp"
 #include "cellgate/launcher/status.hpp"
 #include "cellgate/result.hpp"
 #include "cellgate/unique_fd.hpp"

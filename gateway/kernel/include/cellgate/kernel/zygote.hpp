@@ -45,8 +45,8 @@ class Zygote {
   void tick();
   // True once a zygote ended (or reported a setup error) without ever becoming ready.
   bool failed();
-  pid_t pid();         // -1 while none runs
-  int restarts();      // zygotes started after the first
+  pid_t pid();     // -1 while none runs
+  int restarts();  // zygotes started after the first
 
  private:
   void spawn_locked();

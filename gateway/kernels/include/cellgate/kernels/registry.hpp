@@ -56,15 +56,15 @@
 #include "cellgate/kernels/managed_kernel.hpp"
 #include "cellgate/kernels/uid_allocator.hpp"
 #include "cellgate/result.hpp"
-#include "cellgate/util/metrics.hpp"
 #include "cellgate/unique_fd.hpp"
+#include "cellgate/util/metrics.hpp"
 
 namespace cellgate::kernels {
 
 // What the registry is configured with (the composition root fills it from `cellgate serve`'s
 // options).
 struct RegistryOptions {
-  std::string state_dir;         // kernels/<id>.json records, work dirs, run/ (required)
+  std::string state_dir;  // kernels/<id>.json records, work dirs, run/ (required)
   // The backend is a privileged broker (broker.hpp) and this gateway is not root: kernels' work
   // dirs are the broker's, <state_dir>/work/<id>, and the files API cannot chown.
   bool privilege_separated = false;
@@ -73,9 +73,9 @@ struct RegistryOptions {
   double cull_interval = 300;
   bool cull_connected = false;
   bool cull_busy = false;
-  std::set<std::string> env_allowlist;    // client env names passed besides KERNEL_*
-  int restart_limit = 5;                  // auto-restarts of a dying kernel before it is dead
-  double kernel_start_timeout = 60;       // seconds for the launcher's report and the first kernel_info
+  std::set<std::string> env_allowlist;  // client env names passed besides KERNEL_*
+  int restart_limit = 5;                // auto-restarts of a dying kernel before it is dead
+  double kernel_start_timeout = 60;  // seconds for the launcher's report and the first kernel_info
   // Seconds a kernel may go without answering heartbeats while its process uses no CPU before it
   // is declared dead and restarted (a hung kernel: stopped, deadlocked). Silence while it uses
   // CPU, or is held at its CPU quota with work waiting, never counts.
@@ -83,8 +83,8 @@ struct RegistryOptions {
   // The largest frame taken from a kernel; a larger one is refused by libzmq before it is
   // buffered, and the clients are told on iopub (kernel/src/client.cpp).
   std::size_t max_kernel_message_bytes = 64u << 20;
-  bool no_jail = false;                   // run kernels unjailed (explicit only)
-  int pool_size = 0;                      // ready kernels per pooled kernelspec (0: off)
+  bool no_jail = false;  // run kernels unjailed (explicit only)
+  int pool_size = 0;     // ready kernels per pooled kernelspec (0: off)
   // The most ready kernels per pooled kernelspec while recent starts ask for more than
   // pool_size (warm_pool.hpp); at most pool_size (the default, 0): a fixed size.
   int pool_max = 0;
@@ -111,9 +111,9 @@ struct RegistryStats {
   util::Counter pool_claims;     // of those, from the warm pool
   util::Counter start_failures;  // client starts that failed
   util::Counter restarts;        // automatic restarts after a death
-  util::LabeledCounter deaths;   // by reason: oom, signaled, timeout, violation, heartbeat, exited…
-  util::Counter adopted;         // kernels of a previous gateway adopted at start
-  util::Counter cleaned_up;      // and what it left that was ended and removed
+  util::LabeledCounter deaths;  // by reason: oom, signaled, timeout, violation, heartbeat, exited…
+  util::Counter adopted;        // kernels of a previous gateway adopted at start
+  util::Counter cleaned_up;     // and what it left that was ended and removed
 };
 
 class KernelRegistry {

@@ -37,9 +37,9 @@
 namespace cellgate::kernels {
 
 struct UidRangeOptions {
-  uid_t base = 2000000;     // above the launcher's jail::kUidBase + pid (cellgate run's uids)
-  uid_t range_size = 1000;  // uids per gateway: live kernels, pooled ones, orphans skipped
-  std::size_t ranges = 1000;                       // gateways per host
+  uid_t base = 2000000;       // above the launcher's jail::kUidBase + pid (cellgate run's uids)
+  uid_t range_size = 1000;    // uids per gateway: live kernels, pooled ones, orphans skipped
+  std::size_t ranges = 1000;  // gateways per host
   std::string lease_dir = "/run/cellgate/uid-ranges";  // host-wide
   std::string fallback_lease_dir;  // when lease_dir is not writable; empty: none
 };

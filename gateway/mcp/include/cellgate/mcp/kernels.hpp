@@ -102,7 +102,6 @@ std::unique_ptr<Kernels> make_local_kernels(kernels::KernelRegistry& registry,
 // A running gateway, checked up front (GET /api/kernelspecs) so a wrong URL or token is an error
 // now rather than at the first tool call. Its own --execute-max-timeout clamps cells too.
 Result<std::unique_ptr<Kernels>> make_remote_kernels(http::client::Url url, std::string token,
-                                                     KernelsOptions options,
-                                                     util::Offload offload);
+                                                     KernelsOptions options, util::Offload offload);
 
 }  // namespace cellgate::mcp

@@ -51,9 +51,8 @@ class Signer {
   bool enabled() const { return auth_ != nullptr; }
   std::string sign(std::string_view header, std::string_view parent_header,
                    std::string_view metadata, std::string_view content) const;
-  bool verify(std::string_view signature, std::string_view header,
-              std::string_view parent_header, std::string_view metadata,
-              std::string_view content) const;
+  bool verify(std::string_view signature, std::string_view header, std::string_view parent_header,
+              std::string_view metadata, std::string_view content) const;
 
  private:
   std::unique_ptr<xeus::xauthentication> auth_;

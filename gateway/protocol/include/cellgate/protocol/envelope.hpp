@@ -53,8 +53,8 @@ using EnvelopePtr = std::shared_ptr<const Envelope>;
 class Envelope {
  public:
   // From a kernel's ZeroMQ frames (split, verify, check). Errors as codec.hpp's (too_few_frames,
-  // missing_delimiter, too_large, bad_signature, invalid_json, too_deep, bad_shape). Routing identities are
-  // dropped: the gateway's sockets are DEALERs and SUBs.
+  // missing_delimiter, too_large, bad_signature, invalid_json, too_deep, bad_shape). Routing
+  // identities are dropped: the gateway's sockets are DEALERs and SUBs.
   static Result<EnvelopePtr> from_wire(Channel channel, std::span<const std::string_view> frames,
                                        const Signer& signer, const Limits& limits = {});
   // From frames a client sent (a v1 WebSocket frame): checked as above, nothing to verify.

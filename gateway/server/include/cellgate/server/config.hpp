@@ -39,15 +39,15 @@ struct ServeOptions {
   std::size_t max_ws_queue_bytes = 256u << 20;   // unsent outbound bytes before a client is dropped
   std::size_t max_ws_total_bytes = 256u << 20;   // the same, plus unfinished inbound, all clients
   std::size_t max_kernel_message_bytes = 64u << 20;  // one frame from a kernel; larger: dropped
-  double ws_ping_interval = 30;                   // seconds; 0: off
+  double ws_ping_interval = 30;                      // seconds; 0: off
   int threads = 2;
   std::set<std::string> env_allowlist;  // client env names passed besides KERNEL_*
   int restart_limit = 5;                // auto-restarts of a dying kernel before it is dead
-  double kernel_start_timeout = 60;     // seconds for the launcher's report and the first kernel_info
+  double kernel_start_timeout = 60;  // seconds for the launcher's report and the first kernel_info
   // Seconds without heartbeats while the kernel's process uses no CPU before it is restarted
   // (RegistryOptions::heartbeat_timeout); a kernel busy at its CPU quota is never restarted.
   double heartbeat_timeout = 3;
-  bool no_jail = false;                 // run kernels unjailed (explicit only)
+  bool no_jail = false;  // run kernels unjailed (explicit only)
   // SIGTERM and SIGINT leave the client kernels running for the next gateway on the state dir to
   // adopt, as SIGUSR2 always does (a restart or an upgrade under a service manager).
   bool keep_kernels = false;
@@ -71,11 +71,11 @@ struct ServeOptions {
   bool zygote = false;
   std::vector<std::string> zygote_preload;  // empty: ipykernel, IPython, numpy, pandas, matplotlib
   // POST /api/kernels/{id}/execute
-  double execute_max_timeout = 600;              // seconds; longer requests are clamped
-  double execute_grace = 5;                      // seconds between the interrupt and a restart
-  std::size_t execute_stream_bytes = 1u << 20;   // stdout and stderr kept per cell, each
-  std::size_t execute_output_bytes = 8u << 20;   // one display_data / execute_result
-  double execute_keepalive = 3;                  // seconds between keepalives when streaming
+  double execute_max_timeout = 600;             // seconds; longer requests are clamped
+  double execute_grace = 5;                     // seconds between the interrupt and a restart
+  std::size_t execute_stream_bytes = 1u << 20;  // stdout and stderr kept per cell, each
+  std::size_t execute_output_bytes = 8u << 20;  // one display_data / execute_result
+  double execute_keepalive = 3;                 // seconds between keepalives when streaming
   // Artifacts (images and PDFs kernels display, stored by SHA-256 under <state>/artifacts)
   std::size_t artifacts_per_kernel = 1000;
   std::size_t artifact_bytes_per_kernel = 256u << 20;
@@ -90,7 +90,7 @@ struct ServeOptions {
   int e2b_port = 0;
   // E2B's SDK in debug mode sends no token: allow token-less E2B requests (loopback --ip only).
   bool e2b_no_token = false;
-  jail::JailSpec jail;                  // limits for every kernel
+  jail::JailSpec jail;  // limits for every kernel
   // cgroup v2: the delegated cgroup kernels' cgroups go below ("": arranged from our own,
   // jail::place_kernel_cgroups; run_serve fills jail.cgroup_parent from it).
   std::string cgroup_parent;

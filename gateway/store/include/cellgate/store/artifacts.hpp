@@ -36,8 +36,8 @@
 #include <utility>
 #include <vector>
 
-#include "cellgate/result.hpp"
 #include "cellgate/mutex.hpp"
+#include "cellgate/result.hpp"
 
 namespace cellgate::store {
 
@@ -116,7 +116,8 @@ class ArtifactStore {
   const Caps caps_;
   mutable Mutex mu_;
   std::unordered_map<std::string, KernelIndex> kernels_ CELLGATE_GUARDED_BY(mu_);
-  bool index_warned_ CELLGATE_GUARDED_BY(mu_) = false;  // the journal failed and it was logged; reset on success
+  bool index_warned_ CELLGATE_GUARDED_BY(mu_) =
+      false;  // the journal failed and it was logged; reset on success
 };
 
 }  // namespace cellgate::store

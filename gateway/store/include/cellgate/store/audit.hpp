@@ -36,9 +36,9 @@
 #include <string_view>
 #include <vector>
 
+#include "cellgate/mutex.hpp"
 #include "cellgate/result.hpp"
 #include "cellgate/unique_fd.hpp"
-#include "cellgate/mutex.hpp"
 
 namespace re2 {
 class RE2;

@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <vector>
+
 #include "cellgate/mutex.hpp"
 
 namespace boost::asio {

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <string>
 #include <vector>
+
 #include "cellgate/mutex.hpp"
 
 namespace cellgate::util {
@@ -62,7 +63,8 @@ class Histogram {
  private:
   const std::vector<double> bounds_;
   mutable Mutex mu_;
-  std::vector<std::uint64_t> buckets_ CELLGATE_GUARDED_BY(mu_);  // per bound, then +Inf (not cumulative)
+  std::vector<std::uint64_t> buckets_
+      CELLGATE_GUARDED_BY(mu_);  // per bound, then +Inf (not cumulative)
   double sum_ CELLGATE_GUARDED_BY(mu_) = 0;
 };
 

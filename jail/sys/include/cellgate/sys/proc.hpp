@@ -28,14 +28,14 @@ namespace cellgate::sys {
 // /proc/<pid>/stat: the fields cellgate reads.
 struct ProcStat {
   pid_t pid = 0;
-  std::string comm;             // field 2, without the parentheses
-  char state = '?';             // field 3
-  pid_t ppid = 0;               // field 4
-  std::uint64_t utime = 0;      // fields 14-17, in clock ticks
+  std::string comm;         // field 2, without the parentheses
+  char state = '?';         // field 3
+  pid_t ppid = 0;           // field 4
+  std::uint64_t utime = 0;  // fields 14-17, in clock ticks
   std::uint64_t stime = 0;
   std::uint64_t cutime = 0;
   std::uint64_t cstime = 0;
-  std::string start_time;       // field 22, ticks since boot, as text (compared, never computed)
+  std::string start_time;  // field 22, ticks since boot, as text (compared, never computed)
   // utime + stime + cutime + cstime in microseconds.
   std::uint64_t cpu_usec() const;
 };
@@ -63,8 +63,8 @@ std::vector<ProcCgroupLine> parse_proc_cgroup(std::string_view text);
 // /proc/<pid>/mountinfo: "id parent maj:min root mountpoint options [optional…] - fstype source
 // superoptions"; octal escapes (\040) undone.
 struct MountInfo {
-  std::string root;                        // the mounted subtree of the filesystem
-  std::string mountpoint;                  // where it is mounted
+  std::string root;        // the mounted subtree of the filesystem
+  std::string mountpoint;  // where it is mounted
   std::string fstype;
   std::string source;
   std::vector<std::string> super_options;
@@ -77,7 +77,8 @@ std::string unescape_octal(std::string_view s);
 // `max_entries` are kept.
 std::map<std::string, std::string> parse_environ(std::string_view text,
                                                  std::size_t max_entries = 4096);
-Result<std::map<std::string, std::string>> read_environ(pid_t pid, const std::string& proc = "/proc");
+Result<std::map<std::string, std::string>> read_environ(pid_t pid,
+                                                        const std::string& proc = "/proc");
 
 // /proc/<pid>/cmdline: the NUL-separated arguments.
 std::vector<std::string> parse_cmdline(std::string_view text);

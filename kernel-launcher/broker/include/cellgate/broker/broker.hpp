@@ -39,9 +39,9 @@ struct BrokerPolicy {
   std::string state_dir;  // runtime dirs in <state_dir>/run, work dirs in <state_dir>/work/<id>
   jail::JailSpec jail;    // every kernel's jail; uid, gid, name and work-dir binds per kernel
   std::vector<std::string> work_dir_aliases;  // where the work dir is bound besides /home/kernel
-  uid_t first_uid = 0;    // the kernel uids it may run, inclusive (never 0)
+  uid_t first_uid = 0;                        // the kernel uids it may run, inclusive (never 0)
   uid_t last_uid = 0;
-  gid_t access_gid = 0;   // the gateway's group: may use the kernels' sockets and work dirs
+  gid_t access_gid = 0;  // the gateway's group: may use the kernels' sockets and work dirs
   kernel::ProcessBackendOptions backend;
   // How long a launcher may take to report its kernel started (--kernel-start-timeout).
   std::chrono::milliseconds start_timeout{60000};
@@ -68,9 +68,11 @@ class BrokerBackend : public kernel::KernelBackend {
   bool wait_fast(std::chrono::milliseconds timeout) override;
   // Sends the kernelspec's name, the kernel id, the jail's uid, the environment and the
   // connection-dir files; everything else in `request` is the broker's to decide.
-  Result<std::unique_ptr<kernel::KernelProcessHandle>> launch(kernel::LaunchRequest request) override;
+  Result<std::unique_ptr<kernel::KernelProcessHandle>> launch(
+      kernel::LaunchRequest request) override;
   // Kernels are not adopted across gateways here: the broker ended them when its gateway went.
-  Result<std::unique_ptr<kernel::KernelProcessHandle>> adopt(const kernel::AdoptionFacts& facts) override;
+  Result<std::unique_ptr<kernel::KernelProcessHandle>> adopt(
+      const kernel::AdoptionFacts& facts) override;
   void end_work_dir(const std::string& kernel_id, const std::string& work_dir) override;
 
   struct Shared;  // the channel, its reader thread, pending replies, handles' exit reports
