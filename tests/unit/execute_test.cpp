@@ -478,6 +478,35 @@ TEST_F(ExecutorTest, ACellIgnoringSigintGetsItsKernelRestartedAfterTheGrace) {
   EXPECT_EQ(kernel(1)->executed(), std::vector<std::string>{"1"});
 }
 
+// ipykernel publishes busy before it installs its SIGINT handler: a timeout that fires in
+// between must not send the SIGINT the kernel drops (the cell would run past its grace and the
+// kernel be restarted with its state lost: seen on a slow guest). It waits for execute_input.
+TEST_F(ExecutorTest, ATimeoutBeforeTheKernelHandlesTheCellInterruptsOnceItDoes) {
+  ExecuteLimits limits;
+  limits.grace = 2s;
+  start(limits);
+  respond("x = 41", FakeCell());
+  ASSERT_TRUE(answered(run("x = 41")));
+  respond("sleep", FakeCell().hang());
+  kernel()->hold_next_cell();
+  auto out = run("sleep", /*timeout=*/1);
+  ASSERT_TRUE(settle([&] { return kernel()->cell_held(); }));
+  loop_.run_ready();  // the executor has the cell's busy
+  loop_.advance(1s);  // the timeout
+  loop_.run_ready();
+  EXPECT_EQ(kernel()->interrupts(), 0) << "no SIGINT while the kernel ignores it";
+  kernel()->release_cell();
+  ASSERT_TRUE(answered(out));
+  const json& a = out->json_answer();
+  EXPECT_EQ(a["status"], "timeout");
+  EXPECT_EQ(a["state_lost"], false);
+  EXPECT_EQ(a["error"]["ename"], "KeyboardInterrupt");
+  EXPECT_EQ(a["execution_count"], 2);
+  EXPECT_EQ(kernel()->signals(), std::vector<int>{SIGINT});
+  EXPECT_EQ(fake_.launches(), 1) << "no restart";
+  EXPECT_EQ(loop_.pending_timers(), 0u) << "no grace timer left behind";
+}
+
 TEST_F(ExecutorTest, CancelWhileRunningInterrupts) {
   start();
   respond("sleep", FakeCell().hang());

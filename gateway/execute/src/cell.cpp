@@ -272,7 +272,10 @@ void Cell::on_envelope(std::uint64_t request, const protocol::EnvelopePtr& envel
     if (request != cell_request_) {
       return;  // teardown: nothing of it is kept
     }
-    if (channel == Channel::kIopub && !kernel_began_) {
+    // ipykernel publishes `status: busy` before it installs its SIGINT handler (the kernel
+    // ignores SIGINT between cells) and `execute_input` after: a cell has begun once a message
+    // of the handler's own came. A silent cell publishes none, so its busy has to do.
+    if (channel == Channel::kIopub && !kernel_began_ && (type != "status" || params_.silent)) {
       kernel_began_ = true;
       if (interrupt_deferred_ && state_ == State::kStopping) {
         interrupt_deferred_ = false;
@@ -425,9 +428,9 @@ void Cell::on_keepalive() {
 }
 
 void Cell::stop() {
-  // A cell whose request the kernel has not begun (it is still busy with what came before, or
-  // slow to read it) is interrupted once it begins; the grace timer bounds a kernel that never
-  // does.
+  // A cell whose request the kernel has not begun (it is still busy with what came before, slow
+  // to read it, or between its busy and its SIGINT handler) is interrupted once it begins; the
+  // grace timer bounds a kernel that never does.
   const bool now = state_ != State::kRunning || kernel_began_;
   state_ = State::kStopping;
   if (now) {

@@ -212,9 +212,10 @@ class Cell : public std::enable_shared_from_this<Cell> {
   bool cancelled_ = false;
   bool abandoned_ = false;
   bool state_lost_ = false;
-  // The kernel has begun the cell's request (its first iopub message, `status: busy`, came).
-  // A SIGINT sent before that reaches a kernel still waiting for the request, which drops it,
-  // and the cell then runs past its grace: the interrupt waits for this instead.
+  // The kernel has begun the cell's request: a message of its handler came (execute_input, or
+  // any output; a silent cell's `status: busy`). A SIGINT sent before that reaches a kernel that
+  // ignores it (ipykernel sets SIG_IGN between cells and installs its handler only after it has
+  // published busy), and the cell then runs past its grace: the interrupt waits for this.
   bool kernel_began_ = false;
   bool interrupt_deferred_ = false;
   std::optional<jail::CgroupStats> before_stats_;

@@ -185,8 +185,10 @@ void Executor::run_silently(const std::string& kernel_id, std::string code,
   Cell::launch(
       context, context->loop.strand(),
       {.kernel_id = kernel_id, .request = std::move(request), .options = {}, .silent = true},
-      [done = std::move(done)](Answer answer) {
-        done(answer ? ok_result() : Result<void>(std::move(answer).error()));
+      // By reference: GCC 12 warns (maybe-uninitialized, a false positive) on the variant's
+      // move into a by-value parameter here.
+      [done = std::move(done)](const Answer& answer) {
+        done(answer ? ok_result() : Result<void>(answer.error()));
       });
 }
 

@@ -37,10 +37,12 @@ TlsContext::TlsContext(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 TlsContext::~TlsContext() = default;
 
 Result<std::shared_ptr<TlsContext>> TlsContext::load(const std::string& certfile,
-                                                     const std::string& keyfile) {
+                                                     const std::string& keyfile,
+                                                     const std::string& client_ca) {
   if (certfile.empty() || keyfile.empty()) {
     return make_error(ErrorCode::kInvalidArgument, "tls",
-                      "TLS needs both --certfile and --keyfile");
+                      client_ca.empty() ? "TLS needs both --certfile and --keyfile"
+                                        : "--client-ca needs TLS: --certfile and --keyfile");
   }
   auto impl = std::make_unique<Impl>();
   try {
@@ -52,6 +54,15 @@ Result<std::shared_ptr<TlsContext>> TlsContext::load(const std::string& certfile
   } catch (const std::exception& e) {
     return make_error(ErrorCode::kInvalidArgument, "tls",
                       std::string("cannot load the TLS certificate or key: ") + e.what());
+  }
+  if (!client_ca.empty()) {
+    try {
+      impl->context.load_verify_file(client_ca);
+      impl->context.set_verify_mode(ssl::verify_peer | ssl::verify_fail_if_no_peer_cert);
+    } catch (const std::exception& e) {
+      return make_error(ErrorCode::kInvalidArgument, "tls",
+                        "cannot load --client-ca " + client_ca + ": " + e.what());
+    }
   }
   return std::shared_ptr<TlsContext>(new TlsContext(std::move(impl)));
 }
@@ -262,6 +273,27 @@ Result<std::unique_ptr<Listener>> Listener::open(net::io_context& ioc, const std
                       "cannot listen on " + ip + ":" + std::to_string(port) + ": " + ec.message());
   }
   impl->port = static_cast<int>(impl->acceptor.local_endpoint().port());
+  return std::unique_ptr<Listener>(new Listener(std::move(impl)));
+}
+
+Result<std::unique_ptr<Listener>> Listener::adopt(net::io_context& ioc, int fd, Handler& handler,
+                                                  const HttpOptions& options,
+                                                  std::shared_ptr<TlsContext> tls) {
+  sockaddr_storage address{};
+  socklen_t length = sizeof(address);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    return errno_error(ErrorCode::kInvalidArgument, "listen", "getsockname(passed socket)", errno);
+  }
+  const tcp protocol = address.ss_family == AF_INET6 ? tcp::v6() : tcp::v4();
+  ::fcntl(fd, F_SETFD, FD_CLOEXEC);  // kernels and launchers must not inherit it
+  auto impl = std::make_unique<Impl>(ioc, handler, options, std::move(tls));
+  beast::error_code ec;
+  impl->acceptor.assign(protocol, fd, ec);
+  if (ec) {
+    return make_error(ErrorCode::kInvalidArgument, "listen",
+                      "cannot use the passed socket: " + ec.message());
+  }
+  impl->port = static_cast<int>(impl->acceptor.local_endpoint(ec).port());
   return std::unique_ptr<Listener>(new Listener(std::move(impl)));
 }
 

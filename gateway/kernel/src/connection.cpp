@@ -263,7 +263,16 @@ std::vector<std::string> kernelspec_dirs() {
       }
     }
   }
-  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+  // The user's data dir, as jupyter_core finds it: $JUPYTER_DATA_DIR, else
+  // $XDG_DATA_HOME/jupyter, else ~/.local/share/jupyter.
+  const char* data_dir = std::getenv("JUPYTER_DATA_DIR");
+  const char* xdg = std::getenv("XDG_DATA_HOME");
+  const char* home = std::getenv("HOME");
+  if (data_dir != nullptr && *data_dir != '\0') {
+    dirs.push_back(std::string(data_dir) + "/kernels");
+  } else if (xdg != nullptr && *xdg != '\0') {
+    dirs.push_back(std::string(xdg) + "/jupyter/kernels");
+  } else if (home != nullptr && *home != '\0') {
     dirs.push_back(std::string(home) + "/.local/share/jupyter/kernels");
   }
   dirs.emplace_back("/usr/local/share/jupyter/kernels");

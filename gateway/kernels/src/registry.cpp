@@ -52,7 +52,10 @@ UidRangeOptions uid_options(const RegistryOptions& o) {
 }
 
 // The built-in python3 unless kernelspecs say otherwise: the first one found then.
-std::string choose_default_kernel() {
+std::string choose_default_kernel(const std::string& wanted) {
+  if (!wanted.empty()) {
+    return wanted;
+  }
   std::string name = "python3";
   if (!find_kernelspec(name)) {
     auto specs = list_kernelspecs();
@@ -95,7 +98,7 @@ WarmPoolOptions pool_options(const RegistryOptions& o, const std::string& defaul
 KernelRegistry::Impl::Impl(RegistryOptions options, kernel::KernelBackend& backend, Now now,
                            util::Loop* loop)
     : options_(std::move(options)),
-      default_kernel_(choose_default_kernel()),
+      default_kernel_(choose_default_kernel(options_.default_kernel)),
       backend_(backend),
       now_(loop != nullptr ? Now([loop] { return loop->now(); }) : std::move(now)),
       uids_(uid_options(options_)),
@@ -266,6 +269,9 @@ Result<ManagedKernel::Running> KernelRegistry::Impl::launch(
   // longer than the launcher's own 10 s default for the jail alone.
   req.start_timeout = std::chrono::milliseconds(std::llround(options_.kernel_start_timeout * 1000));
   req.env = kernel::default_kernel_env(req.work_dir, !options_.no_jail);
+  for (const auto& [name, value] : options_.kernel_env) {
+    req.env[name] = value;
+  }
   for (const auto& [key, value] : k->env()) {
     req.env[key] = value;
   }

@@ -12,11 +12,13 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <optional>
 #include <thread>
@@ -37,6 +39,7 @@
 #include "cellgate/mcp/server.hpp"
 #include "metrics.hpp"
 #include "privsep.hpp"
+#include "systemd.hpp"
 
 namespace cellgate::server {
 namespace {
@@ -85,6 +88,8 @@ engine::EngineOptions engine_options(const ServeOptions& o) {
   r.cull_connected = o.cull_connected;
   r.cull_busy = o.cull_busy;
   r.env_allowlist = o.env_allowlist;
+  r.kernel_env = {{"KERNEL_GATEWAY", "1"}};  // as Kernel Gateway sets it in its kernels
+  r.default_kernel = o.default_kernel;
   r.restart_limit = o.restart_limit;
   r.kernel_start_timeout = o.kernel_start_timeout;
   r.heartbeat_timeout = o.heartbeat_timeout;
@@ -268,11 +273,21 @@ const ServeOptions& Server::options() const {
 int Server::e2b_port() const {
   return impl_->e2b_listener ? impl_->e2b_listener->port() : 0;
 }
+net::io_context& Server::network() {
+  return impl_->network;
+}
 
 Result<int> Server::start() {
   auto& o = impl_->options;
-  if (!o.certfile.empty() || !o.keyfile.empty()) {
-    CELLGATE_ASSIGN_OR_RETURN(impl_->tls, http::TlsContext::load(o.certfile, o.keyfile));
+  if (!o.certfile.empty() || !o.keyfile.empty() || !o.client_ca.empty()) {
+    CELLGATE_ASSIGN_OR_RETURN(impl_->tls,
+                              http::TlsContext::load(o.certfile, o.keyfile, o.client_ca));
+  }
+  if (!o.default_kernel.empty()) {
+    if (auto spec = impl_->engine->registry().kernelspec(o.default_kernel); !spec) {
+      return make_error(ErrorCode::kInvalidArgument, "default_kernel",
+                        "--default-kernel " + o.default_kernel + ": " + spec.error().message);
+    }
   }
   if (o.e2b_port != 0 && o.e2b_no_token && !http::is_loopback(o.ip)) {
     return make_error(ErrorCode::kInvalidArgument, "e2b_no_token",
@@ -285,10 +300,20 @@ Result<int> Server::start() {
   http::raise_open_file_limit();  // each connection is a descriptor
   // A fixed threshold also stops glibc's raising it (see kMmapThresholdBytes).
   ::mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes);
-  CELLGATE_ASSIGN_OR_RETURN(impl_->listener,
-                            http::Listener::open(impl_->network, o.ip, o.port, *impl_->api,
-                                                 impl_->http_options, impl_->tls));
-  if (o.e2b_port != 0) {
+  if (o.http_socket >= 0) {
+    CELLGATE_ASSIGN_OR_RETURN(impl_->listener,
+                              http::Listener::adopt(impl_->network, o.http_socket, *impl_->api,
+                                                    impl_->http_options, impl_->tls));
+  } else {
+    CELLGATE_ASSIGN_OR_RETURN(impl_->listener,
+                              http::Listener::open(impl_->network, o.ip, o.port, *impl_->api,
+                                                   impl_->http_options, impl_->tls));
+  }
+  if (o.e2b_socket >= 0) {
+    CELLGATE_ASSIGN_OR_RETURN(impl_->e2b_listener,
+                              http::Listener::adopt(impl_->network, o.e2b_socket, *impl_->e2b,
+                                                    impl_->http_options, impl_->tls));
+  } else if (o.e2b_port != 0) {
     CELLGATE_ASSIGN_OR_RETURN(impl_->e2b_listener,
                               http::Listener::open(impl_->network, o.ip, o.e2b_port, *impl_->e2b,
                                                    impl_->http_options, impl_->tls));
@@ -369,6 +394,11 @@ Result<std::unique_ptr<kernel::KernelBackend>> split_privileges(
   }
   if (pid == 0) {
     channel.first.reset();
+    for (int passed : {o.http_socket, o.e2b_socket}) {
+      if (passed >= 0) {
+        ::close(passed);  // the broker serves no HTTP
+      }
+    }
     ::prctl(PR_SET_NAME, "cellgate-broker", 0, 0, 0);
     ::_exit(broker::serve_broker(std::move(channel.second), std::move(policy)));
   }
@@ -389,6 +419,17 @@ Result<std::unique_ptr<kernel::KernelBackend>> split_privileges(
 }  // namespace
 
 int run_serve(ServeOptions options) {
+  if (auto journal = systemd::journal_logger()) {
+    spdlog::set_default_logger(journal);  // under systemd: priorities reach the journal
+  }
+  // Sockets a .socket unit passed: taken before anything forks, so no child inherits them open.
+  auto passed = systemd::take_listen_sockets();
+  if (!passed) {
+    std::cerr << "cellgate serve: " << passed.error().message << "\n";
+    return 2;
+  }
+  options.http_socket = passed->http;
+  options.e2b_socket = passed->e2b;
   if (options.no_jail) {
     spdlog::warn("--no-jail: kernels run UNJAILED, as this user; do not give them untrusted code");
   } else {
@@ -466,6 +507,7 @@ int run_serve(ServeOptions options) {
       return;
     }
     hand_over = sig == SIGUSR2 || server.options().keep_kernels;
+    systemd::notify("STOPPING=1");
     spdlog::info("signal {}: {}", sig,
                  hand_over ? "stopping, leaving the kernels to the next gateway on the state dir"
                            : "shutting down");
@@ -490,6 +532,33 @@ int run_serve(ServeOptions options) {
               << o.ip << ":" << *port << " --GatewayClient.auth_token=" << server.token() << "\n";
   }
   std::cout << std::flush;
+  // Under systemd (Type=notify): ready now that it listens; a status line and the watchdog's ping
+  // from the network loop, so a stalled loop is what the watchdog notices.
+  auto status = [&server] {
+    auto& registry = server.registry();
+    return "STATUS=" + std::to_string(registry.list().size()) + " kernels, " +
+           std::to_string(registry.pool_ready_total()) + " ready in the pool";
+  };
+  systemd::notify("READY=1\n" + status());
+  // (The timer and its callback live until run() returns: the callback re-arms itself.)
+  net::steady_timer upkeep(server.network());
+  const auto watchdog = systemd::watchdog_interval();
+  const auto every = watchdog.count() > 0
+                         ? std::min<std::chrono::microseconds>(watchdog, std::chrono::seconds(5))
+                         : std::chrono::microseconds(std::chrono::seconds(5));
+  std::function<void()> tick = [&] {
+    upkeep.expires_after(every);
+    upkeep.async_wait([&](const boost::system::error_code& ec) {
+      if (ec) {
+        return;
+      }
+      systemd::notify(watchdog.count() > 0 ? "WATCHDOG=1\n" + status() : status());
+      tick();
+    });
+  };
+  if (std::getenv("NOTIFY_SOCKET") != nullptr) {
+    tick();
+  }
   server.run();
   signals_ctx.stop();
   signal_thread.join();

@@ -243,6 +243,7 @@ class FakeConnectionCore : public std::enable_shared_from_this<FakeConnectionCor
   }
   void post(Channel channel, protocol::EnvelopePtr env) { push(Post{channel, std::move(env)}); }
   void interrupt() { push(Interrupt{}); }
+  void release() { push(Release{}); }
   void died(std::string reason) { push(Died{std::move(reason)}); }
 
  private:
@@ -256,10 +257,11 @@ class FakeConnectionCore : public std::enable_shared_from_this<FakeConnectionCor
     protocol::EnvelopePtr env;
   };
   struct Interrupt {};
+  struct Release {};
   struct Died {
     std::string reason;
   };
-  using Event = std::variant<Send, Post, Interrupt, Died>;
+  using Event = std::variant<Send, Post, Interrupt, Release, Died>;
 
   struct Route {
     RequestHandlers handlers;
@@ -267,7 +269,7 @@ class FakeConnectionCore : public std::enable_shared_from_this<FakeConnectionCor
     bool got_idle = false;
   };
 
-  enum class Wait { kNone, kSleep, kInput, kHang, kHangHard };
+  enum class Wait { kNone, kHeld, kSleep, kInput, kHang, kHangHard };
   struct Cell {
     protocol::Message request;
     std::deque<FakeCell::Step> steps;
@@ -276,6 +278,7 @@ class FakeConnectionCore : public std::enable_shared_from_this<FakeConnectionCor
     FakeCell::AfterInput then;
     int execution_count = 0;
     bool allow_stdin = false;
+    bool silent = false;
   };
 
   void push(Event event) {
@@ -338,10 +341,20 @@ class FakeConnectionCore : public std::enable_shared_from_this<FakeConnectionCor
 
   void handle(Interrupt&) { interrupt_cell(); }
 
+  void handle(Release&) {
+    if (!cell_ || cell_->wait != Wait::kHeld) {
+      return;
+    }
+    kernel_->set_cell_held(false);
+    cell_->wait = Wait::kNone;
+    begin_cell();
+  }
+
   void handle(Died& d) {
     cell_.reset();
     shell_queue_.clear();
     kernel_->set_cell_running(false);
+    kernel_->set_cell_held(false);
     if (!alive_.exchange(false)) {
       return;
     }
@@ -520,10 +533,7 @@ class FakeConnectionCore : public std::enable_shared_from_this<FakeConnectionCor
     status("busy", cell.request);
     // ipykernel counts every cell that is not silent, and echoes it on execute_input.
     cell.execution_count = silent ? kernel_->execution_count() : kernel_->next_execution_count();
-    if (!silent) {
-      emit(Channel::kIopub, "execute_input",
-           json{{"code", code}, {"execution_count", cell.execution_count}}, cell.request);
-    }
+    cell.silent = silent;
     Responder responder = kernel_->responder();
     if (responder) {
       for (auto& step : responder(code).steps) {
@@ -531,6 +541,22 @@ class FakeConnectionCore : public std::enable_shared_from_this<FakeConnectionCor
       }
     }
     cell_ = std::move(cell);
+    if (!silent && kernel_->take_hold()) {
+      cell_->wait = Wait::kHeld;
+      kernel_->set_cell_held(true);
+      return;
+    }
+    begin_cell();
+  }
+
+  // The kernel's handler runs (ipykernel's SIGINT handler is in place from here on).
+  void begin_cell() {
+    if (!cell_->silent) {
+      emit(Channel::kIopub, "execute_input",
+           json{{"code", cell_->request.content.value("code", "")},
+                {"execution_count", cell_->execution_count}},
+           cell_->request);
+    }
     advance();
   }
 
@@ -598,7 +624,7 @@ class FakeConnectionCore : public std::enable_shared_from_this<FakeConnectionCor
   }
 
   void interrupt_cell() {
-    if (!cell_ || cell_->wait == Wait::kHangHard) {
+    if (!cell_ || cell_->wait == Wait::kHangHard || cell_->wait == Wait::kHeld) {
       return;
     }
     // Python raises KeyboardInterrupt wherever the cell is (IPython shows it as a traceback).
@@ -848,6 +874,32 @@ void FakeKernel::record_signal(int sig) {
   } else if (sig == SIGKILL || sig == SIGTERM) {
     kill("killed by signal " + std::to_string(sig));
   }
+}
+
+void FakeKernel::hold_next_cell() {
+  std::lock_guard lock(mu_);
+  hold_next_ = true;
+}
+
+void FakeKernel::release_cell() {
+  if (auto conn = connection()) {
+    conn->release();
+  }
+}
+
+bool FakeKernel::cell_held() const {
+  std::lock_guard lock(mu_);
+  return cell_held_;
+}
+
+bool FakeKernel::take_hold() {
+  std::lock_guard lock(mu_);
+  return std::exchange(hold_next_, false);
+}
+
+void FakeKernel::set_cell_held(bool held) {
+  std::lock_guard lock(mu_);
+  cell_held_ = held;
 }
 
 void FakeKernel::record_interrupt() {

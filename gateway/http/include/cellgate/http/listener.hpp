@@ -48,9 +48,12 @@ struct HttpOptions {
 // A server certificate chain and key (PEM), TLS 1.2 and later.
 class TlsContext {
  public:
-  // Error "tls" (kInvalidArgument) when either is missing or cannot be loaded.
+  // Error "tls" (kInvalidArgument) when either is missing or cannot be loaded. A client_ca
+  // (PEM) makes every client present a certificate it signed (mutual TLS): a handshake without
+  // one fails.
   static Result<std::shared_ptr<TlsContext>> load(const std::string& certfile,
-                                                  const std::string& keyfile);
+                                                  const std::string& keyfile,
+                                                  const std::string& client_ca = "");
   ~TlsContext();
   struct Impl;
   Impl& impl() { return *impl_; }
@@ -68,6 +71,11 @@ class Listener {
                                                 int port, Handler& handler,
                                                 const HttpOptions& options,
                                                 std::shared_ptr<TlsContext> tls = nullptr);
+  // The same over a socket already bound and listening (systemd's socket activation); the
+  // listener owns `fd` from here on. Error "listen" (kInvalidArgument) when it is no socket.
+  static Result<std::unique_ptr<Listener>> adopt(boost::asio::io_context& ioc, int fd,
+                                                 Handler& handler, const HttpOptions& options,
+                                                 std::shared_ptr<TlsContext> tls = nullptr);
   ~Listener();
   int port() const;
   std::size_t open_connections() const;

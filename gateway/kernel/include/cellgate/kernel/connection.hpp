@@ -68,7 +68,8 @@ struct KernelSpec {
 };
 
 // The standard kernelspec directories, in jupyter's order of precedence: $JUPYTER_PATH entries,
-// then ~/.local/share/jupyter, /usr/local/share/jupyter, /usr/share/jupyter (each + "/kernels").
+// then the user's data dir ($JUPYTER_DATA_DIR, else $XDG_DATA_HOME/jupyter, else
+// ~/.local/share/jupyter), /usr/local/share/jupyter, /usr/share/jupyter (each + "/kernels").
 std::vector<std::string> kernelspec_dirs();
 Result<KernelSpec> find_kernelspec(const std::string& name);
 

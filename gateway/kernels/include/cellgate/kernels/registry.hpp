@@ -74,7 +74,12 @@ struct RegistryOptions {
   bool cull_connected = false;
   bool cull_busy = false;
   std::set<std::string> env_allowlist;  // client env names passed besides KERNEL_*
-  int restart_limit = 5;                // auto-restarts of a dying kernel before it is dead
+  // Set in every kernel's environment, over the defaults and under the client's (a gateway
+  // sets KERNEL_GATEWAY=1, as Kernel Gateway does).
+  std::map<std::string, std::string> kernel_env;
+  // The kernelspec started when a request names none ("": python3, else the first found).
+  std::string default_kernel;
+  int restart_limit = 5;             // auto-restarts of a dying kernel before it is dead
   double kernel_start_timeout = 60;  // seconds for the launcher's report and the first kernel_info
   // Seconds a kernel may go without answering heartbeats while its process uses no CPU before it
   // is declared dead and restarted (a hung kernel: stopped, deadlocked). Silence while it uses

@@ -1,6 +1,6 @@
-// ServeOptions: everything `cellgate serve` is configured with (flags, an optional config file,
-// CELLGATE_* environment variables; see gateway/main.cpp for the precedence). The composition
-// root (server.cpp) maps it to each room's own options.
+// ServeOptions: everything `cellgate serve` is configured with (flags, config files,
+// CELLGATE_* and Kernel Gateway's KG_* environment variables; cellgate/cli/serve.hpp says which
+// wins). The composition root (server.cpp) maps it to each room's own options.
 //
 // Thread-safety: a value, fixed once the server starts.
 #pragma once
@@ -31,6 +31,10 @@ struct ServeOptions {
   std::vector<std::string> allow_origins;  // exact origins, or "*"
   std::string certfile;
   std::string keyfile;
+  // A CA (PEM): clients must present a certificate it signed (Kernel Gateway's client_ca).
+  std::string client_ca;
+  // The kernelspec started when a request names none ("": python3, else the first found).
+  std::string default_kernel;
   std::size_t max_body_bytes = 16u << 20;
   std::size_t max_control_body_bytes = 64u << 10;  // kernel/session/context control routes
   std::size_t max_header_bytes = 16u << 10;
@@ -98,6 +102,10 @@ struct ServeOptions {
   // uid[:gid]) with no capabilities and no_new_privs, and kernels start in a privileged broker
   // (cellgate/broker/broker.hpp). "": one process, as started.
   std::string user;
+  // Listening sockets systemd passed (socket activation; run_serve fills them), used instead of
+  // opening ip:port and ip:e2b_port. -1: none.
+  int http_socket = -1;
+  int e2b_socket = -1;
 };
 
 }  // namespace cellgate::server

@@ -18,6 +18,9 @@
 #include "cellgate/result.hpp"
 #include "cellgate/server/config.hpp"
 
+namespace boost::asio {
+class io_context;
+}
 namespace cellgate::kernels {
 class KernelRegistry;
 }
@@ -37,6 +40,8 @@ class Server {
   kernels::KernelRegistry& registry();
   const ServeOptions& options() const;
   int e2b_port() const;  // 0 unless --e2b-port
+  // The loop every network thread runs (run()): a timer on it stops firing when it stalls.
+  boost::asio::io_context& network();
 
  private:
   struct Impl;

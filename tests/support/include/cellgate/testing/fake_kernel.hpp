@@ -158,6 +158,13 @@ class FakeKernel {
   void set_unresponsive(bool silent);
   // Replaces the responder for cells that start from now on.
   void set_responder(Responder responder);
+  // The next cell that is not silent stops right after its `status: busy`, before its
+  // execute_input, as ipykernel does before it installs its SIGINT handler (it ignores SIGINT
+  // between cells): a SIGINT meanwhile is recorded and dropped. release_cell() lets it go on.
+  void hold_next_cell();
+  void release_cell();
+  // Whether a held cell waits (its busy is published).
+  bool cell_held() const;
 
   // ---- for FakeProcess and FakeConnection ----
   void record_signal(int sig);
@@ -168,6 +175,8 @@ class FakeKernel {
   std::optional<launcher::StatusEvent> wait_exit(std::chrono::milliseconds timeout) const;
   void attach(const std::shared_ptr<FakeConnectionCore>& connection);
   void set_cell_running(bool running);
+  bool take_hold();
+  void set_cell_held(bool held);
   int next_execution_count();
   bool unresponsive() const;
   Responder responder() const;
@@ -187,6 +196,8 @@ class FakeKernel {
   int interrupts_ = 0;
   int execution_count_ = 0;
   bool cell_running_ = false;
+  bool hold_next_ = false;
+  bool cell_held_ = false;
   bool heartbeating_ = true;
   bool unresponsive_ = false;
   std::optional<launcher::StatusEvent> exited_;
