@@ -30,7 +30,7 @@ namespace {
     ::signal(sig, SIG_DFL);
   }
   ::signal(SIGCHLD, SIG_DFL);
-  ::sigprocmask(SIG_SETMASK, &j.original_mask(), nullptr);
+  ::pthread_sigmask(SIG_SETMASK, &j.original_mask(), nullptr);
   std::vector<char*> cargv;
   for (const auto& a : j.argv()) {
     cargv.push_back(const_cast<char*>(a.c_str()));

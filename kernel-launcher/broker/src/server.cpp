@@ -23,6 +23,7 @@
 #include "cellgate/broker/broker.hpp"
 #include "cellgate/broker/request.hpp"
 #include "cellgate/kernel/process.hpp"
+#include "cellgate/sys/error_text.hpp"
 #include "cellgate/sys/process.hpp"
 #include "cellgate/sys/seqpacket.hpp"
 #include "cleanup.hpp"
@@ -112,7 +113,7 @@ class Broker {
 
   int run() {
     if (!wake_) {
-      spdlog::error("broker: eventfd(): {}", std::strerror(errno));
+      spdlog::error("broker: eventfd(): {}", sys::error_text(errno));
       return 1;
     }
     clean_up_left_behind();
