@@ -56,6 +56,7 @@ std::string user_name(uid_t uid) {
 // Runs a program and waits for it; its exit status, or -1.
 int run_and_wait(const std::vector<std::string>& argv) {
   std::vector<char*> args;
+  args.reserve(argv.size() + 1);
   for (const auto& a : argv) {
     args.push_back(const_cast<char*>(a.c_str()));
   }
