@@ -37,6 +37,7 @@ int exec_zygote(const cellgate::launcher::ZygoteOptions& z) {
   }
   args.insert(args.end(), {"--preload", list});
   std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
   for (auto& a : args) {
     argv.push_back(a.data());
   }

@@ -42,9 +42,9 @@ constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
   }
   ::setpgid(0, 0);
   for (int sig : kForwardedSignals) {
-    ::signal(sig, SIG_DFL);
+    (void)::signal(sig, SIG_DFL);
   }
-  ::signal(SIGCHLD, SIG_DFL);
+  (void)::signal(SIGCHLD, SIG_DFL);
   ::pthread_sigmask(SIG_SETMASK, &original_mask, nullptr);
   if (!options.cwd.empty() && ::chdir(options.cwd.c_str()) != 0) {
     fail(1);

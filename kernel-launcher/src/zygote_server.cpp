@@ -290,10 +290,10 @@ PyObject* py_string_list(const std::vector<std::string>& strings) {
   }
   for (int sig : init::kForwardedSignals) {
     if (sig != SIGINT) {  // Python's own SIGINT handler stays: it raises KeyboardInterrupt
-      ::signal(sig, SIG_DFL);
+      (void)::signal(sig, SIG_DFL);
     }
   }
-  ::signal(SIGCHLD, SIG_DFL);
+  (void)::signal(SIGCHLD, SIG_DFL);
   ::pthread_sigmask(SIG_SETMASK, &none, nullptr);
   ::close(err_fd);  // EOF: the kernel is set up
 
