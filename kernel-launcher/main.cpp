@@ -12,6 +12,7 @@
 
 #include "cellgate/launcher/launcher.hpp"
 #include "cellgate/launcher/zygote.hpp"
+#include "cellgate/sys/error_text.hpp"
 #include "cellgate/sys/file.hpp"
 
 namespace {
@@ -36,19 +37,19 @@ int exec_zygote(const cellgate::launcher::ZygoteOptions& z) {
   }
   args.insert(args.end(), {"--preload", list});
   std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
   for (auto& a : args) {
     argv.push_back(a.data());
   }
   argv.push_back(nullptr);
   char* empty[] = {nullptr};
   ::execve(path.c_str(), argv.data(), empty);
-  std::cerr << "cellgate-kernel: execve('" << path << "'): " << std::strerror(errno) << "\n";
+  std::cerr << "cellgate-kernel: execve('" << path << "'): " << cellgate::sys::error_text(errno)
+            << "\n";
   return 127;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{"cellgate-kernel: start one Jupyter kernel in a jail and report how it ends"};
   cellgate::launcher::LaunchOptions options;
   cellgate::launcher::ZygoteOptions zygote;
@@ -86,4 +87,17 @@ int main(int argc, char** argv) {
     return cellgate::launcher::run_exec_mode(options);
   }
   return cellgate::launcher::run_jailed_mode(options);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // CLI11 and the standard library may throw (std::bad_alloc): say so and exit as a failed
+  // launch, rather than abort and leave the gateway a bare SIGABRT.
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "cellgate-kernel: " << e.what() << "\n";
+    return 127;
+  }
 }

@@ -30,6 +30,6 @@ int main(int argc, char** argv) {
     return 127;
   }
   const sigset_t mask = cellgate::launcher::init::reaper_signals();
-  ::sigprocmask(SIG_BLOCK, &mask, nullptr);
+  ::pthread_sigmask(SIG_BLOCK, &mask, nullptr);
   return cellgate::launcher::init::reap_kernel(kernel, kReportFd, kGoFd);
 }

@@ -306,6 +306,7 @@ Result<void> Cgroup::kill_all() {
     }
     if (std::chrono::steady_clock::now() >= deadline) {
       std::vector<std::string> left;
+      left.reserve(pids.size());
       for (const pid_t pid : pids) {
         left.push_back(std::to_string(pid));
       }

@@ -24,7 +24,7 @@ using namespace cgroup_internal;  // NOLINT(google-build-using-namespace): this 
 // --- CgroupHost -------------------------------------------------------------------------------
 
 Result<CgroupHost> CgroupHost::detect(std::string_view proc_self_cgroup, std::string_view mountinfo,
-                                      std::string root_prefix, const std::string& parent) {
+                                      const std::string& root_prefix, const std::string& parent) {
   auto lines = sys::parse_proc_cgroup(proc_self_cgroup);
   if (!parent.empty()) {
     if (!clean_absolute(parent)) {

@@ -122,10 +122,10 @@ Result<int> apply_landlock(const JailSpec& spec) {
       return make_error(ErrorCode::kFailedPrecondition, "landlock",
                         why + "; fix the host, or list \"landlock\" as optional to run without it");
     }
-    std::fprintf(stderr,
-                 "cellgate-kernel: warning: landlock is not applied (allowed as "
-                 "optional): %s\n",
-                 why.c_str());
+    (void)std::fprintf(stderr,
+                       "cellgate-kernel: warning: landlock is not applied (allowed as "
+                       "optional): %s\n",
+                       why.c_str());
     return 0;
   }
   const std::uint64_t handled = handled_for(static_cast<int>(abi));

@@ -1,13 +1,16 @@
 #include "cellgate/jail/spec.hpp"
 
+#include <algorithm>
+#include <array>
 #include <cctype>
 #include <string>
+#include <string_view>
 
 namespace cellgate::jail {
 namespace {
 
-const std::set<std::string> kKnownOptional = {"memory", "swap",      "pids",
-                                              "cpu",    "work_size", "landlock"};
+constexpr std::array<std::string_view, 6> kKnownOptional = {"memory", "swap",      "pids",
+                                                            "cpu",    "work_size", "landlock"};
 
 Error bad(const std::string& what) {
   return make_error(ErrorCode::kInvalidArgument, "bad_jail_spec", what);
@@ -73,7 +76,7 @@ Result<void> JailSpec::validate() const {
     return bad("the access gid must not be 0 (root's group)");
   }
   for (const auto& limit : optional) {
-    if (kKnownOptional.count(limit) == 0) {
+    if (std::find(kKnownOptional.begin(), kKnownOptional.end(), limit) == kKnownOptional.end()) {
       return bad("unknown optional limit '" + limit +
                  "' (known: memory, swap, pids, cpu, work_size, landlock)");
     }

@@ -11,12 +11,15 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "cellgate/sys/file.hpp"
+#include "cellgate/sys/pipe.hpp"
 #include "cellgate/sys/proc.hpp"
+#include "cellgate/sys/process.hpp"
 #include "cellgate/unique_fd.hpp"
 
 namespace cellgate::jail {
@@ -52,21 +55,24 @@ std::string user_name(uid_t uid) {
 
 // Runs a program and waits for it; its exit status, or -1.
 int run_and_wait(const std::vector<std::string>& argv) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    std::vector<char*> args;
-    for (const auto& a : argv) {
-      args.push_back(const_cast<char*>(a.c_str()));
-    }
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    ::_exit(127);
+  std::vector<char*> args;
+  args.reserve(argv.size() + 1);
+  for (const auto& a : argv) {
+    args.push_back(const_cast<char*>(a.c_str()));
   }
-  int status = 0;
-  if (pid < 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) {
+  args.push_back(nullptr);
+  auto child = sys::Child::fork([&args] {
+    ::execv(args[0], args.data());
+    return 127;
+  });
+  if (!child) {
     return -1;
   }
-  return WEXITSTATUS(status);
+  const auto status = child->wait();
+  if (!status || !WIFEXITED(*status)) {
+    return -1;
+  }
+  return WEXITSTATUS(*status);
 }
 
 constexpr const char* kNewUidMap = "/usr/bin/newuidmap";
@@ -188,41 +194,49 @@ Result<UserNamespace> enter_gateway_user_namespace() {
   // With a subordinate range, the setuid helpers write our maps from outside the namespace: a
   // child forked before the unshare, told to go once it is made.
   const HelperMapping helpers = helper_mapping(ns.outer_uid);
-  int go[2] = {-1, -1};
-  pid_t helper = -1;
-  if (helpers.count > 0 && ::pipe2(go, O_CLOEXEC) == 0) {
+  // The helper learns that the unshare is done from one byte on `go`, or that it failed from
+  // the end of the pipe (the parent closes its end without writing).
+  std::optional<sys::Pipe> go;
+  std::optional<sys::Child> helper;
+  if (helpers.count > 0) {
+    if (auto pipe = sys::make_pipe()) {
+      go = std::move(pipe).value();
+    }
+  }
+  if (go) {
     const pid_t gateway = ::getpid();
-    helper = ::fork();
-    if (helper == 0) {
-      ::close(go[1]);
+    auto forked = sys::Child::fork([&go, &helpers, &ns, gateway] {
+      go->write.reset();
       char c = 0;
-      if (::read(go[0], &c, 1) != 1) {
-        ::_exit(1);  // the unshare failed
+      if (::read(go->read.get(), &c, 1) != 1) {
+        return 1;  // the unshare failed
       }
       const std::string pid = std::to_string(gateway);
       const std::string count = std::to_string(helpers.count);
       if (run_and_wait({kNewUidMap, pid, "0", std::to_string(ns.outer_uid), "1", "1",
                         std::to_string(helpers.uids.start), count}) != 0) {
-        ::_exit(2);
+        return 2;
       }
-      ::_exit(run_and_wait({kNewGidMap, pid, "0", std::to_string(ns.outer_gid), "1", "1",
-                            std::to_string(helpers.gids.start), count}) == 0
-                  ? 0
-                  : 3);
+      return run_and_wait({kNewGidMap, pid, "0", std::to_string(ns.outer_gid), "1", "1",
+                           std::to_string(helpers.gids.start), count}) == 0
+                 ? 0
+                 : 3;
+    });
+    go->read.reset();
+    if (forked) {
+      helper = std::move(forked).value();
     }
-    ::close(go[0]);
   }
   const bool unshared = ::unshare(CLONE_NEWUSER | CLONE_NEWNS) == 0;
   const int unshare_errno = errno;
   int helper_status = -1;
-  if (helper > 0) {
+  if (helper) {
     if (unshared) {
-      [[maybe_unused]] ssize_t n = ::write(go[1], "x", 1);
+      (void)sys::write_all(go->write.get(), "x", 1);
     }
-    ::close(go[1]);
-    int status = 0;
-    if (::waitpid(helper, &status, 0) == helper && WIFEXITED(status)) {
-      helper_status = WEXITSTATUS(status);
+    go->write.reset();
+    if (auto status = helper->wait(); status && WIFEXITED(*status)) {
+      helper_status = WEXITSTATUS(*status);
     }
   }
   if (!unshared) {
@@ -238,7 +252,7 @@ Result<UserNamespace> enter_gateway_user_namespace() {
   if (helper_status == 0) {
     ns.kernel_uid_count = static_cast<uid_t>(helpers.count);
   } else {
-    if (helper > 0) {
+    if (helper) {
       if (!read_trimmed("/proc/self/uid_map").empty()) {
         return make_error(ErrorCode::kFailedPrecondition, "userns",
                           "newgidmap failed after newuidmap mapped our uids (see its message "

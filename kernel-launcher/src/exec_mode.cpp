@@ -27,10 +27,10 @@ namespace {
 // The kernel process, forked by init: the last steps, then execve.
 [[noreturn]] void exec_kernel(const HostJail& j, int err_fd) {
   for (int sig : init::kForwardedSignals) {
-    ::signal(sig, SIG_DFL);
+    (void)::signal(sig, SIG_DFL);
   }
-  ::signal(SIGCHLD, SIG_DFL);
-  ::sigprocmask(SIG_SETMASK, &j.original_mask(), nullptr);
+  (void)::signal(SIGCHLD, SIG_DFL);
+  ::pthread_sigmask(SIG_SETMASK, &j.original_mask(), nullptr);
   std::vector<char*> cargv;
   for (const auto& a : j.argv()) {
     cargv.push_back(const_cast<char*>(a.c_str()));

@@ -326,7 +326,7 @@ void HostJail::build_env() {
 // and the jail's pid 1 inherits them blocked.
 void HostJail::block_signals() {
   wait_set_ = init::reaper_signals();
-  ::sigprocmask(SIG_BLOCK, &wait_set_, &original_mask_);
+  ::pthread_sigmask(SIG_BLOCK, &wait_set_, &original_mask_);
 }
 
 // ---- after the build ----

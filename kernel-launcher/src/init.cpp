@@ -13,6 +13,7 @@
 #include <cstring>
 #include <string>
 
+#include "cellgate/sys/error_text.hpp"
 #include "report.hpp"
 
 namespace cellgate::launcher::init {
@@ -64,11 +65,11 @@ void report_exit(int report_fd, int wait_status) {
 pid_t start_kernel(int report_fd, const std::function<void(int setup_fd)>& kernel_main) {
   int setup[2];
   if (::pipe2(setup, O_CLOEXEC) != 0) {
-    fail(report_fd, "pipe2(): " + std::string(std::strerror(errno)));
+    fail(report_fd, "pipe2(): " + sys::error_text(errno));
   }
   const pid_t kernel = ::fork();
   if (kernel < 0) {
-    fail(report_fd, "fork(): " + std::string(std::strerror(errno)));
+    fail(report_fd, "fork(): " + sys::error_text(errno));
   }
   if (kernel == 0) {
     ::close(setup[0]);

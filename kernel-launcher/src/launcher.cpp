@@ -42,10 +42,10 @@ constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
   }
   ::setpgid(0, 0);
   for (int sig : kForwardedSignals) {
-    ::signal(sig, SIG_DFL);
+    (void)::signal(sig, SIG_DFL);
   }
-  ::signal(SIGCHLD, SIG_DFL);
-  ::sigprocmask(SIG_SETMASK, &original_mask, nullptr);
+  (void)::signal(SIGCHLD, SIG_DFL);
+  ::pthread_sigmask(SIG_SETMASK, &original_mask, nullptr);
   if (!options.cwd.empty() && ::chdir(options.cwd.c_str()) != 0) {
     fail(1);
   }
@@ -91,7 +91,7 @@ int run_exec_mode(const LaunchOptions& options) {
     sigaddset(&wait_set, sig);
   }
   sigaddset(&wait_set, SIGCHLD);
-  ::sigprocmask(SIG_BLOCK, &wait_set, &original_mask);
+  ::pthread_sigmask(SIG_BLOCK, &wait_set, &original_mask);
 
   auto err_pipe = sys::make_pipe();
   if (!err_pipe) {

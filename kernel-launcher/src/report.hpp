@@ -77,12 +77,12 @@ class StatusSink {
     sigset_t pipe_only, previous;
     sigemptyset(&pipe_only);
     sigaddset(&pipe_only, SIGPIPE);
-    ::sigprocmask(SIG_BLOCK, &pipe_only, &previous);
+    ::pthread_sigmask(SIG_BLOCK, &pipe_only, &previous);
     write_all(fd_, line);
     const timespec none{0, 0};
     while (::sigtimedwait(&pipe_only, nullptr, &none) == SIGPIPE) {
     }
-    ::sigprocmask(SIG_SETMASK, &previous, nullptr);
+    ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   }
 
   // In a child that goes into the jail: neither descriptor (a host file, the gateway's pipe)

@@ -1,9 +1,12 @@
 #include "cellgate/launcher/spec_json.hpp"
 
+#include <algorithm>
+#include <array>
 #include <cerrno>
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 namespace cellgate::launcher {
 namespace {
@@ -58,32 +61,32 @@ Result<jail::JailSpec> spec_from_json(const json& j) {
   if (!j.is_object()) {
     return bad("the jail spec is not a JSON object");
   }
-  static const std::set<std::string> kKnownKeys = {"memory_bytes",
-                                                   "pids",
-                                                   "cpus",
-                                                   "tmp_bytes",
-                                                   "work_bytes",
-                                                   "shm_bytes",
-                                                   "tmp_inodes",
-                                                   "nofile",
-                                                   "fsize_bytes",
-                                                   "memlock_bytes",
-                                                   "time_limit_seconds",
-                                                   "uid",
-                                                   "gid",
-                                                   "access_gid",
-                                                   "hostname",
-                                                   "name",
-                                                   "cgroup_group",
-                                                   "cgroup_parent",
-                                                   "work_dir",
-                                                   "binds",
-                                                   "etc_binds",
-                                                   "system_binds",
-                                                   "env",
-                                                   "optional"};
+  static constexpr std::array<std::string_view, 24> kKnownKeys = {"memory_bytes",
+                                                                  "pids",
+                                                                  "cpus",
+                                                                  "tmp_bytes",
+                                                                  "work_bytes",
+                                                                  "shm_bytes",
+                                                                  "tmp_inodes",
+                                                                  "nofile",
+                                                                  "fsize_bytes",
+                                                                  "memlock_bytes",
+                                                                  "time_limit_seconds",
+                                                                  "uid",
+                                                                  "gid",
+                                                                  "access_gid",
+                                                                  "hostname",
+                                                                  "name",
+                                                                  "cgroup_group",
+                                                                  "cgroup_parent",
+                                                                  "work_dir",
+                                                                  "binds",
+                                                                  "etc_binds",
+                                                                  "system_binds",
+                                                                  "env",
+                                                                  "optional"};
   for (const auto& [key, value] : j.items()) {
-    if (kKnownKeys.count(key) == 0) {
+    if (std::find(kKnownKeys.begin(), kKnownKeys.end(), key) == kKnownKeys.end()) {
       // A misspelt limit must not silently fall back to a default.
       return bad("unknown key '" + key + "'");
     }

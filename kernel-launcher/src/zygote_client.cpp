@@ -125,7 +125,7 @@ int pidfd_kill(const UniqueFd& pidfd, int sig) {
 int supervise(ZygoteKernel k, HostJail& j) {
   // A jail that died early must not take the launcher with it when "G" meets a closed pipe (this
   // process execs nothing in zygote mode, so ignoring SIGPIPE reaches no kernel).
-  ::signal(SIGPIPE, SIG_IGN);
+  (void)::signal(SIGPIPE, SIG_IGN);
   auto fail = [&](const std::string& message) {
     pidfd_kill(k.pidfd, SIGKILL);
     return j.fail(message);

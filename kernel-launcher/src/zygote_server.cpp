@@ -1,7 +1,6 @@
 // The zygote: see cellgate/launcher/zygote.hpp for the protocol and the order of things.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <dirent.h>
 #include <fcntl.h>
 #include <linux/mount.h>
 #include <poll.h>
@@ -32,6 +31,8 @@
 #include "cellgate/jail/userns.hpp"
 #include "cellgate/launcher/spec_json.hpp"
 #include "cellgate/launcher/zygote.hpp"
+#include "cellgate/sys/error_text.hpp"
+#include "cellgate/sys/proc.hpp"
 #include "cellgate/unique_fd.hpp"
 #include "cellgate_zygote_py.hpp"
 #include "init.hpp"
@@ -57,23 +58,6 @@ struct Zygote {
   std::vector<int> python_fds;
 };
 
-std::vector<int> open_fds() {
-  std::vector<int> fds;
-  if (DIR* d = ::opendir("/proc/self/fd")) {
-    const int own = ::dirfd(d);
-    while (dirent* e = ::readdir(d)) {
-      if (e->d_name[0] != '.') {
-        const int fd = std::atoi(e->d_name);
-        if (fd != own) {
-          fds.push_back(fd);
-        }
-      }
-    }
-    ::closedir(d);
-  }
-  return fds;
-}
-
 // The kernel's descriptors: 0-2, `keep`, and /dev/null on every number Python holds; no other.
 Result<void> settle_kernel_fds(int keep, const std::vector<int>& python_fds) {
   const int null_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
@@ -85,7 +69,7 @@ Result<void> settle_kernel_fds(int keep, const std::vector<int>& python_fds) {
       return errno_error(ErrorCode::kInternal, "fds", "dup3(/dev/null)", errno);
     }
   }
-  for (int fd : open_fds()) {
+  for (int fd : sys::open_fds()) {
     const bool held = std::find(python_fds.begin(), python_fds.end(), fd) != python_fds.end();
     if (fd > 2 && fd != keep && !held) {
       ::close(fd);
@@ -112,7 +96,7 @@ void reexec_with_empty_environment(const std::vector<std::string>& argv) {
   cargv.push_back(nullptr);
   char* empty[] = {nullptr};
   ::execve("/proc/self/exe", cargv.data(), empty);
-  log_line("re-exec with an empty environment failed: " + std::string(std::strerror(errno)));
+  log_line("re-exec with an empty environment failed: " + sys::error_text(errno));
   ::_exit(127);
 }
 
@@ -306,11 +290,11 @@ PyObject* py_string_list(const std::vector<std::string>& strings) {
   }
   for (int sig : init::kForwardedSignals) {
     if (sig != SIGINT) {  // Python's own SIGINT handler stays: it raises KeyboardInterrupt
-      ::signal(sig, SIG_DFL);
+      (void)::signal(sig, SIG_DFL);
     }
   }
-  ::signal(SIGCHLD, SIG_DFL);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  (void)::signal(SIGCHLD, SIG_DFL);
+  ::pthread_sigmask(SIG_SETMASK, &none, nullptr);
   ::close(err_fd);  // EOF: the kernel is set up
 
   PyObject* module = PyImport_AddModule("_cellgate_zygote");
@@ -361,24 +345,24 @@ PyObject* py_string_list(const std::vector<std::string>& strings) {
     ::_exit(127);  // the launcher gave up (its cgroup attach failed) and reported why
   }
   if (::setns(r.fds[0].get(), CLONE_NEWNS) != 0) {
-    init::fail(report_fd, "setns(host mount namespace): " + std::string(std::strerror(errno)));
+    init::fail(report_fd, "setns(host mount namespace): " + sys::error_text(errno));
   }
   r.fds[0].reset();
   if (::unshare(CLONE_NEWNS) != 0) {
-    init::fail(report_fd, "unshare(CLONE_NEWNS): " + std::string(std::strerror(errno)));
+    init::fail(report_fd, "unshare(CLONE_NEWNS): " + sys::error_text(errno));
   }
   auto root = jail::contain_init(r.spec, r.paths, r.uid, r.gid);
   if (!root) {
     init::fail(report_fd, root.error().message);
   }
   if (::dup2(r.fds[3].get(), STDOUT_FILENO) < 0 || ::dup2(r.fds[4].get(), STDERR_FILENO) < 0) {
-    init::fail(report_fd, "dup2(stdout/stderr): " + std::string(std::strerror(errno)));
+    init::fail(report_fd, "dup2(stdout/stderr): " + sys::error_text(errno));
   }
   r.fds[3].reset();
   r.fds[4].reset();
   int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (null_fd < 0 || ::dup2(null_fd, STDIN_FILENO) < 0) {
-    init::fail(report_fd, "open('/dev/null'): " + std::string(std::strerror(errno)));
+    init::fail(report_fd, "open('/dev/null'): " + sys::error_text(errno));
   }
   ::close(null_fd);
   PyOS_BeforeFork();
@@ -390,7 +374,7 @@ PyObject* py_string_list(const std::vector<std::string>& strings) {
                        ::fcntl(z.reaper_fd, F_DUPFD_CLOEXEC, 10)};
   for (int i = 0; i < 3; ++i) {
     if (high[i] < 0 || ::dup2(high[i], 3 + i) < 0) {  // dup2 clears close-on-exec
-      const std::string message = "dup2() for the reaper: " + std::string(std::strerror(errno));
+      const std::string message = "dup2() for the reaper: " + sys::error_text(errno);
       ::kill(kernel, SIGKILL);
       init::fail(report_fd, message);
     }
@@ -401,7 +385,7 @@ PyObject* py_string_list(const std::vector<std::string>& strings) {
   char* argv[] = {arg0, const_cast<char*>(kernel_pid.c_str()), nullptr};
   char* envp[] = {nullptr};
   ::syscall(SYS_execveat, 5, "", argv, envp, AT_EMPTY_PATH);
-  const std::string message = "execveat(cellgate-reaper): " + std::string(std::strerror(errno));
+  const std::string message = "execveat(cellgate-reaper): " + sys::error_text(errno);
   ::kill(kernel, SIGKILL);
   init::fail(3, message);
 }
@@ -454,13 +438,13 @@ void serve(int conn, const Zygote& z) {
   PyOS_AfterFork_Parent();
   if (pid < 0) {
     answer_error("clone(CLONE_NEWPID|CLONE_NEWNET|CLONE_NEWIPC|CLONE_NEWUTS): " +
-                 std::string(std::strerror(errno)));
+                 sys::error_text(errno));
     return;
   }
   UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0)));
   if (!pidfd) {
     ::kill(static_cast<pid_t>(pid), SIGKILL);
-    answer_error("pidfd_open(): " + std::string(std::strerror(errno)));
+    answer_error("pidfd_open(): " + sys::error_text(errno));
     return;
   }
   auto sent = zygote_wire::send_message(conn, json{{"pid", pid}}.dump(), {pidfd.get()});
@@ -500,7 +484,7 @@ int run_zygote(const ZygoteOptions& options) {
   // Blocked for good: SIGCHLD and SIGTERM arrive on the signalfd, the rest stays blocked so a
   // jail's pid 1 inherits them blocked and its reaper receives them.
   const sigset_t mask = init::reaper_signals();
-  ::sigprocmask(SIG_BLOCK, &mask, nullptr);
+  ::pthread_sigmask(SIG_BLOCK, &mask, nullptr);
   ::prctl(PR_SET_DUMPABLE, 0);
 
   auto listener = listen_on(options.socket_path);
@@ -510,14 +494,14 @@ int run_zygote(const ZygoteOptions& options) {
   char self[PATH_MAX];
   ssize_t len = ::readlink("/proc/self/exe", self, sizeof self - 1);
   if (len <= 0) {
-    return fail("readlink('/proc/self/exe'): " + std::string(std::strerror(errno)));
+    return fail("readlink('/proc/self/exe'): " + sys::error_text(errno));
   }
   self[len] = '\0';
   std::string reaper_path = self;
   reaper_path = reaper_path.substr(0, reaper_path.rfind('/')) + "/cellgate-reaper";
   UniqueFd reaper(::open(reaper_path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!reaper) {
-    return fail("open('" + reaper_path + "'): " + std::strerror(errno) +
+    return fail("open('" + reaper_path + "'): " + sys::error_text(errno) +
                 " (the static reaper is built beside cellgate-kernel)");
   }
   if (auto jailed = jail_self(); !jailed) {
@@ -525,11 +509,11 @@ int run_zygote(const ZygoteOptions& options) {
   }
   Zygote zygote;
   zygote.reaper_fd = reaper.get();
-  const std::vector<int> before = open_fds();
+  const std::vector<int> before = sys::open_fds();
   if (auto py = start_python(options.preload); !py) {
     return fail(py.error().message);
   }
-  for (int fd : open_fds()) {
+  for (int fd : sys::open_fds()) {
     if (std::find(before.begin(), before.end(), fd) == before.end()) {
       zygote.python_fds.push_back(fd);
     }
@@ -539,7 +523,7 @@ int run_zygote(const ZygoteOptions& options) {
           .count();
   UniqueFd signal_fd(::signalfd(-1, &mask, SFD_CLOEXEC));
   if (!signal_fd) {
-    return fail("signalfd(): " + std::string(std::strerror(errno)));
+    return fail("signalfd(): " + sys::error_text(errno));
   }
   zygote.listen_fd = listener->get();
   zygote.signal_fd = signal_fd.get();
@@ -553,7 +537,7 @@ int run_zygote(const ZygoteOptions& options) {
       if (errno == EINTR) {
         continue;
       }
-      return fail("poll(): " + std::string(std::strerror(errno)));
+      return fail("poll(): " + sys::error_text(errno));
     }
     if (fds[1].revents & POLLIN) {
       signalfd_siginfo info{};

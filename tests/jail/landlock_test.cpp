@@ -20,6 +20,8 @@
 #include <functional>
 #include <string>
 
+#include "cellgate/sys/error_text.hpp"
+
 namespace cellgate::jail {
 namespace {
 
@@ -65,7 +67,8 @@ bool deny_landlock_with(int err) {
 std::string try_open(const char* path, int flags) {
   const int fd = ::open(path, flags | O_CLOEXEC, 0600);
   if (fd < 0) {
-    return std::string(path) + " " + (errno == EACCES ? "EACCES" : std::strerror(errno)) + "\n";
+    return std::string(path) + " " +
+           (errno == EACCES ? "EACCES" : cellgate::sys::error_text(errno)) + "\n";
   }
   ::close(fd);
   if ((flags & O_CREAT) != 0) {

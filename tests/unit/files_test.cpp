@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "cellgate/sys/error_text.hpp"
 #include "cellgate/unique_fd.hpp"
 
 namespace cellgate::store::files {
@@ -98,7 +99,7 @@ class FilesTest : public ::testing::Test {
  protected:
   void SetUp() override {
     std::string pattern = "/tmp/cellgate-files-test-XXXXXX";
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr) << std::strerror(errno);
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr) << cellgate::sys::error_text(errno);
     base_ = pattern;
     root_ = base_ / "root";
     outside_ = base_ / "outside";
@@ -355,7 +356,7 @@ TEST_F(FilesTest, RemoveFilesAndEmptyDirectories) {
 
 TEST_F(FilesTest, ReadRefusesFifoWithoutBlocking) {
   const fs::path fifo = root_ / "pipe";
-  ASSERT_EQ(::mkfifo(fifo.c_str(), 0666), 0) << std::strerror(errno);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0666), 0) << cellgate::sys::error_text(errno);
   std::promise<Result<std::string>> done;
   auto answer = done.get_future();
   std::thread reader([&] { done.set_value(dir_->read("pipe", kMax)); });
@@ -379,7 +380,7 @@ TEST_F(FilesTest, ReadRefusesDirectoriesAndSockets) {
   ASSERT_LT(path.size(), sizeof(addr.sun_path));
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   ASSERT_EQ(::bind(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0)
-      << std::strerror(errno);
+      << cellgate::sys::error_text(errno);
   expect_error(dir_->read("sock", kMax), "not_a_file", ErrorCode::kFailedPrecondition);
 }
 

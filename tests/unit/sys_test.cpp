@@ -9,13 +9,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 
 #include "cellgate/sys/dir_stream.hpp"
+#include "cellgate/sys/error_text.hpp"
 #include "cellgate/sys/file.hpp"
 #include "cellgate/sys/pipe.hpp"
 #include "cellgate/sys/proc.hpp"
@@ -379,6 +382,26 @@ TEST(Proc, EnvironAndCmdlineOfOurselves) {
 TEST(Proc, ListPidsHasOurs) {
   const auto pids = list_pids();
   EXPECT_NE(std::find(pids.begin(), pids.end(), ::getpid()), pids.end());
+}
+
+TEST(Proc, OpenFdsHasAnOpenDescriptorAndNotAClosedOne) {
+  auto pipe = make_pipe();
+  ASSERT_TRUE(pipe.ok()) << pipe.error().message;
+  const int kept = pipe->read.get();
+  const int closed = pipe->write.get();
+  pipe->write.reset();
+  const auto fds = open_fds();
+  EXPECT_NE(std::find(fds.begin(), fds.end(), kept), fds.end());
+  EXPECT_EQ(std::find(fds.begin(), fds.end(), closed), fds.end());
+  EXPECT_NE(std::find(fds.begin(), fds.end(), STDERR_FILENO), fds.end());
+}
+
+TEST(ErrorText, SaysWhatStrerrorSays) {
+  EXPECT_EQ(error_text(ENOENT), "No such file or directory");
+  EXPECT_EQ(error_text(EACCES), "Permission denied");
+  EXPECT_EQ(error_text(0), "Success");
+  EXPECT_EQ(error_text(99999), "Unknown error 99999");
+  EXPECT_EQ(error_text(-1), "Unknown error -1");
 }
 
 }  // namespace

@@ -3,12 +3,11 @@
 #include <sys/mount.h>
 
 #include <condition_variable>
-#include <fstream>
-#include <iterator>
 #include <mutex>
-#include <sstream>
 
 #include "cellgate/kernel/client.hpp"
+#include "cellgate/sys/file.hpp"
+#include "cellgate/sys/proc.hpp"
 
 namespace cellgate::kernel {
 
@@ -27,20 +26,8 @@ const char* to_string(RequestEnd end) {
 }
 
 std::string proc_stat_field(pid_t pid, int field) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(in)), {});
-  auto close = text.rfind(')');  // the command name may hold spaces and parentheses
-  if (field < 3 || close == std::string::npos || close + 2 > text.size()) {
-    return "";
-  }
-  std::istringstream rest(text.substr(close + 2));
-  std::string value;
-  for (int i = 3; i <= field; ++i) {
-    if (!(rest >> value)) {
-      return "";
-    }
-  }
-  return value;
+  auto text = sys::read_file("/proc/" + std::to_string(pid) + "/stat", 1 << 16, "proc_stat");
+  return text ? sys::proc_stat_field(*text, field) : "";
 }
 
 std::string process_start_time(pid_t pid) {

@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "cellgate/launcher/spec_json.hpp"
+#include "cellgate/sys/file.hpp"
+#include "cellgate/sys/proc.hpp"
 #include "cellgate/util/descriptors.hpp"
 #include "cellgate/util/fs.hpp"
 
@@ -47,9 +49,8 @@ std::string env_or(const char* name, const std::string& fallback) {
 }  // namespace
 
 std::string executable_dir() {
-  std::error_code ec;
-  auto exe = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string(".") : exe.parent_path().string();
+  auto exe = sys::read_link("/proc/self/exe");
+  return exe ? fs::path(*exe).parent_path().string() : std::string(".");
 }
 
 std::map<std::string, std::string> default_kernel_env(const std::string& work_dir, bool jailed) {
@@ -448,8 +449,8 @@ namespace {
 
 // The parent pid of `pid` (field 4 of /proc/<pid>/stat), or -1.
 pid_t parent_of(pid_t pid) {
-  const std::string ppid = proc_stat_field(pid, 4);
-  return ppid.empty() ? -1 : static_cast<pid_t>(std::atol(ppid.c_str()));
+  const auto st = sys::read_proc_stat(pid);
+  return st ? st->ppid : -1;
 }
 
 }  // namespace

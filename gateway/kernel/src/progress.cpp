@@ -1,57 +1,18 @@
 #include "cellgate/kernel/progress.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
-#include <fstream>
-#include <iterator>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <utility>
-#include <vector>
+
+#include "cellgate/sys/proc.hpp"
 
 namespace cellgate::kernel {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// What /proc/<pid>/stat says of one process.
-struct ProcSample {
-  bool found = false;
-  char state = '?';  // R, S, D, T, Z, …
-  std::string start_time;
-  std::uint64_t cpu_usec = 0;  // utime + stime + cutime + cstime
-};
-
-ProcSample read_proc(pid_t pid) {
-  ProcSample s;
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  const std::string text((std::istreambuf_iterator<char>(in)), {});
-  const auto close = text.rfind(')');  // the command name may hold spaces and parentheses
-  if (close == std::string::npos || close + 2 > text.size()) {
-    return s;
-  }
-  std::istringstream rest(text.substr(close + 2));
-  std::vector<std::string> f(std::istream_iterator<std::string>(rest), {});
-  if (f.size() < 20) {
-    return s;
-  }
-  // f[0] is field 3 (state); utime..cstime are fields 14-17; starttime is field 22.
-  s.found = true;
-  s.state = f[0].empty() ? '?' : f[0][0];
-  s.start_time = f[19];
-  std::uint64_t ticks = 0;
-  for (std::size_t i = 11; i <= 14; ++i) {
-    ticks += std::strtoull(f[i].c_str(), nullptr, 10);
-  }
-  const long hz = ::sysconf(_SC_CLK_TCK);
-  s.cpu_usec = hz > 0 ? ticks * 1000000 / static_cast<std::uint64_t>(hz) : 0;
-  return s;
-}
 
 class Probe {
  public:
@@ -60,15 +21,15 @@ class Probe {
   Progress operator()() {
     using State = Progress::State;
     const auto now = Clock::now();
-    const ProcSample proc = read_proc(facts_.kernel_pid);
-    if (!proc.found || proc.state == 'Z' || proc.state == 'X' ||
-        (!start_time_.empty() && proc.start_time != start_time_)) {
+    const auto proc = sys::read_proc_stat(facts_.kernel_pid);
+    if (!proc || proc->state == 'Z' || proc->state == 'X' ||
+        (!start_time_.empty() && proc->start_time != start_time_)) {
       return {State::kGone, "its process (pid " + std::to_string(facts_.kernel_pid) + ") is gone"};
     }
     // Its state says nothing more: a jailed kernel's pid is its jail's pid 1, which waits for
     // the kernel; the CPU its cgroup uses is what tells a busy kernel from a hung one.
-    start_time_ = proc.start_time;
-    std::uint64_t usage = proc.cpu_usec;
+    start_time_ = proc->start_time;
+    std::uint64_t usage = proc->cpu_usec();
     std::uint64_t throttled = 0;
     std::string what = "its process";
     if (!facts_.cgroup_paths.empty()) {

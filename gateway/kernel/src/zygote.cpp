@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "cellgate/kernel/process.hpp"
+#include "cellgate/sys/error_text.hpp"
 
 namespace cellgate::kernel {
 namespace {
@@ -63,7 +64,7 @@ void Zygote::spawn_locked() {
   }
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) {
-    spdlog::error("zygote: pipe2(): {}", std::strerror(errno));
+    spdlog::error("zygote: pipe2(): {}", sys::error_text(errno));
     return;
   }
   UniqueFd read_end(fds[0]);

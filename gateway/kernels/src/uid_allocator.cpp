@@ -14,6 +14,7 @@
 #include <limits>
 #include <vector>
 
+#include "cellgate/sys/error_text.hpp"
 #include "cellgate/sys/file.hpp"
 #include "cellgate/sys/proc.hpp"
 
@@ -23,7 +24,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string errno_text(int err) {
-  return std::strerror(err);
+  return sys::error_text(err);
 }
 
 }  // namespace

@@ -3,10 +3,9 @@
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
-#include "cellgate/sys/dir_stream.hpp"
+#include "cellgate/sys/proc.hpp"
 
 namespace cellgate {
 
@@ -30,31 +29,17 @@ bool near_descriptor_limit(int fd) {
 }
 
 std::size_t descriptors_open() {
-  auto dir = sys::DirStream::open("/proc/self/fd");
-  if (!dir) {
-    return 0;  // /proc missing or out of descriptors: nothing to count with
-  }
-  std::size_t n = 0;
-  while (dir->next()) {
-    ++n;
-  }
-  return n > 0 ? n - 1 : 0;  // not the directory's own descriptor
+  return sys::open_fds().size();  // 0 when /proc is missing or we are out of descriptors
 }
 
 std::size_t descriptors_free() {
   const std::size_t limit = descriptor_limit();
-  auto dir = sys::DirStream::open("/proc/self/fd");
-  if (!dir) {
-    return 0;
+  const auto fds = sys::open_fds();
+  if (fds.empty()) {
+    return 0;  // nothing to count with
   }
-  const int own = dir->fd();
-  std::size_t below = 0;
-  while (auto entry = dir->next()) {
-    const long fd = std::strtol(entry->name.c_str(), nullptr, 10);
-    if (fd != own && fd >= 0 && static_cast<std::size_t>(fd) < limit) {
-      ++below;
-    }
-  }
+  const auto below = static_cast<std::size_t>(std::count_if(
+      fds.begin(), fds.end(), [limit](int fd) { return static_cast<std::size_t>(fd) < limit; }));
   return limit - std::min(below, limit);
 }
 

@@ -37,7 +37,9 @@ std::optional<DirStream::Entry> DirStream::next() {
   if (dir_ == nullptr) {
     return std::nullopt;
   }
-  while (const dirent* e = ::readdir(dir_)) {
+  // readdir(3) races only on one DIR* shared between threads (glibc's "race:dirstream"); a
+  // DirStream has one owner, and readdir_r is deprecated.
+  while (const dirent* e = ::readdir(dir_)) {  // NOLINT(concurrency-mt-unsafe)
     const std::string_view name = e->d_name;
     if (name == "." || name == "..") {
       continue;

@@ -249,4 +249,18 @@ std::vector<pid_t> list_pids(const std::string& proc) {
   return out;
 }
 
+std::vector<int> open_fds(const std::string& proc) {
+  std::vector<int> out;
+  auto dir = DirStream::open(proc + "/self/fd");
+  if (!dir) {
+    return out;
+  }
+  while (auto e = dir->next()) {
+    if (auto fd = number<int>(e->name); fd && *fd >= 0 && *fd != dir->fd()) {
+      out.push_back(*fd);
+    }
+  }
+  return out;
+}
+
 }  // namespace cellgate::sys

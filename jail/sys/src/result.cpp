@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "cellgate/sys/error_text.hpp"
+
 namespace cellgate {
 
 const char* to_string(ErrorCode code) {
@@ -31,7 +33,7 @@ const char* to_string(ErrorCode code) {
 Error errno_error(ErrorCode code, std::string reason, const std::string& call, int err) {
   const char* name = strerrorname_np(err);
   std::string message = call + ": " + (name != nullptr ? name : std::to_string(err)) + " (" +
-                        std::strerror(err) + ")";
+                        sys::error_text(err) + ")";
   return Error{code, std::move(reason), std::move(message)};
 }
 

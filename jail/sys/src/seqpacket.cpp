@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <memory>
 
 namespace cellgate::sys {
 
@@ -74,9 +75,12 @@ Result<std::optional<Message>> receive_packet(int fd, const ChannelLimits& limit
   Message out;
   // One byte more than the limit: a message of exactly max_bytes is not truncated, one longer
   // is (MSG_TRUNC is set either way when the buffer is short; the spare byte keeps the size
-  // check independent of it).
-  out.data.resize(limits.max_bytes + 1);
-  iovec iov{out.data.data(), out.data.size()};
+  // check independent of it). Not zero-filled: the limit is megabytes and most messages are a
+  // few hundred bytes, so a receive costs what recvmsg(2) writes, not a memset of the limit; the
+  // message is copied out at its length.
+  const std::size_t capacity = limits.max_bytes + 1;
+  const auto buffer = std::make_unique_for_overwrite<char[]>(capacity);
+  iovec iov{buffer.get(), capacity};
   // Room for max_fds descriptors and no more: a peer's extra ones are dropped by the kernel
   // (closed, MSG_CTRUNC), never installed in our table.
   std::vector<char> control(CMSG_SPACE(sizeof(int) * std::max<std::size_t>(limits.max_fds, 1)));
@@ -125,7 +129,7 @@ Result<std::optional<Message>> receive_packet(int fd, const ChannelLimits& limit
                       "a message with more than " + std::to_string(limits.max_fds) +
                           " descriptors was refused (those received closed)");
   }
-  out.data.resize(static_cast<std::size_t>(n));
+  out.data.assign(buffer.get(), static_cast<std::size_t>(n));
   return std::optional<Message>(std::move(out));
 }
 

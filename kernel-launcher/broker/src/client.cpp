@@ -146,15 +146,20 @@ class BrokerProcess : public kernel::KernelProcessHandle {
         facts_(std::move(facts)) {}
 
   ~BrokerProcess() override {
-    if (!detached_) {
-      auto stopped = shared_->call({{"op", "stop"}, {"handle", handle_}}, milliseconds(30000));
-      if (!stopped && stopped.error().reason != "broker_gone") {
-        spdlog::warn("kernel pid {}: the broker did not stop it: {}", pid_,
-                     stopped.error().describe());
+    // Building the request (nlohmann) may throw std::bad_alloc; a destructor must not.
+    try {
+      if (!detached_) {
+        auto stopped = shared_->call({{"op", "stop"}, {"handle", handle_}}, milliseconds(30000));
+        if (!stopped && stopped.error().reason != "broker_gone") {
+          spdlog::warn("kernel pid {}: the broker did not stop it: {}", pid_,
+                       stopped.error().describe());
+        }
       }
+      std::lock_guard lock(shared_->mu);
+      shared_->exits.erase(handle_);
+    } catch (const std::exception& e) {
+      spdlog::error("kernel pid {}: stopping it through the broker failed: {}", pid_, e.what());
     }
-    std::lock_guard lock(shared_->mu);
-    shared_->exits.erase(handle_);
   }
 
   pid_t pid() const override { return pid_; }

@@ -23,6 +23,7 @@
 #include "cellgate/broker/broker.hpp"
 #include "cellgate/broker/request.hpp"
 #include "cellgate/kernel/process.hpp"
+#include "cellgate/sys/error_text.hpp"
 #include "cellgate/sys/process.hpp"
 #include "cellgate/sys/seqpacket.hpp"
 #include "cleanup.hpp"
@@ -112,7 +113,7 @@ class Broker {
 
   int run() {
     if (!wake_) {
-      spdlog::error("broker: eventfd(): {}", std::strerror(errno));
+      spdlog::error("broker: eventfd(): {}", sys::error_text(errno));
       return 1;
     }
     clean_up_left_behind();
@@ -228,7 +229,8 @@ class Broker {
     const std::uint64_t id = request.id;
     const Op op = request.op();
     Result<json> answer = std::visit(
-        [this, id](auto&& body) { return handle(id, std::move(body)); }, std::move(request.body));
+        [this, id](auto&& body) { return handle(id, std::forward<decltype(body)>(body)); },
+        std::move(request.body));
     if (!answer) {
       spdlog::warn("broker: refused {} from the gateway: {}", to_string(op),
                    answer.error().describe());
@@ -368,7 +370,7 @@ class Broker {
     return json{{"text", entry->process ? entry->process->log_tail(r.max_bytes) : std::string()}};
   }
 
-  Result<json> handle(std::uint64_t, ReleaseWorkRequest r) {
+  Result<json> handle(std::uint64_t, const ReleaseWorkRequest& r) {
     for (const auto& [h, e] : entries_) {
       if (e.kernel_id == r.kernel_id) {
         return refused("kernel " + r.kernel_id + " still runs");
@@ -507,9 +509,9 @@ Result<std::pair<UniqueFd, UniqueFd>> broker_channel() {
 int serve_broker(UniqueFd channel, BrokerPolicy policy) {
   // Ctrl-C in a terminal reaches the whole process group: the broker ends when its gateway
   // does (the channel closes), after the gateway has stopped its kernels.
-  ::signal(SIGINT, SIG_IGN);
-  ::signal(SIGHUP, SIG_IGN);
-  ::signal(SIGPIPE, SIG_IGN);
+  (void)::signal(SIGINT, SIG_IGN);
+  (void)::signal(SIGHUP, SIG_IGN);
+  (void)::signal(SIGPIPE, SIG_IGN);
   Broker broker(std::move(channel), std::move(policy));
   return broker.run();
 }

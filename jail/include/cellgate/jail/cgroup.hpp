@@ -76,7 +76,8 @@ class CgroupHost {
   // own cgroup in every hierarchy: kernels' cgroups go below it (JailSpec::cgroup_parent, set by a
   // gateway that moved itself into a leaf of its delegated cgroup; see place_kernel_cgroups).
   static Result<CgroupHost> detect(std::string_view proc_self_cgroup, std::string_view mountinfo,
-                                   std::string root_prefix = "", const std::string& parent = "");
+                                   const std::string& root_prefix = "",
+                                   const std::string& parent = "");
   static Result<CgroupHost> detect_system(const std::string& parent = "");
 
   CgroupVersion version() const;

@@ -125,7 +125,9 @@ inline Result<void> ok_result() {
     }                                                 \
   } while (false)
 
-// Declares `lhs` from a successful Result, or returns its error.
+// Declares `lhs` from a successful Result, or returns its error. `tmp` and `lhs` are names
+// being declared (`const auto [a, b]`, `int port`), which parentheses would break.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define CELLGATE_ASSIGN_OR_RETURN(lhs, expr) \
   CELLGATE_ASSIGN_OR_RETURN_IMPL(CELLGATE_CONCAT(cellgate_result_, __LINE__), lhs, expr)
 #define CELLGATE_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
@@ -134,6 +136,7 @@ inline Result<void> ok_result() {
     return std::move(tmp).error();                     \
   }                                                    \
   lhs = std::move(tmp).value()
+// NOLINTEND(bugprone-macro-parentheses)
 
 namespace cellgate {
 // An Error naming the failed call and errno, as nsjail's PLOG does: "open('/x', O_RDONLY): ENOENT

@@ -86,4 +86,8 @@ std::vector<std::string> parse_cmdline(std::string_view text);
 // The pids listed in /proc (its numeric entries).
 std::vector<pid_t> list_pids(const std::string& proc = "/proc");
 
+// The descriptors this process has open (<proc>/self/fd), without the one that lists them;
+// empty when the directory cannot be read.
+std::vector<int> open_fds(const std::string& proc = "/proc");
+
 }  // namespace cellgate::sys
