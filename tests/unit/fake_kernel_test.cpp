@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <csignal>
 #include <mutex>
 
@@ -222,6 +223,45 @@ TEST(FakeKernel, KillEndsTheProcessAndStopsHeartbeats) {
   ASSERT_TRUE(ended.has_value());
   EXPECT_EQ(ended->reason, launcher::ExitReason::kSignaled);
   EXPECT_EQ(ended->message, "out of memory");
+}
+
+TEST(FakeKernel, StoppedHeartbeatsAreFoundByTheClientsOwnHeartbeat) {
+  FakeBackend fake;
+  Recorded rec;
+  auto k = start(fake, rec);
+  ASSERT_TRUE(k.conn->wait_ready(2s).ok());
+  std::atomic<int> ended{0};
+  kernel::RequestHandlers h;
+  h.on_end = [&](kernel::RequestEnd end) {
+    EXPECT_EQ(end, kernel::RequestEnd::kKernelDead);
+    ++ended;
+  };
+  fake.kernel(0)->set_responder([](const std::string&) { return FakeCell().hang(); });
+  k.conn->send(Channel::kShell, "execute_request", kernel::execute_content("loop()"), std::move(h));
+  ASSERT_TRUE(eventually([&] { return fake.kernel(0)->cell_running(); }));
+  fake.kernel(0)->stop_heartbeat();
+  ASSERT_TRUE(eventually([&] { return !k.conn->is_alive(); }));
+  {
+    std::lock_guard lock(rec.mu);
+    ASSERT_EQ(rec.dead.size(), 1u);
+    // The router's verdict (ClientOptions' defaults: three pings, 200 ms apart), not the fake's.
+    EXPECT_EQ(rec.dead[0], "no answer to 3 heartbeats in a row (600 ms)");
+  }
+  EXPECT_EQ(k.conn->death_reason(), "no answer to 3 heartbeats in a row (600 ms)");
+  ASSERT_TRUE(eventually([&] { return ended == 1; }));
+  EXPECT_TRUE(fake.kernel(0)->running()) << "the process runs on; only its heartbeat stopped";
+}
+
+TEST(FakeKernel, ARequestToADeadKernelEndsAtOnce) {
+  FakeBackend fake;
+  Recorded rec;
+  auto k = start(fake, rec);
+  fake.kernel(0)->kill("gone");
+  ASSERT_TRUE(eventually([&] { return !k.conn->is_alive(); }));
+  auto r = k.conn->request(Channel::kShell, "kernel_info_request", json::object(), 2s);
+  ASSERT_TRUE(r.ok()) << r.error().describe();
+  EXPECT_EQ(r->end, kernel::RequestEnd::kKernelDead);
+  EXPECT_FALSE(r->reply.has_value());
 }
 
 TEST(FakeKernel, PostedMessagesAnswerUnrouted) {

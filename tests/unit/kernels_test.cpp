@@ -398,6 +398,7 @@ TEST_F(KernelsTest, DeadKernelIsRestartedAndListenersSeeRestarting) {
 }
 
 TEST_F(KernelsTest, LostHeartbeatsCountAsDeath) {
+  options_.heartbeat_timeout = 0.4;  // four pings 100 ms apart
   auto k = start_kernel();
   ASSERT_TRUE(k);
   auto listener = std::make_shared<Recorder>();
@@ -408,8 +409,10 @@ TEST_F(KernelsTest, LostHeartbeatsCountAsDeath) {
   EXPECT_EQ(fake_.launches(), 2);
   ASSERT_FALSE(listener->statuses().empty());
   EXPECT_EQ(listener->statuses().front(),
-            (std::pair<std::string, std::string>{"restarting",
-                                                 "the kernel stopped answering heartbeats"}));
+            (std::pair<std::string, std::string>{
+                "restarting",
+                "the kernel stopped answering heartbeats: no answer to 4 heartbeats in a row "
+                "(400 ms)"}));
 }
 
 TEST_F(KernelsTest, PastTheRestartLimitTheKernelIsDead) {

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "cellgate/kernel/client.hpp"
+#include "cellgate/mutex.hpp"
 #include "cellgate/sys/file.hpp"
 #include "cellgate/sys/proc.hpp"
 
@@ -86,33 +87,36 @@ Result<Collected> KernelConnection::request(Channel channel, std::string_view ms
                                             json content, std::chrono::milliseconds timeout,
                                             bool wait_for_idle) {
   struct Shared {
-    std::mutex mu;
-    std::condition_variable cv;
-    Collected collected;
-    bool done = false;
+    Mutex mu;
+    std::condition_variable_any cv;
+    Collected collected CELLGATE_GUARDED_BY(mu);
+    bool done CELLGATE_GUARDED_BY(mu) = false;
   };
   auto shared = std::make_shared<Shared>();
   RequestHandlers handlers;
   handlers.wait_for_idle = wait_for_idle;
   handlers.on_message = [shared, channel](Channel ch, const protocol::Message& msg) {
-    std::lock_guard lock(shared->mu);
+    MutexLock lock(shared->mu);
     shared->collected.messages.emplace_back(ch, msg);
     if (ch == channel) {
       shared->collected.reply = msg;
     }
   };
   handlers.on_end = [shared](RequestEnd end) {
-    std::lock_guard lock(shared->mu);
+    MutexLock lock(shared->mu);
     shared->collected.end = end;
     shared->done = true;
     shared->cv.notify_all();
   };
   send(channel, msg_type, std::move(content), std::move(handlers));
-  std::unique_lock lock(shared->mu);
-  if (!shared->cv.wait_for(lock, timeout, [&] { return shared->done; })) {
-    return make_error(ErrorCode::kDeadlineExceeded, "timeout",
-                      std::string(msg_type) + " got no complete answer within " +
-                          std::to_string(timeout.count()) + " ms");
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  UniqueLock lock(shared->mu);
+  while (!shared->done) {
+    if (shared->cv.wait_until(lock, deadline) == std::cv_status::timeout && !shared->done) {
+      return make_error(ErrorCode::kDeadlineExceeded, "timeout",
+                        std::string(msg_type) + " got no complete answer within " +
+                            std::to_string(timeout.count()) + " ms");
+    }
   }
   return std::move(shared->collected);
 }

@@ -24,12 +24,12 @@ using Clock = std::chrono::steady_clock;
 }  // namespace
 
 Zygote::Zygote(ZygoteOptions options) : options_(std::move(options)) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   spawn_locked();
 }
 
 Zygote::~Zygote() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   if (pid_ <= 0) {
     return;
   }
@@ -124,7 +124,7 @@ void Zygote::read_status_locked() {
 }
 
 void Zygote::tick() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   read_status_locked();
   if (pid_ > 0) {
     int status = 0;
@@ -153,42 +153,45 @@ void Zygote::tick() {
 }
 
 std::string Zygote::ready_socket() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   read_status_locked();
   return ready_ && pid_ > 0 ? options_.socket_path : std::string();
 }
 
 bool Zygote::wait_ready(std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
-  std::unique_lock lock(mu_);
-  while (!(ready_ && pid_ > 0)) {
-    lock.unlock();
+  for (;;) {
+    {
+      MutexLock lock(mu_);
+      if (ready_ && pid_ > 0) {
+        return true;
+      }
+    }
     tick();
-    lock.lock();
+    UniqueLock lock(mu_);
     if (ready_ && pid_ > 0) {
-      break;
+      return true;
     }
     if (Clock::now() >= deadline) {
       return false;
     }
     ready_cv_.wait_for(lock, std::chrono::milliseconds(50));
   }
-  return true;
 }
 
 bool Zygote::failed() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   read_status_locked();
   return failed_;
 }
 
 pid_t Zygote::pid() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return pid_;
 }
 
 int Zygote::restarts() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return restarts_;
 }
 

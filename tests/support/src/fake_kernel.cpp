@@ -1,18 +1,20 @@
 #include "cellgate/testing/fake_kernel.hpp"
 
 #include <algorithm>
-#include <atomic>
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <fstream>
-#include <map>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <utility>
-#include <variant>
 
+#include "cellgate/kernel/client.hpp"
+#include "cellgate/kernel/transport.hpp"
+#include "cellgate/mutex.hpp"
 #include "cellgate/protocol/codec.hpp"
 #include "cellgate/protocol/envelope.hpp"
 #include "cellgate/util/text.hpp"
@@ -23,8 +25,6 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using kernel::Channel;
-using kernel::RequestEnd;
-using kernel::RequestHandlers;
 
 // ---- the captured ipykernel traffic ----------------------------------------------------------
 
@@ -199,74 +199,150 @@ FakeCell& FakeCell::die(std::string reason) {
   return *this;
 }
 
-// ---- the connection: a client and the kernel behind it, on one thread -------------------------
+// ---- the wire: what other threads tell a connection's kernel ----------------------------------
 
-class FakeConnectionCore : public std::enable_shared_from_this<FakeConnectionCore> {
+// The part of a fake connection that other threads reach (FakeKernel's kill, exit, SIGINT; the
+// client's wake()). The rest of the fake kernel runs on the client's I/O thread, inside the
+// transport's calls.
+class FakeWire {
  public:
-  FakeConnectionCore(std::shared_ptr<FakeKernel> kernel, kernel::ClientOptions options,
-                     protocol::Signer signer, bool alive)
+  struct Event {
+    enum class Kind { kInterrupt, kRelease, kDied };
+    Kind kind = Kind::kInterrupt;
+    std::string reason;  // kDied
+  };
+
+  void interrupt() { push(Event{Event::Kind::kInterrupt, ""}); }
+  void release() { push(Event{Event::Kind::kRelease, ""}); }  // FakeKernel::release_cell
+  void died(std::string reason) { push(Event{Event::Kind::kDied, std::move(reason)}); }
+  void wake() {
+    {
+      MutexLock lock(mu_);
+      woken_ = true;
+    }
+    cv_.notify_all();
+  }
+
+  // Until an event, a wake() or `deadline` (none: no deadline).
+  void wait(std::optional<Clock::time_point> deadline) {
+    UniqueLock lock(mu_);
+    auto ready = [&]() CELLGATE_REQUIRES(mu_) { return woken_ || !events_.empty(); };
+    if (deadline) {
+      while (!ready() && cv_.wait_until(lock, *deadline) != std::cv_status::timeout) {
+      }
+    } else {
+      while (!ready()) {
+        cv_.wait(lock);
+      }
+    }
+    woken_ = false;
+  }
+
+  std::deque<Event> take() {
+    MutexLock lock(mu_);
+    return std::exchange(events_, {});
+  }
+
+ private:
+  void push(Event event) {
+    {
+      MutexLock lock(mu_);
+      events_.push_back(std::move(event));
+    }
+    cv_.notify_all();
+  }
+
+  Mutex mu_;
+  std::condition_variable_any cv_;
+  std::deque<Event> events_ CELLGATE_GUARDED_BY(mu_);
+  bool woken_ CELLGATE_GUARDED_BY(mu_) = false;
+};
+
+namespace {
+
+// ---- the transport: the kernel (as ipykernel) behind the client's router
+// -------------------------
+
+// Every message to the kernel arrives as wire frames, signed by the router and verified here as a
+// kernel does; every message from it is shaped as the captured ones, encoded, signed and handed
+// to the router as frames, which it checks as it checks a real kernel's. Runs on the client's
+// I/O thread.
+class FakeTransport : public kernel::Transport {
+ public:
+  FakeTransport(std::shared_ptr<FakeKernel> kernel, std::shared_ptr<FakeWire> wire,
+                protocol::Signer signer)
       : kernel_(std::move(kernel)),
-        options_(std::move(options)),
-        session_(options_.username),
+        wire_(std::move(wire)),
         signer_(std::move(signer)),
         engine_(protocol::new_uuid()),
         kernel_session_(fixtures().status.header.value("username", "username")),
-        alive_(alive) {}
+        alive_(kernel_->running()) {}
 
-  void run() {
-    thread_ = std::thread([this] { loop(); });
+  bool send(Channel channel, std::vector<std::string> frames) override {
+    kernel_receive(channel, protocol::decode(frames, signer_));
+    return true;  // as a DEALER, which queues while its peer is away
   }
 
-  void stop() {
-    {
-      std::lock_guard lock(mu_);
-      stopping_ = true;
+  bool ping() override {
+    if (alive_ && kernel_->heartbeating()) {
+      inbox_.push_back(Incoming{true, Channel::kHeartbeat, {}});
     }
-    cv_.notify_all();
-    if (thread_.joinable()) {
-      if (thread_.get_id() == std::this_thread::get_id()) {
-        // Destroyed from one of its own handlers: the loop ends after this event; keep it alive.
-        thread_.detach();
-        keep_alive_ = shared_from_this();
-        return;
+    return true;
+  }
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    if (!inbox_.empty() || !started_) {
+      return true;
+    }
+    std::optional<Clock::time_point> deadline;
+    if (timeout.count() >= 0) {
+      deadline = Clock::now() + timeout;
+    }
+    if (cell_ && cell_->wait == Wait::kSleep) {
+      deadline = deadline ? std::min(*deadline, cell_->until) : cell_->until;
+    }
+    wire_->wait(deadline);
+    return true;
+  }
+
+  bool receive(kernel::TransportEvents& events) override {
+    if (!started_) {
+      started_ = true;
+      if (!alive_) {
+        events.on_peer_gone("the kernel is not running");
       }
-      thread_.join();
     }
+    deliver(events);  // what the kernel said before the events below
+    for (auto& event : wire_->take()) {
+      switch (event.kind) {
+        case FakeWire::Event::Kind::kInterrupt:
+          interrupt_cell();
+          break;
+        case FakeWire::Event::Kind::kRelease:
+          release_cell();
+          break;
+        case FakeWire::Event::Kind::kDied:
+          died(event.reason, events);
+          break;
+      }
+    }
+    if (cell_ && cell_->wait == Wait::kSleep && Clock::now() >= cell_->until) {
+      cell_->wait = Wait::kNone;
+      advance();
+    }
+    deliver(events);
+    return true;
   }
 
-  const protocol::Session& session() const { return session_; }
-  bool alive() const { return alive_.load(); }
-  bool iopub_seen() const { return iopub_seen_.load(); }
+  void wake() override { wire_->wake(); }
 
-  void send(Channel channel, protocol::Message msg, std::optional<RequestHandlers> handlers) {
-    push(Send{channel, std::move(msg), std::move(handlers)});
-  }
-  void post(Channel channel, protocol::EnvelopePtr env) { push(Post{channel, std::move(env)}); }
-  void interrupt() { push(Interrupt{}); }
-  void release() { push(Release{}); }
-  void died(std::string reason) { push(Died{std::move(reason)}); }
+  std::string name() const override { return "fake kernel " + std::to_string(kernel_->pid()); }
 
  private:
-  struct Send {
-    Channel channel;
-    protocol::Message msg;
-    std::optional<RequestHandlers> handlers;
-  };
-  struct Post {
-    Channel channel;
-    protocol::EnvelopePtr env;
-  };
-  struct Interrupt {};
-  struct Release {};
-  struct Died {
-    std::string reason;
-  };
-  using Event = std::variant<Send, Post, Interrupt, Release, Died>;
-
-  struct Route {
-    RequestHandlers handlers;
-    bool got_reply = false;
-    bool got_idle = false;
+  struct Incoming {
+    bool pong = false;
+    Channel channel = Channel::kShell;
+    std::vector<std::string> frames;
   };
 
   enum class Wait { kNone, kHeld, kSleep, kInput, kHang, kHangHard };
@@ -281,67 +357,21 @@ class FakeConnectionCore : public std::enable_shared_from_this<FakeConnectionCor
     bool silent = false;
   };
 
-  void push(Event event) {
-    {
-      std::lock_guard lock(mu_);
-      events_.push_back(std::move(event));
+  void deliver(kernel::TransportEvents& events) {
+    while (!inbox_.empty()) {
+      Incoming in = std::move(inbox_.front());
+      inbox_.pop_front();
+      if (in.pong) {
+        events.on_pong();
+        continue;
+      }
+      std::vector<std::string_view> views(in.frames.begin(), in.frames.end());
+      events.on_frames(in.channel, views, [] {});
     }
-    cv_.notify_all();
   }
 
-  void loop() {
-    for (;;) {
-      std::deque<Event> batch;
-      {
-        std::unique_lock lock(mu_);
-        auto ready = [&] { return stopping_ || !events_.empty(); };
-        if (cell_ && cell_->wait == Wait::kSleep) {
-          cv_.wait_until(lock, cell_->until, ready);
-        } else {
-          cv_.wait(lock, ready);
-        }
-        if (stopping_) {
-          break;
-        }
-        batch.swap(events_);
-      }
-      for (auto& event : batch) {
-        std::visit([this](auto& e) { handle(e); }, event);
-      }
-      if (cell_ && cell_->wait == Wait::kSleep && Clock::now() >= cell_->until) {
-        cell_->wait = Wait::kNone;
-        advance();
-      }
-    }
-    end_all(RequestEnd::kCancelled);
-    keep_alive_.reset();
-  }
-
-  // ---- the client's side (as KernelClient) ----
-
-  void handle(Send& s) {
-    const std::string id = s.msg.msg_id();
-    if (s.handlers) {
-      if (!alive_.load()) {
-        if (s.handlers->on_end) {
-          s.handlers->on_end(RequestEnd::kKernelDead);
-        }
-        return;
-      }
-      routes_.emplace(id, Route{std::move(*s.handlers), false, false});
-    }
-    s.msg.identities.clear();
-    // Over the wire: encoded and signed as KernelClient does, verified as a kernel does.
-    kernel_receive(s.channel, protocol::decode(protocol::encode(s.msg, signer_), signer_));
-  }
-
-  void handle(Post& p) {
-    kernel_receive(p.channel, protocol::decode(p.env->to_wire(signer_), signer_));
-  }
-
-  void handle(Interrupt&) { interrupt_cell(); }
-
-  void handle(Release&) {
+  // A cell held after its busy (FakeKernel::hold_next_cell) goes on: its handler runs.
+  void release_cell() {
     if (!cell_ || cell_->wait != Wait::kHeld) {
       return;
     }
@@ -350,69 +380,21 @@ class FakeConnectionCore : public std::enable_shared_from_this<FakeConnectionCor
     begin_cell();
   }
 
-  void handle(Died& d) {
+  void died(const std::string& reason, kernel::TransportEvents& events) {
     cell_.reset();
     shell_queue_.clear();
     kernel_->set_cell_running(false);
     kernel_->set_cell_held(false);
-    if (!alive_.exchange(false)) {
+    if (!alive_) {
       return;
     }
-    if (options_.on_dead) {
-      options_.on_dead(d.reason);
-    }
-    end_all(RequestEnd::kKernelDead);
-  }
-
-  void dispatch(Channel channel, const protocol::EnvelopePtr& env) {
-    if (channel == Channel::kIopub) {
-      iopub_seen_.store(true);
-      if (options_.on_iopub) {
-        options_.on_iopub(env);
-      }
-    }
-    auto it = routes_.find(env->parent().msg_id);
-    if (it == routes_.end()) {
-      if (options_.on_unrouted && !(channel == Channel::kIopub && options_.on_iopub)) {
-        options_.on_unrouted(env);
-      }
-      return;
-    }
-    Route& route = it->second;
-    if (route.handlers.on_envelope) {
-      route.handlers.on_envelope(env);
-    } else if (route.handlers.on_message) {
-      route.handlers.on_message(channel, env->message());
-    }
-    if (channel == Channel::kShell || channel == Channel::kControl) {
-      route.got_reply = true;
-    } else if (channel == Channel::kIopub && env->header().msg_type == "status" &&
-               env->message().content.value("execution_state", "") == "idle") {
-      route.got_idle = true;
-    }
-    if (route.got_reply && (route.got_idle || !route.handlers.wait_for_idle)) {
-      RequestHandlers handlers = std::move(route.handlers);
-      routes_.erase(it);
-      if (handlers.on_end) {
-        handlers.on_end(RequestEnd::kComplete);
-      }
-    }
-  }
-
-  void end_all(RequestEnd end) {
-    auto taken = std::move(routes_);
-    routes_.clear();
-    for (auto& [id, route] : taken) {
-      if (route.handlers.on_end) {
-        route.handlers.on_end(end);
-      }
-    }
+    alive_ = false;
+    events.on_peer_gone(reason);
   }
 
   // ---- the kernel's side (as ipykernel) ----
 
-  // A message from the kernel: shaped as the captured ones, then encoded, signed, and read back
-  // as KernelClient reads what a real kernel sends.
+  // A message from the kernel, shaped as the captured ones, encoded and signed as ipykernel does.
   void emit(Channel channel, const std::string& msg_type, json content,
             const protocol::Message& parent, json metadata = json::object()) {
     protocol::Message msg;
@@ -430,16 +412,7 @@ class FakeConnectionCore : public std::enable_shared_from_this<FakeConnectionCor
                                    ? "stream." + msg.content.value("name", "stdout")
                                    : "kernel." + engine_ + "." + msg_type);
     }
-    const std::vector<std::string> frames = protocol::encode(msg, signer_);
-    std::vector<std::string_view> views(frames.begin(), frames.end());
-    auto env = protocol::Envelope::from_wire(channel, views, signer_, options_.limits);
-    if (!env) {
-      if (options_.on_wire_error) {
-        options_.on_wire_error(channel, env.error());
-      }
-      return;
-    }
-    dispatch(channel, env.value());
+    inbox_.push_back(Incoming{false, channel, protocol::encode(msg, signer_)});
   }
 
   void status(const std::string& state, const protocol::Message& parent) {
@@ -453,7 +426,7 @@ class FakeConnectionCore : public std::enable_shared_from_this<FakeConnectionCor
     protocol::Message msg = std::move(decoded).value();
     const std::string type = msg.msg_type();
     kernel_->record_received(std::string(kernel::to_string(channel)) + ":" + type);
-    if (!alive_.load() || kernel_->unresponsive()) {
+    if (!alive_ || kernel_->unresponsive()) {
       return;
     }
     switch (channel) {
@@ -511,7 +484,7 @@ class FakeConnectionCore : public std::enable_shared_from_this<FakeConnectionCor
   }
 
   void pump_shell() {
-    while (!cell_ && !shell_queue_.empty() && alive_.load()) {
+    while (!cell_ && !shell_queue_.empty() && alive_) {
       protocol::Message msg = std::move(shell_queue_.front());
       shell_queue_.pop_front();
       if (msg.msg_type() == "execute_request") {
@@ -666,88 +639,17 @@ class FakeConnectionCore : public std::enable_shared_from_this<FakeConnectionCor
   }
 
   const std::shared_ptr<FakeKernel> kernel_;
-  const kernel::ClientOptions options_;
-  const protocol::Session session_;  // the client's
+  const std::shared_ptr<FakeWire> wire_;
   const protocol::Signer signer_;
   const std::string engine_;
   const protocol::Session kernel_session_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Event> events_;
-  bool stopping_ = false;
-  std::atomic<bool> alive_;
-  std::atomic<bool> iopub_seen_{false};
-  std::thread thread_;
-  std::shared_ptr<FakeConnectionCore> keep_alive_;
-
-  // The connection's thread only.
-  std::map<std::string, Route> routes_;
+  bool alive_;                  // the kernel runs (as far as this connection has heard)
+  bool started_ = false;        // the first receive() has said whether it runs
+  std::deque<Incoming> inbox_;  // from the kernel, to hand to the router
   std::deque<protocol::Message> shell_queue_;
   std::optional<Cell> cell_;
   std::uint64_t sent_ = 0;
-};
-
-namespace {
-
-class FakeConnection : public kernel::KernelConnection {
- public:
-  explicit FakeConnection(std::shared_ptr<FakeConnectionCore> core) : core_(std::move(core)) {}
-  ~FakeConnection() override { core_->stop(); }
-
-  using KernelConnection::send;
-  const protocol::Session& session() const override { return core_->session(); }
-  std::string send(Channel channel, protocol::Message msg, RequestHandlers handlers) override {
-    std::string id = msg.msg_id();
-    core_->send(channel, std::move(msg), std::move(handlers));
-    return id;
-  }
-  void post(Channel channel, protocol::EnvelopePtr msg) override {
-    core_->post(channel, std::move(msg));
-  }
-  void send_input(const protocol::Message& input_request, std::string value) override {
-    protocol::Message reply = core_->session().make_reply(input_request, "input_reply",
-                                                          json{{"value", std::move(value)}});
-    core_->send(Channel::kStdin, std::move(reply), std::nullopt);
-  }
-  Result<json> wait_ready(std::chrono::milliseconds timeout) override {
-    struct Shared {
-      std::mutex mu;
-      std::condition_variable cv;
-      std::optional<json> reply;
-      std::optional<RequestEnd> end;
-    };
-    auto shared = std::make_shared<Shared>();
-    RequestHandlers handlers;
-    handlers.wait_for_idle = false;
-    handlers.on_envelope = [shared](const protocol::EnvelopePtr& env) {
-      if (env->header().msg_type == "kernel_info_reply") {
-        std::lock_guard lock(shared->mu);
-        shared->reply = env->message().content;
-      }
-    };
-    handlers.on_end = [shared](RequestEnd end) {
-      std::lock_guard lock(shared->mu);
-      shared->end = end;
-      shared->cv.notify_all();
-    };
-    send(Channel::kShell, core_->session().make("kernel_info_request", json::object()),
-         std::move(handlers));
-    std::unique_lock lock(shared->mu);
-    if (!shared->cv.wait_for(lock, timeout, [&] { return shared->end.has_value(); })) {
-      return make_error(ErrorCode::kDeadlineExceeded, "kernel_not_ready",
-                        "the kernel did not answer kernel_info_request within " +
-                            std::to_string(timeout.count()) + " ms");
-    }
-    if (*shared->end != RequestEnd::kComplete || !shared->reply) {
-      return make_error(ErrorCode::kUnavailable, "kernel_dead", "the kernel died while starting");
-    }
-    return *shared->reply;
-  }
-  bool is_alive() const override { return core_->alive(); }
-
- private:
-  std::shared_ptr<FakeConnectionCore> core_;
 };
 
 }  // namespace
@@ -829,14 +731,9 @@ void FakeKernel::exit(int code) {
   end(std::move(ev), "the kernel exited with code " + std::to_string(code));
 }
 
-void FakeKernel::stop_heartbeat(const std::string& reason) {
-  {
-    std::lock_guard lock(mu_);
-    heartbeating_ = false;
-  }
-  if (auto c = connection()) {
-    c->died(reason);
-  }
+void FakeKernel::stop_heartbeat() {
+  std::lock_guard lock(mu_);
+  heartbeating_ = false;  // the connection's pings go unanswered from now on
 }
 
 void FakeKernel::set_unresponsive(bool silent) {
@@ -939,12 +836,12 @@ std::optional<launcher::StatusEvent> FakeKernel::wait_exit(
   return exited_;
 }
 
-void FakeKernel::attach(const std::shared_ptr<FakeConnectionCore>& connection) {
+void FakeKernel::attach(const std::shared_ptr<FakeWire>& connection) {
   std::lock_guard lock(mu_);
   connection_ = connection;
 }
 
-std::shared_ptr<FakeConnectionCore> FakeKernel::connection() const {
+std::shared_ptr<FakeWire> FakeKernel::connection() const {
   std::lock_guard lock(mu_);
   return connection_.lock();
 }
@@ -1051,14 +948,19 @@ Result<std::unique_ptr<kernel::KernelConnection>> FakeBackend::connect(
     std::lock_guard lock(mu_);
     ++connects_;
   }
+  const kernel::ConnectionInfo& info = process.connection();
+  CELLGATE_ASSIGN_OR_RETURN(protocol::Signer kernel_signer,
+                            protocol::Signer::create(info.signature_scheme, info.key));
+  CELLGATE_ASSIGN_OR_RETURN(protocol::Signer client_signer,
+                            protocol::Signer::create(info.signature_scheme, info.key));
+  auto wire = std::make_shared<FakeWire>();
+  fake->kernel()->attach(wire);
+  // The client that ships, over a transport whose far end is the fake kernel.
   CELLGATE_ASSIGN_OR_RETURN(
-      protocol::Signer signer,
-      protocol::Signer::create(process.connection().signature_scheme, process.connection().key));
-  auto core = std::make_shared<FakeConnectionCore>(
-      fake->kernel(), std::move(options), std::move(signer), fake->kernel()->heartbeating());
-  fake->kernel()->attach(core);
-  core->run();
-  return std::unique_ptr<kernel::KernelConnection>(std::make_unique<FakeConnection>(core));
+      auto client, kernel::KernelClient::open(std::make_unique<FakeTransport>(
+                                                  fake->kernel(), wire, std::move(kernel_signer)),
+                                              std::move(client_signer), std::move(options)));
+  return std::unique_ptr<kernel::KernelConnection>(std::move(client));
 }
 
 void FakeBackend::fail_next_launch(std::string message, int count) {

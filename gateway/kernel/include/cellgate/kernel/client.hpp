@@ -1,11 +1,13 @@
-// KernelClient: one connection to one Jupyter kernel over ZeroMQ.
+// KernelClient: one connection to one Jupyter kernel, a request router over a Transport
+// (transport.hpp).
 //
-// It connects shell, control and stdin (DEALER, one routing id so the kernel's input_request
-// reaches us), iopub (SUB, everything) and heartbeat (REQ) to the endpoints of a connection file,
-// routes replies, iopub messages and input requests to the request they answer (by parent
-// msg_id), and declares the kernel dead when it stops answering heartbeats (a kernel other than
-// ipykernel only while idle: see ClientOptions::heartbeat_while_busy) while its process makes no
-// progress (ClientOptions::progress: a kernel starved of CPU by its own cell is busy, not dead).
+// It sends requests on shell, control and stdin, routes replies, iopub messages and input
+// requests to the request they answer (by parent msg_id), completes a request once its reply and
+// its iopub status idle are in, and declares the kernel dead when it stops answering heartbeats
+// (a kernel other than ipykernel only while idle: see ClientOptions::heartbeat_while_busy) while
+// its process makes no progress (ClientOptions::progress: a kernel starved of CPU by its own cell
+// is busy, not dead). connect() carries it over ZeroMQ to the endpoints of a connection file;
+// open() over any transport (tests/support's fake kernel is one).
 //
 //   auto client = KernelClient::connect(info, {});
 //   client.value()->wait_ready(5s);
@@ -13,10 +15,11 @@
 //                                      execute_content("x = 1"), 30s);
 //   for (auto& [channel, msg] : run->messages) { ... }
 //
-// Threading: all five ZeroMQ sockets belong to one I/O thread that the client owns; no socket is
-// touched from any other thread (libzmq's own I/O thread is its context's, shared by a gateway's
-// clients: ClientOptions::zmq_context). Public methods are thread-safe: they queue work for the I/O
-// thread and wake it through an eventfd. Handlers run on the I/O thread and must not block.
+// Threading: the router and the transport belong to one I/O thread that the client owns; no
+// ZeroMQ socket is touched from any other thread (libzmq's own I/O thread is its context's,
+// shared by a gateway's clients: ClientOptions::zmq_context). Public methods are thread-safe:
+// they queue work for the I/O thread and wake it (Transport::wake). Handlers run on the I/O
+// thread and must not block.
 #pragma once
 
 #include <chrono>
@@ -31,6 +34,7 @@
 
 #include "cellgate/kernel/connection.hpp"
 #include "cellgate/kernel/kernel.hpp"
+#include "cellgate/kernel/transport.hpp"
 #include "cellgate/protocol/codec.hpp"
 #include "cellgate/protocol/message.hpp"
 #include "cellgate/result.hpp"
@@ -44,8 +48,14 @@ std::shared_ptr<ZmqContext> make_zmq_context();
 
 class KernelClient : public KernelConnection {
  public:
+  // Over ZeroMQ, to the endpoints and with the key of `info`.
   static Result<std::unique_ptr<KernelClient>> connect(const ConnectionInfo& info,
                                                        ClientOptions options = {});
+  // Over `transport`, signing and checking messages with `signer` (the kernel's key).
+  // ClientOptions::zmq_context is not used.
+  static Result<std::unique_ptr<KernelClient>> open(std::unique_ptr<Transport> transport,
+                                                    protocol::Signer signer,
+                                                    ClientOptions options = {});
   KernelClient(const KernelClient&) = delete;
   KernelClient& operator=(const KernelClient&) = delete;
 
@@ -67,6 +77,8 @@ class KernelClient : public KernelConnection {
  private:
   struct Impl;
   explicit KernelClient(std::unique_ptr<Impl> impl);
+  // Starts the I/O thread.
+  static std::unique_ptr<KernelClient> start(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,8 +1,9 @@
 // The seam at the kernel: what the gateway needs from a running kernel's channels
-// (KernelConnection) and from starting one (KernelBackend). The ZeroMQ KernelClient and the
+// (KernelConnection) and from starting one (KernelBackend). KernelClient (over ZeroMQ) and the
 // launcher (KernelProcess, with the zygote) implement them for real; tests/support has a fake
-// that replays captured ipykernel traffic, so the registry, the executor, the pool, culling and
-// the WebSocket bridge are tested without root and without Python.
+// backend whose connections are KernelClients over a fake transport (transport.hpp) that replays
+// captured ipykernel traffic, so the registry, the executor, the pool, culling and the WebSocket
+// bridge are tested without root and without Python, over the client's own router.
 //
 //   auto process = backend.launch(request);                       // a jailed kernel
 //   auto conn = backend.connect(*process.value(), {.on_iopub = …});   // its channels

@@ -15,10 +15,10 @@
 
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "cellgate/mutex.hpp"
 #include "cellgate/unique_fd.hpp"
 
 namespace cellgate::kernel {
@@ -49,20 +49,20 @@ class Zygote {
   int restarts();  // zygotes started after the first
 
  private:
-  void spawn_locked();
-  void read_status_locked();
+  void spawn_locked() CELLGATE_REQUIRES(mu_);
+  void read_status_locked() CELLGATE_REQUIRES(mu_);
 
-  ZygoteOptions options_;
-  std::mutex mu_;
-  std::condition_variable ready_cv_;
-  pid_t pid_ = -1;
-  bool ready_ = false;
-  bool failed_ = false;
-  int restarts_ = 0;
-  std::chrono::milliseconds backoff_{1000};
-  std::chrono::steady_clock::time_point next_start_{};
-  UniqueFd status_fd_;
-  std::string status_buffer_;
+  const ZygoteOptions options_;
+  Mutex mu_;
+  std::condition_variable_any ready_cv_;
+  pid_t pid_ CELLGATE_GUARDED_BY(mu_) = -1;
+  bool ready_ CELLGATE_GUARDED_BY(mu_) = false;
+  bool failed_ CELLGATE_GUARDED_BY(mu_) = false;
+  int restarts_ CELLGATE_GUARDED_BY(mu_) = 0;
+  std::chrono::milliseconds backoff_ CELLGATE_GUARDED_BY(mu_){1000};
+  std::chrono::steady_clock::time_point next_start_ CELLGATE_GUARDED_BY(mu_){};
+  UniqueFd status_fd_ CELLGATE_GUARDED_BY(mu_);
+  std::string status_buffer_ CELLGATE_GUARDED_BY(mu_);
 };
 
 }  // namespace cellgate::kernel

@@ -1,11 +1,12 @@
 // A fake kernel behind the kernel seam (cellgate/kernel/kernel.hpp), for unit tests that run
 // without root, without Python and without ZeroMQ: FakeBackend "launches" FakeProcesses and
-// connects FakeConnections to them. A connection answers on its own thread, as KernelClient's
-// I/O thread does, with messages shaped after the ipykernel 6 traffic captured in
+// connects to them with the KernelClient that ships, over a fake transport
+// (cellgate/kernel/transport.hpp) whose far end is the fake kernel: every unit test runs the
+// gateway's own request router, iopub status tracking and heartbeat. The kernel answers on the
+// client's I/O thread with messages shaped after the ipykernel 6 traffic captured in
 // tests/fixtures/ipykernel/*.json (same header fields, same content keys, the request's header
-// as parent_header). Every message from the fake kernel is encoded, signed with the
-// connection's key and read back with protocol::Envelope::from_wire, and every message to it is
-// sent with Envelope::to_wire and verified, so the real codec paths run.
+// as parent_header), encoded and signed with the connection's key; what the client sends it
+// arrives signed and is verified, so the real codec paths run.
 //
 // What the fake kernel does:
 //   kernel_info_request  → status busy, kernel_info_reply (the captured content), status idle
@@ -40,14 +41,16 @@
 //   });
 //   kernel::KernelBackend& backend = fake;       // what the registry or the executor takes
 //   … start a kernel through the code under test …
-//   fake.kernel(0)->kill("oom");                 // the process ends, heartbeats stop
+//   fake.kernel(0)->kill("oom");                 // the process ends; the connection is told
+//   fake.kernel(0)->stop_heartbeat();            // pings go unanswered: the client's heartbeat
+//                                                // declares it dead
 //   fake.kernel(0)->signals();                   // {SIGINT} after an interrupt
 //   fake.fail_next_launch("no cgroup");          // the next launch() returns an error
 //   fake.set_launch_delay(200ms);                // launch() blocks that long (pool tests)
 //   ASSERT_TRUE(eventually([&] { return fake.launches() == 2; }));
 //
 // Thread-safety: every method may be called from any thread. Handlers given to a connection run
-// on that connection's thread, one at a time.
+// on that connection's I/O thread, one at a time.
 #pragma once
 
 #include <sys/types.h>
@@ -119,9 +122,9 @@ class FakeCell {
 // The code of an execute_request → what it does.
 using Responder = std::function<FakeCell(const std::string& code)>;
 
-class FakeConnectionCore;
+class FakeWire;  // fake_kernel.cpp: how other threads reach a connection's kernel
 
-// One launched kernel, as the test sees it. Shared by its FakeProcess, its FakeConnection and
+// One launched kernel, as the test sees it. Shared by its FakeProcess, its connection and
 // the FakeBackend (which keeps it after the process is gone, for assertions).
 class FakeKernel {
  public:
@@ -148,12 +151,14 @@ class FakeKernel {
   int execution_count() const;
 
   // The process ends (poll_exit reports reason signaled, signal 9, message `reason`) and the
-  // connection declares the kernel dead (on_dead(reason)); requests in flight end kKernelDead.
+  // connection's transport says the kernel is gone (TransportEvents::on_peer_gone): the client
+  // calls on_dead(reason) and requests in flight end kKernelDead.
   void kill(const std::string& reason = "killed by the test");
   // The process exits by itself with `code` (reason ok); heartbeats stop.
   void exit(int code = 0);
-  // Heartbeats stop (on_dead(reason)) while the process keeps running.
-  void stop_heartbeat(const std::string& reason = "the fake kernel stopped answering heartbeats");
+  // Heartbeats go unanswered while the process keeps running: the client's heartbeat declares
+  // the kernel dead after ClientOptions::heartbeat_misses pings (on_dead with its reason).
+  void stop_heartbeat();
   // The next kernel_info_requests go unanswered (wait_ready times out) while `silent`.
   void set_unresponsive(bool silent);
   // Replaces the responder for cells that start from now on.
@@ -166,14 +171,14 @@ class FakeKernel {
   // Whether a held cell waits (its busy is published).
   bool cell_held() const;
 
-  // ---- for FakeProcess and FakeConnection ----
+  // ---- for FakeProcess and the fake transport ----
   void record_signal(int sig);
   void record_interrupt();
   void record_received(const std::string& what);
   void record_executed(const std::string& code);
   std::optional<launcher::StatusEvent> exit_event() const;
   std::optional<launcher::StatusEvent> wait_exit(std::chrono::milliseconds timeout) const;
-  void attach(const std::shared_ptr<FakeConnectionCore>& connection);
+  void attach(const std::shared_ptr<FakeWire>& connection);
   void set_cell_running(bool running);
   bool take_hold();
   void set_cell_held(bool held);
@@ -183,7 +188,7 @@ class FakeKernel {
 
  private:
   void end(launcher::StatusEvent event, const std::string& reason);
-  std::shared_ptr<FakeConnectionCore> connection() const;
+  std::shared_ptr<FakeWire> connection() const;
 
   const pid_t pid_;
   const kernel::LaunchRequest request_;
@@ -201,7 +206,7 @@ class FakeKernel {
   bool heartbeating_ = true;
   bool unresponsive_ = false;
   std::optional<launcher::StatusEvent> exited_;
-  std::weak_ptr<FakeConnectionCore> connection_;
+  std::weak_ptr<FakeWire> connection_;
 };
 
 // The process handle: a fake pid, recorded signals, a death the test triggers. Destroying it
