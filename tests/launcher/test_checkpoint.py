@@ -174,6 +174,16 @@ def test_kernel_state_survives_checkpoint_and_restore(runtime):
         assert execute(client, "x = 41\nimport numpy as np\na = np.arange(1e6)")[1] == "ok"
         with open(os.path.join(runtime, "work", "note.txt"), "w") as f:
             f.write("kept")
+
+        # A dump that fails (a client still connected: a unix stream half outside the jail)
+        # says why and leaves the kernel running and answering.
+        failed = subprocess.run([LAUNCHER, "--checkpoint", str(init), "--images",
+                                 os.path.join(runtime, "images-failed"), *common],
+                                capture_output=True, text=True, timeout=120)
+        assert failed.returncode == 1
+        assert "criu dump of the jail" in failed.stderr and "runs on" in failed.stderr, \
+            failed.stderr
+        assert execute(client, "x") == ("41", "ok")
         disconnect(client, context)
 
         images = os.path.join(runtime, "images")
@@ -189,6 +199,12 @@ def test_kernel_state_survives_checkpoint_and_restore(runtime):
         assert meta.st_mode & 0o777 == 0o700
         for entry in os.scandir(os.path.join(images, "criu")):
             assert entry.stat().st_mode & 0o077 == 0, entry.name
+
+        # A missing image is a setup error that says so; nothing is started.
+        missing = Launcher(["--restore", os.path.join(runtime, "no-such-image"), *common], log)
+        event = read_event(missing.status, "exited")
+        assert event["reason"] == "setup_error" and "no-such-image" in event["message"], event
+        assert missing.wait_exit() == 127
 
         start = time.monotonic()
         second = Launcher(["--restore", images, *common], log)
