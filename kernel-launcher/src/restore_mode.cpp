@@ -65,7 +65,8 @@ int run_restore_mode(const LaunchOptions& options) {
   if (!restored) {
     return j.fail(restored.error().message);
   }
-  std::cerr << "cellgate-kernel: restored " << options.restore_dir << " in "
+  std::cerr << "cellgate-kernel: restored " << options.restore_dir << ": zstd -d "
+            << static_cast<long>(restored->unpack_ms) << " ms, criu restore "
             << static_cast<long>(restored->restore_ms) << " ms\n";
   init::InitReport report(std::move(rep_read));
   j.report_started(restored->init_pid);
@@ -104,6 +105,7 @@ int run_checkpoint(pid_t init_pid, const std::string& image_dir, const LaunchOpt
   }
   std::cout << nlohmann::json{{"dump_ms", dumped->dump_ms},
                               {"compress_ms", dumped->compress_ms},
+                              {"raw_bytes", dumped->raw_bytes},
                               {"image_bytes", dumped->image_bytes}}
                    .dump()
             << std::endl;

@@ -231,9 +231,12 @@ def test_kernel_state_survives_checkpoint_and_restore(runtime):
                 second.proc.kill()
                 second.wait_exit()
         assert restored["pid"] != init
+        with open(log) as f:
+            restored_line = [l for l in f if "cellgate-kernel: restored" in l][-1].strip()
         print(f"\ncheckpoint figures: dump {figures['dump_ms']:.0f} ms, zstd "
-              f"{figures['compress_ms']:.0f} ms, image {figures['image_bytes'] / 2**20:.1f} MiB; "
-              f"restore to started {restore_ms:.0f} ms, to a connected client {reply_ms:.0f} ms")
+              f"{figures['compress_ms']:.0f} ms, image {figures['raw_bytes'] / 2**20:.1f} MiB, "
+              f"{figures['image_bytes'] / 2**20:.1f} MiB compressed; launcher start to started "
+              f"{restore_ms:.0f} ms, to a connected client {reply_ms:.0f} ms ({restored_line})")
     finally:
         if first.proc.poll() is None:
             first.proc.kill()

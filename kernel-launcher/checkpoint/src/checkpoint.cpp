@@ -268,6 +268,7 @@ Result<DumpFigures> dump_jail(const DumpRequest& request) {
                       "criu dump of the jail (pid " + std::to_string(request.init_pid) +
                           ") failed, and it runs on: " + criu_error(images + "/dump.log"));
   }
+  figures.raw_bytes = seal_files(request.image_dir);
   if (request.compress && ::access(kZstd, X_OK) == 0) {
     const auto zstd_start = std::chrono::steady_clock::now();
     CELLGATE_TRY(for_each_page_image(images, ".img", [](const std::string& image) {
@@ -328,6 +329,7 @@ Result<Restored> restore_jail(const RestoreRequest& request) {
 
   // The page images back as CRIU reads them; the compressed ones stay (the image is kept).
   std::vector<std::string> unpacked;
+  double unpack_ms = 0;
   struct Unpacked {
     std::vector<std::string>& files;
     ~Unpacked() {
@@ -337,10 +339,12 @@ Result<Restored> restore_jail(const RestoreRequest& request) {
     }
   } unpacked_guard{unpacked};
   if (meta.value("compressed", false)) {
+    const auto unpack_start = std::chrono::steady_clock::now();
     CELLGATE_TRY(for_each_page_image(images, ".img.zst", [&](const std::string& image) {
       unpacked.push_back(image.substr(0, image.size() - 4));
       return run_zstd({"-d", "-q", "-f", image, "-o", unpacked.back()});
     }));
+    unpack_ms = ms_since(unpack_start);
   }
 
   // The root CRIU mounts everything onto: a fresh tmpfs with the skeleton, as build_root() made.
@@ -381,6 +385,7 @@ Result<Restored> restore_jail(const RestoreRequest& request) {
   args.insert(args.end(), {"--pidfile", pidfile});
 
   Restored restored;
+  restored.unpack_ms = unpack_ms;
   const auto start = std::chrono::steady_clock::now();
   // Not captured: CRIU's 1 and 2 may be what the jail inherits (--inherit-fd fd[1]:…).
   CELLGATE_ASSIGN_OR_RETURN(int status, run_program(request.criu, args, keep));

@@ -107,7 +107,7 @@ std::string CriuSupport::describe() const {
   if (available) {
     return "checkpoints: CRIU " + version + " (" + path + ")";
   }
-  return "checkpoints unavailable (hibernate, snapshots and fork answer 501): " + reason;
+  return "checkpoints unavailable: " + reason;
 }
 
 Result<std::string> find_criu() {

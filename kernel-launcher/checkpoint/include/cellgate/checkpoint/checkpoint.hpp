@@ -52,9 +52,10 @@ struct DumpRequest {
 };
 
 struct DumpFigures {
-  double dump_ms = 0;      // criu dump, from start to the jail's processes gone
-  double compress_ms = 0;  // zstd over the page images
-  std::uint64_t image_bytes = 0;
+  double dump_ms = 0;             // criu dump, from start to the jail's processes gone
+  double compress_ms = 0;         // zstd over the page images
+  std::uint64_t raw_bytes = 0;    // CRIU's images before compression
+  std::uint64_t image_bytes = 0;  // as kept
 };
 
 // Checkpoints the jail and ends its processes. On failure the jail keeps running as it was
@@ -71,8 +72,9 @@ struct RestoreRequest {
 };
 
 struct Restored {
-  pid_t init_pid = -1;  // host pid of the restored pid 1, a child of the caller
-  double restore_ms = 0;
+  pid_t init_pid = -1;    // host pid of the restored pid 1, a child of the caller
+  double unpack_ms = 0;   // zstd -d of the page images
+  double restore_ms = 0;  // criu restore
 };
 
 // Restores the jail as a child of the calling process, into the cgroups it was dumped from

@@ -1,8 +1,9 @@
 // CRIU, the program that checkpoints and restores a kernel's jail: found, checked once, and run.
 //
 //   const checkpoint::CriuSupport criu = checkpoint::probe_criu();   // once, at start
-//   log(criu.describe());   // "checkpoints: CRIU 4.2.1 (/opt/cellgate/criu/sbin/criu)" or why not
-//   if (!criu.available) { answer 501 with criu.reason; }
+//   log(criu.describe());   // "checkpoints: CRIU 4.2.1 (/opt/cellgate/criu/sbin/criu)", or
+//                           // "checkpoints unavailable: <reason>"
+//   if (!criu.available) { refuse with criu.reason; }   // routes that need it: 501
 //
 // Which criu: $CELLGATE_CRIU when set, else `criu` on the PATH, else the private build that
 // scripts/install-criu makes (kPrivateCriu); the first that is at least 4.2 (older ones cannot
