@@ -67,6 +67,16 @@ class Launcher:
         os.close(self.status)
         return code
 
+    def end(self):
+        """On a failure: SIGTERM, which the launcher passes on, so that it removes its cgroup."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+            self.wait_exit()
+
 
 def execute(client, code):
     """Runs `code`; answers the execute_result's text/plain (or None) and the reply's status."""
@@ -227,9 +237,7 @@ def test_kernel_state_survives_checkpoint_and_restore(runtime):
             assert exited["reason"] == "ok", exited
             assert second.wait_exit() == 0
         finally:
-            if second.proc.poll() is None:
-                second.proc.kill()
-                second.wait_exit()
+            second.end()
         assert restored["pid"] != init
         with open(log) as f:
             restored_line = [l for l in f if "cellgate-kernel: restored" in l][-1].strip()
@@ -238,6 +246,4 @@ def test_kernel_state_survives_checkpoint_and_restore(runtime):
               f"{figures['image_bytes'] / 2**20:.1f} MiB compressed; launcher start to started "
               f"{restore_ms:.0f} ms, to a connected client {reply_ms:.0f} ms ({restored_line})")
     finally:
-        if first.proc.poll() is None:
-            first.proc.kill()
-            first.wait_exit()
+        first.end()
