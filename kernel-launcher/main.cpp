@@ -74,10 +74,23 @@ int run(int argc, char** argv) {
   app.add_option("--socket", zygote.socket_path, "the zygote's socket path (with --zygote)");
   app.add_option("--preload", zygote.preload, "modules the zygote imports (with --zygote)")
       ->delimiter(',');
+  pid_t checkpoint_pid = -1;
+  std::string images;
+  app.add_option("--checkpoint", checkpoint_pid,
+                 "checkpoint the jail whose pid 1 is this into --images, ending it (CRIU)");
+  app.add_option("--images", images, "the image dir --checkpoint creates");
+  app.add_option("--restore", options.restore_dir,
+                 "restore the jail checkpointed in this image dir and supervise it");
   app.add_option("argv", options.argv, "the kernel's command line, after --");
   CLI11_PARSE(app, argc, argv);
   if (probe_host) {
     return cellgate::launcher::run_probe_host();
+  }
+  if (checkpoint_pid > 0) {
+    return cellgate::launcher::run_checkpoint(checkpoint_pid, images, options);
+  }
+  if (!options.restore_dir.empty()) {
+    return cellgate::launcher::run_restore_mode(options);
   }
   if (zygote_mode) {
     zygote.status_fd = options.status_fd;

@@ -287,6 +287,9 @@ Result<void> build_root(const JailSpec& spec, const RootPaths& paths, uid_t uid,
   if (!paths.conn_dir.empty()) {
     CELLGATE_TRY(bind_mount(paths.conn_dir, root + kJailConnDir, MS_NOSUID | MS_NODEV | MS_NOEXEC));
   }
+  if (!paths.init_program.empty()) {
+    CELLGATE_TRY(bind_mount(paths.init_program, root + kJailInitProgram, MS_RDONLY | MS_NOSUID));
+  }
   for (const auto& path : spec.system_binds) {
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) {

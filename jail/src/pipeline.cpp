@@ -24,6 +24,9 @@ Result<void> run_steps(const std::vector<Step>& steps) {
 
 Result<void> contain_init(const JailSpec& spec, const RootPaths& paths, uid_t uid, gid_t gid) {
   return run_steps({
+      // pid 1 leads its own session, with no controlling terminal: a checkpoint (CRIU) can only
+      // restore a pid namespace whose sessions all begin inside it.
+      {"session", [] { return new_session(); }},
       {"cgroup namespace", [] { return enter_cgroup_namespace(); }},
       {"root filesystem", [&] { return build_root(spec, paths, uid, gid); }},
       {"hostname", [&] { return set_hostname(spec.hostname); }},

@@ -5,14 +5,18 @@
 //        cgroup namespace, the root filesystem, the hostname; then init::start_kernel()
 //          └─ kernel, jail::contain_kernel(): session, work dir, rlimits, credentials,
 //             no_new_privs, fds, seccomp → execve
-//        and stays as the reaper (init::reap_kernel): forwards signals, reports the kernel's
-//        wait status, exits.
+//        and becomes the reaper (init::reap_kernel, in the static cellgate-reaper bound at
+//        kJailInitProgram, else in place): forwards signals, reports the kernel's wait status,
+//        exits.
+#include <fcntl.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -74,11 +78,67 @@ namespace {
     ::close(report_fd);
     exec_kernel(j, setup_fd);
   });
+  if (!j.paths().init_program.empty()) {
+    // The static reaper, bound in the jail (jail.hpp, kJailInitProgram): what pid 1 then runs
+    // is inside the jail, so CRIU can checkpoint it, and it holds none of the launcher's memory.
+    // Its report pipe on fd 3; the forwarded signals stay blocked across the exec, the
+    // parent-death signal stays set. No go pipe: "-".
+    // dup2 onto itself would keep close-on-exec: clear it instead.
+    if (report_fd == 3 ? ::fcntl(3, F_SETFD, 0) == 0 : ::dup2(report_fd, 3) == 3) {
+      ::syscall(SYS_close_range, 4u, ~0u, 0u);
+      const std::string kernel_pid = std::to_string(kernel);
+      char arg0[] = "cellgate-reaper";
+      char no_go[] = "-";
+      char* argv[] = {arg0, const_cast<char*>(kernel_pid.c_str()), no_go, nullptr};
+      char* envp[] = {nullptr};
+      ::execve(jail::kJailInitProgram, argv, envp);
+    }
+    const std::string message = "execve('" + std::string(jail::kJailInitProgram) +
+                                "'): " + std::string(std::strerror(errno));
+    ::kill(kernel, SIGKILL);
+    init::fail(report_fd, message);
+  }
   // No go pipe to watch: the parent-death signal above ends us with the launcher.
   ::_exit(init::reap_kernel(kernel, report_fd, -1));
 }
 
 }  // namespace
+
+int supervise_init(HostJail& j, pid_t init, init::InitReport& report) {
+  // Supervise: forward signals to init (which forwards them to the kernel), enforce the time
+  // limit, and wait for init to end.
+  const std::optional<long long> deadline = time_limit_deadline(j.spec());
+  bool timed_out = false;
+  int init_status = 0;
+  for (;;) {
+    siginfo_t info{};
+    int sig;
+    if (deadline && !timed_out) {
+      const long long left = ns_until(*deadline);
+      if (left <= 0) {
+        timed_out = true;
+        ::kill(init, SIGKILL);
+        continue;
+      }
+      timespec wait{static_cast<time_t>(left / 1000000000LL),
+                    static_cast<long>(left % 1000000000LL)};
+      sig = ::sigtimedwait(&j.wait_set(), &info, &wait);
+    } else {
+      sig = ::sigwaitinfo(&j.wait_set(), &info);
+    }
+    if (sig < 0) {
+      continue;  // EINTR or EAGAIN (the deadline; checked above)
+    }
+    if (sig != SIGCHLD) {
+      ::kill(init, sig);
+      continue;
+    }
+    if (::waitpid(init, &init_status, WNOHANG) == init) {
+      break;
+    }
+  }
+  return j.finish(init, report.kernel_status().value_or(init_status), timed_out);
+}
 
 int run_exec_kernel(HostJail& j) {
   int go[2], rep[2];
@@ -116,40 +176,7 @@ int run_exec_kernel(HostJail& j) {
     return j.fail(ready.error().message);
   }
   j.report_started(init);
-
-  // Supervise: forward signals to init (which forwards them to the kernel), enforce the time
-  // limit, and wait for init to end.
-  const std::optional<long long> deadline = time_limit_deadline(j.spec());
-  bool timed_out = false;
-  int init_status = 0;
-  for (;;) {
-    siginfo_t info{};
-    int sig;
-    if (deadline && !timed_out) {
-      const long long left = ns_until(*deadline);
-      if (left <= 0) {
-        timed_out = true;
-        ::kill(init, SIGKILL);
-        continue;
-      }
-      timespec wait{static_cast<time_t>(left / 1000000000LL),
-                    static_cast<long>(left % 1000000000LL)};
-      sig = ::sigtimedwait(&j.wait_set(), &info, &wait);
-    } else {
-      sig = ::sigwaitinfo(&j.wait_set(), &info);
-    }
-    if (sig < 0) {
-      continue;  // EINTR or EAGAIN (the deadline; checked above)
-    }
-    if (sig != SIGCHLD) {
-      ::kill(init, sig);
-      continue;
-    }
-    if (::waitpid(init, &init_status, WNOHANG) == init) {
-      break;
-    }
-  }
-  return j.finish(init, report.kernel_status().value_or(init_status), timed_out);
+  return supervise_init(j, init, report);
 }
 
 }  // namespace cellgate::launcher

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -300,6 +301,14 @@ Result<void> HostJail::find_staging() {
   CELLGATE_ASSIGN_OR_RETURN(paths_.staging, jail::staging_dir());
   paths_.conn_dir = conn_ ? conn_->conn_dir : "";
   paths_.work_dir = spec_.work_dir;
+  // Exec mode's pid 1 execs the static reaper built beside us (exec_mode.cpp) from inside the
+  // jail; without one it reaps in place, as before, and cannot be checkpointed.
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const std::string reaper = self.parent_path().string() + "/cellgate-reaper";
+  if (!ec && ::access(reaper.c_str(), X_OK) == 0) {
+    paths_.init_program = reaper;
+  }
   return {};
 }
 

@@ -115,6 +115,15 @@ std::optional<long long> time_limit_deadline(const jail::JailSpec& spec);
 // ns left until `deadline` (CLOCK_MONOTONIC); <= 0 once it passed.
 long long ns_until(long long deadline);
 
+namespace init {
+class InitReport;
+}
+
+// Once the jail's pid 1 (`init`, our child) runs and reported ready: forwards the signals we get
+// to it, enforces the time limit, waits for it to end and reports how (HostJail::finish).
+// Returns the launcher's exit code. Exec mode and a restored checkpoint (restore_mode.cpp).
+int supervise_init(HostJail& jail, pid_t init, init::InitReport& report);
+
 // The two ways to run the kernel in a built HostJail; each returns the launcher's exit code.
 // exec_mode.cpp: the launcher clones init itself and init execs the kernel.
 int run_exec_kernel(HostJail& jail);

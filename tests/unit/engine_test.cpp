@@ -148,6 +148,10 @@ TEST(HostTest, UnjailedTheProbeIsTheOnlyStep) {
   EXPECT_FALSE(host->user_namespace);
   EXPECT_EQ(host->cgroup_parent, "/given");
   EXPECT_FALSE(host->support.kernel_release.empty());
+  // No checkpoints of an unjailed kernel, and the reason a 501 would give.
+  EXPECT_FALSE(host->checkpoints.available);
+  EXPECT_NE(host->checkpoints.reason.find("unjailed"), std::string::npos)
+      << host->checkpoints.reason;
 }
 
 }  // namespace

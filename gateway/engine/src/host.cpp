@@ -31,6 +31,17 @@ Result<void> place_cgroups(const HostOptions& o, PreparedHost& host) {
   return ok_result();
 }
 
+Result<void> probe_checkpoints(const HostOptions& o, PreparedHost& host) {
+  if (!o.jailed) {
+    // Not a step unjailed: nothing to say at start, only the reason for a 501.
+    host.checkpoints.reason = "kernels run unjailed (--no-jail), and a checkpoint is of a jail";
+    return ok_result();
+  }
+  host.checkpoints = checkpoint::probe_criu();
+  report(o, HostStep::kCheckpoints, host.checkpoints.describe());
+  return ok_result();
+}
+
 Result<void> enter_user_namespace(const HostOptions& o, PreparedHost& host) {
   if (!o.jailed) {
     return ok_result();
@@ -49,6 +60,7 @@ Result<PreparedHost> prepare_host(const HostOptions& options) {
   PreparedHost host;
   CELLGATE_TRY(probe(options, host));
   CELLGATE_TRY(place_cgroups(options, host));
+  CELLGATE_TRY(probe_checkpoints(options, host));
   CELLGATE_TRY(enter_user_namespace(options, host));
   return host;
 }

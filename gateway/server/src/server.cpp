@@ -454,6 +454,8 @@ int run_serve(ServeOptions options) {
         return spdlog::info("host: {}", line);
       case engine::HostStep::kPlaceCgroups:
         return spdlog::info("cgroups: {}", line);
+      case engine::HostStep::kCheckpoints:
+        return spdlog::info("{}", line);
       case engine::HostStep::kEnterUserNamespace:
         return spdlog::info("{}", line);
     }

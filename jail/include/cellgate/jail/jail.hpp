@@ -8,7 +8,7 @@
 //   host, as root:   cgroup created and the child added            (cgroup.hpp)
 //   pid 1 of new mount, pid, net, ipc, uts namespaces (clone_jailed(), or the zygote's clone),
 //   contain_init():
-//     "cgroup namespace" → "root filesystem" → "hostname"
+//     "session" → "cgroup namespace" → "root filesystem" → "hostname"
 //   the kernel, forked by pid 1, just before execve (or before the zygote's Python runs it),
 //   contain_kernel():
 //     "session" → "work dir" → "rlimits" → "cpu affinity" → "credentials" → "no_new_privs"
@@ -45,10 +45,17 @@ Result<void> run_steps(const std::vector<Step>& steps);
 // the child's pid in the parent and 0 in the child, which is pid 1 of its pid namespace.
 Result<pid_t> clone_jailed();
 
+// Where pid 1's own program is bound in the jail (RootPaths::init_program).
+inline constexpr const char* kJailInitProgram = "/run/init";
+
 struct RootPaths {
   std::string staging;   // an empty root-owned directory to build the new root on
   std::string conn_dir;  // host path, bound at kJailConnDir ("" : none)
   std::string work_dir;  // host path bound at kJailWorkDir, or "" for a private tmpfs
+  // Host path of the static program pid 1 runs (cellgate-reaper), bound read-only at
+  // kJailInitProgram, so that what pid 1 executes lies inside the jail's mount namespace, as a
+  // checkpoint needs (CRIU finds every mapped file there). "" : none.
+  std::string init_program;
 };
 
 // The two lists of steps, in the order above; the first failure is "<step>: <message>".

@@ -11,6 +11,8 @@
 // Thread-safety: the launcher is single-threaded; run_exec_mode() is called once from main().
 #pragma once
 
+#include <sys/types.h>
+
 #include <string>
 #include <vector>
 
@@ -32,6 +34,8 @@ struct LaunchOptions {
   // Jailed only: the zygote's socket (zygote.hpp). A python3 ipykernel is then forked from the
   // zygote instead of started cold; any other kernel, or no zygote answering, starts cold.
   std::string zygote_socket;
+  // run_restore_mode() only: the image dir a checkpoint was dumped to (checkpoint.hpp).
+  std::string restore_dir;
 };
 
 // Runs the kernel to completion. Returns the launcher's exit code: the kernel's exit code,
@@ -43,6 +47,18 @@ int run_exec_mode(const LaunchOptions& options);
 // zygote (src/zygote_client.cpp) or cold (src/exec_mode.cpp), pid 1 the same in both
 // (src/init.hpp). A limit that cannot be enforced ends it with setup_error before the kernel runs.
 int run_jailed_mode(const LaunchOptions& options);
+
+// Restores the jail checkpointed in options.restore_dir (src/restore_mode.cpp) and supervises it
+// as run_jailed_mode() does a launched one: the same status events, the same exit codes. The
+// spec must be the one the jail was launched with (its name is its cgroup's) and the connection
+// file the same; the kernel's argv is not needed.
+int run_restore_mode(const LaunchOptions& options);
+
+// Checkpoints the running jail whose pid 1 is `init_pid` into `image_dir` (which must not
+// exist) and ends it; `options` are the ones it was launched with (spec and connection file say
+// which binds it has). Prints {"dump_ms":…,"compress_ms":…,"image_bytes":…} on stdout. Returns
+// 0, or 1 with the reason on stderr (the jail then runs on).
+int run_checkpoint(pid_t init_pid, const std::string& image_dir, const LaunchOptions& options);
 
 // Prints what the host supports (cgroups, user namespaces, Landlock, seccomp) as one line.
 int run_probe_host();

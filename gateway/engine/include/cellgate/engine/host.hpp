@@ -7,6 +7,9 @@
 //   place_cgroups  on cgroup v2 the gateway may have to leave its own cgroup for a leaf so that
 //                  kernels' cgroups can get the memory, pids and cpu controllers
 //                  (jail::place_kernel_cgroups); jailed only
+//   checkpoints    whether CRIU can checkpoint kernels here (checkpoint::probe_criu(): a CRIU
+//                  >= 4.2, root, `criu check`); jailed only; never fails: where it cannot,
+//                  the routes that need it answer 501 with PreparedHost::checkpoints.reason
 //   enter_user_ns  not root: root of a user namespace of our own from here on (rootless mode).
 //                  After the cgroups (they are the user's), before any thread; jailed only
 //
@@ -24,12 +27,13 @@
 #include <functional>
 #include <string>
 
+#include "cellgate/checkpoint/criu.hpp"
 #include "cellgate/jail/jail.hpp"
 #include "cellgate/result.hpp"
 
 namespace cellgate::engine {
 
-enum class HostStep { kProbe, kPlaceCgroups, kEnterUserNamespace };
+enum class HostStep { kProbe, kPlaceCgroups, kCheckpoints, kEnterUserNamespace };
 
 struct HostOptions {
   bool jailed = true;  // false (--no-jail): the probe only; kernels get no cgroups of ours
@@ -40,7 +44,8 @@ struct HostOptions {
   // placement step is skipped.
   bool place_cgroups = true;
   // Called after each step taken with its one line for the start-up log (the host; where the
-  // cgroups are; the user namespace, only when one was entered). null: nothing is said.
+  // cgroups are; what checkpoints can do; the user namespace, only when one was entered).
+  // null: nothing is said.
   std::function<void(HostStep step, const std::string& line)> report;
 };
 
@@ -48,6 +53,9 @@ struct PreparedHost {
   jail::HostSupport support;
   std::string cgroup_parent;    // for JailSpec::cgroup_parent; "" = each launcher's own cgroup
   bool user_namespace = false;  // this process entered a user namespace of its own
+  // What the gateway reads before hibernating, snapshotting or forking a kernel. Not available
+  // unjailed (a checkpoint is of a jail) and in rootless mode (CRIU needs root).
+  checkpoint::CriuSupport checkpoints;
 };
 
 Result<PreparedHost> prepare_host(const HostOptions& options);
