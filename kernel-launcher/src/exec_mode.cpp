@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cellgate/jail/jail.hpp"
+#include "cellgate/sys/error_text.hpp"
 #include "cellgate/unique_fd.hpp"
 #include "host_jail.hpp"
 #include "init.hpp"
@@ -94,7 +95,7 @@ namespace {
       ::execve(jail::kJailInitProgram, argv, envp);
     }
     const std::string message = "execve('" + std::string(jail::kJailInitProgram) +
-                                "'): " + std::string(std::strerror(errno));
+                                "'): " + sys::error_text(errno);
     ::kill(kernel, SIGKILL);
     init::fail(report_fd, message);
   }

@@ -181,7 +181,7 @@ Result<int> run_program(const std::string& program, const std::vector<std::strin
       ::fcntl(fd, F_SETFD, 0);
     }
     // The launcher blocks SIGCHLD and the forwarded signals (host_jail.hpp); CRIU needs them.
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::pthread_sigmask(SIG_SETMASK, &none, nullptr);
     ::execve(argv[0], argv.data(), envp);
     ::_exit(127);
   }
