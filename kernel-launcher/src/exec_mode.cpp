@@ -94,8 +94,8 @@ namespace {
       char* envp[] = {nullptr};
       ::execve(jail::kJailInitProgram, argv, envp);
     }
-    const std::string message = "execve('" + std::string(jail::kJailInitProgram) +
-                                "'): " + sys::error_text(errno);
+    const std::string message =
+        "execve('" + std::string(jail::kJailInitProgram) + "'): " + sys::error_text(errno);
     ::kill(kernel, SIGKILL);
     init::fail(report_fd, message);
   }

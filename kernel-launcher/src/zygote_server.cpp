@@ -90,6 +90,7 @@ void reexec_with_empty_environment(const std::vector<std::string>& argv) {
     return;
   }
   std::vector<char*> cargv;
+  cargv.reserve(argv.size() + 1);
   for (const auto& a : argv) {
     cargv.push_back(const_cast<char*>(a.c_str()));
   }

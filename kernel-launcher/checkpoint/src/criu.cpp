@@ -16,7 +16,7 @@
 namespace cellgate::checkpoint {
 namespace {
 
-constexpr std::size_t kMaxOutput = 64 * 1024;
+constexpr std::size_t kMaxOutput = std::size_t{64} * 1024;
 
 // `criu --version` prints "Version: 4.2.1" (and a GitCommitID line for git builds).
 std::string criu_version(const std::string& criu) {
@@ -36,11 +36,13 @@ std::string criu_version(const std::string& criu) {
 
 std::vector<std::string> candidates() {
   std::vector<std::string> found;
-  if (const char* env = std::getenv("CELLGATE_CRIU"); env != nullptr && *env != '\0') {
+  // getenv races only with setenv, which the launcher never calls.
+  if (const char* env = std::getenv("CELLGATE_CRIU");  // NOLINT(concurrency-mt-unsafe)
+      env != nullptr && *env != '\0') {
     found.emplace_back(env);
     return found;  // the operator's choice, and only it
   }
-  const char* path = std::getenv("PATH");
+  const char* path = std::getenv("PATH");  // NOLINT(concurrency-mt-unsafe): as above
   std::istringstream dirs(path != nullptr ? path : "/usr/sbin:/usr/bin:/sbin:/bin");
   for (std::string dir; std::getline(dirs, dir, ':');) {
     if (!dir.empty() && ::access((dir + "/criu").c_str(), X_OK) == 0) {
@@ -146,6 +148,7 @@ Result<int> run_program(const std::string& program, const std::vector<std::strin
   std::vector<std::string> all = {program};
   all.insert(all.end(), args.begin(), args.end());
   std::vector<char*> argv;
+  argv.reserve(all.size() + 1);
   for (auto& a : all) {
     argv.push_back(a.data());
   }

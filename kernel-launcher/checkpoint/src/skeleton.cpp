@@ -58,7 +58,8 @@ Result<void> copy_dir(int dir, dev_t root_dev, const std::string& target, int de
     return fail("fdopendir('" + target + "')");
   }
   Result<void> result;
-  for (dirent* e; result && (e = ::readdir(stream)) != nullptr;) {
+  // readdir races only on a DIR* shared between threads; this one is ours alone.
+  for (dirent* e; result && (e = ::readdir(stream)) != nullptr;) {  // NOLINT(concurrency-mt-unsafe)
     const std::string name = e->d_name;
     if (name == "." || name == "..") {
       continue;
