@@ -7,7 +7,7 @@
 #include <mutex>
 #include <string>
 
-#include "cellgate/mcp/kernels.hpp"
+#include "cellgate/client/kernels.hpp"
 
 namespace cellgate::mcp {
 
@@ -23,8 +23,9 @@ class Conversation {
   std::string protocol_version;  // "" until initialize
   bool initialized = false;      // notifications/initialized arrived
   bool closed = false;
-  std::map<std::string, Named> sessions;                   // by name
-  std::map<std::string, std::shared_ptr<Cell>> in_flight;  // jsonrpc::id_key → its cancel hook
+  std::map<std::string, Named> sessions;  // by name
+  std::map<std::string, std::shared_ptr<client::Cell>>
+      in_flight;  // jsonrpc::id_key → its cancel hook
 
   // Held while a named session is started or closed, so two calls naming a new session at once
   // start one kernel, not two.

@@ -25,7 +25,7 @@ constexpr const char* kInstructions =
 }  // namespace
 
 struct Server::Impl {
-  Impl(Kernels& k, util::Offload o, ServerOptions opts)
+  Impl(client::Kernels& k, util::Offload o, ServerOptions opts)
       : options(opts), tools(k, std::move(o), std::move(opts)) {}
 
   void request(const std::shared_ptr<Conversation>& c, const json& msg, Outbox& out);
@@ -37,7 +37,7 @@ struct Server::Impl {
   Tools tools;
 };
 
-Server::Server(Kernels& kernels, util::Offload offload, ServerOptions options)
+Server::Server(client::Kernels& kernels, util::Offload offload, ServerOptions options)
     : impl_(std::make_unique<Impl>(kernels, std::move(offload), std::move(options))) {}
 
 Server::~Server() = default;
@@ -151,7 +151,7 @@ void Server::Impl::notification(Conversation& c, const json& msg) {
     if (rid == params.end()) {
       return;
     }
-    std::shared_ptr<Cell> cell;
+    std::shared_ptr<client::Cell> cell;
     {
       std::lock_guard lock(c.mu);
       if (auto it = c.in_flight.find(jsonrpc::id_key(*rid)); it != c.in_flight.end()) {

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <limits>
 #include <regex>
 #include <set>
 
@@ -282,10 +283,10 @@ json tool_error(const std::string& message) {
 
 // A tool call's cancel hook: the cell, once there is one. A cancel that comes first is kept and
 // applied when the cell starts.
-class Tools::Pending : public Cell {
+class Tools::Pending : public client::Cell {
  public:
   void cancel() override {
-    std::shared_ptr<Cell> cell;
+    std::shared_ptr<client::Cell> cell;
     {
       std::lock_guard lock(mu_);
       cancelled_ = true;
@@ -295,7 +296,7 @@ class Tools::Pending : public Cell {
       cell->cancel();
     }
   }
-  void set(std::shared_ptr<Cell> cell) {
+  void set(std::shared_ptr<client::Cell> cell) {
     bool cancel_now = false;
     {
       std::lock_guard lock(mu_);
@@ -314,10 +315,10 @@ class Tools::Pending : public Cell {
  private:
   mutable std::mutex mu_;
   bool cancelled_ = false;
-  std::shared_ptr<Cell> cell_;
+  std::shared_ptr<client::Cell> cell_;
 };
 
-Tools::Tools(Kernels& kernels, util::Offload offload, ServerOptions options)
+Tools::Tools(client::Kernels& kernels, util::Offload offload, ServerOptions options)
     : kernels_(kernels),
       offload_(std::move(offload)),
       options_(std::move(options)),
@@ -328,7 +329,8 @@ bool Tools::has(const std::string& name) const {
                      [&](const json& t) { return t["name"] == name; });
 }
 
-std::shared_ptr<Cell> Tools::call(const std::string& name, const json& arguments, ToolCall call) {
+std::shared_ptr<client::Cell> Tools::call(const std::string& name, const json& arguments,
+                                          ToolCall call) {
   auto pending = std::make_shared<Pending>();
   if (name == "run_code") {
     run_code(arguments, std::move(call), pending);
@@ -386,8 +388,8 @@ Result<std::pair<Conversation::Named, bool>> Tools::ensure(Conversation& c, cons
                             " sessions at once; close_session one first");
     }
   }
-  CELLGATE_ASSIGN_OR_RETURN(KernelSpecs specs, kernels_.kernelspecs());
-  const KernelSpecs::Spec* chosen = nullptr;
+  CELLGATE_ASSIGN_OR_RETURN(client::KernelSpecs specs, kernels_.kernelspecs());
+  const client::KernelSpecs::Spec* chosen = nullptr;
   std::string available;
   for (const auto& s : specs.specs) {
     available += (available.empty() ? "" : ", ") + s.name + " (" + s.language + ")";
@@ -471,8 +473,12 @@ void Tools::run_code(const json& args, ToolCall call, std::shared_ptr<Pending> p
 void Tools::run_in(const std::string& name, json request, Conversation::Named named, bool fresh,
                    std::string note, ToolCall call, std::shared_ptr<Pending> pending,
                    bool retried) {
-  CellCallbacks callbacks;
-  callbacks.on_keepalive = call.keepalive;
+  client::CellCallbacks callbacks;
+  if (call.keepalive) {
+    // A progress notification is written to a pipe or a socket, and a local cell's callbacks
+    // run on its strand, which must not block: it goes to the offload pool.
+    callbacks.on_keepalive = [tick = call.keepalive, offload = offload_] { offload(tick); };
+  }
   const json request_copy = request;
   callbacks.done = [this, name, request = request_copy, named, fresh, note, call, pending,
                     retried](Result<execute::CellResult> answer) mutable {
@@ -510,7 +516,13 @@ void Tools::run_in(const std::string& name, json request, Conversation::Named na
       call.done(run_code_result(*answer, info, kernels_.artifact_base()));
     });
   };
-  pending->set(kernels_.execute(named.kernel_id, request, std::move(callbacks)));
+  // run_code checked the arguments; the seam clamps the timeout to its maximum.
+  auto typed = execute::ExecuteRequest::from_json(request, std::numeric_limits<double>::infinity());
+  if (!typed) {
+    callbacks.done(std::move(typed).error());
+    return;
+  }
+  pending->set(kernels_.execute(named.kernel_id, std::move(typed).value(), std::move(callbacks)));
 }
 
 json Tools::files_tool(const std::string& tool, const json& args, Conversation& c) {
@@ -670,7 +682,7 @@ json Tools::session_tool(const std::string& tool, const json& args, Conversation
 
 void Tools::close_all(Conversation& c) {
   std::map<std::string, Conversation::Named> sessions;
-  std::map<std::string, std::shared_ptr<Cell>> in_flight;
+  std::map<std::string, std::shared_ptr<client::Cell>> in_flight;
   {
     std::lock_guard start_lock(c.start_mu);
     std::lock_guard lock(c.mu);
