@@ -11,6 +11,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <filesystem>
+#include <future>
 #include <thread>
 
 #include "cellgate/api/api.hpp"

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "cellgate/mutex.hpp"
 #include "conversation.hpp"
 #include "jsonrpc.hpp"
 #include "tools.hpp"
@@ -106,7 +107,7 @@ void Server::Impl::request(const std::shared_ptr<Conversation>& c, const json& m
     const std::string asked = v->get<std::string>();
     const std::string chosen = supports(asked) ? asked : supported_versions().front();
     {
-      std::lock_guard lock(c->mu);
+      MutexLock lock(c->mu);
       c->protocol_version = chosen;
     }
     std::string client = "?";
@@ -141,7 +142,7 @@ void Server::Impl::notification(Conversation& c, const json& msg) {
   const std::string method = msg["method"].get<std::string>();
   const json params = msg.value("params", json::object());
   if (method == "notifications/initialized") {
-    std::lock_guard lock(c.mu);
+    MutexLock lock(c.mu);
     c.initialized = true;
     return;
   }
@@ -153,7 +154,7 @@ void Server::Impl::notification(Conversation& c, const json& msg) {
     }
     std::shared_ptr<client::Cell> cell;
     {
-      std::lock_guard lock(c.mu);
+      MutexLock lock(c.mu);
       if (auto it = c.in_flight.find(jsonrpc::id_key(*rid)); it != c.in_flight.end()) {
         cell = it->second;
       }
@@ -216,18 +217,18 @@ void Server::Impl::call_tool(const std::shared_ptr<Conversation>& c, const json&
   }
   const std::string key = jsonrpc::id_key(id);
   {
-    std::lock_guard lock(c->mu);
+    MutexLock lock(c->mu);
     c->in_flight[key] = nullptr;  // a placeholder until the tool hands back its cancel hook
   }
   call.done = [c, key, id, reply = out.reply](json result) {
     {
-      std::lock_guard lock(c->mu);
+      MutexLock lock(c->mu);
       c->in_flight.erase(key);
     }
     reply(jsonrpc::result(id, std::move(result)));
   };
   auto cell = tools.call(name->get<std::string>(), arguments, std::move(call));
-  std::lock_guard lock(c->mu);
+  MutexLock lock(c->mu);
   if (auto it = c->in_flight.find(key); it != c->in_flight.end() && !it->second) {
     it->second = std::move(cell);
   }

@@ -7,6 +7,7 @@
 #include <regex>
 #include <set>
 
+#include "cellgate/mutex.hpp"
 #include "cellgate/util/text.hpp"
 #include "content.hpp"
 
@@ -288,7 +289,7 @@ class Tools::Pending : public client::Cell {
   void cancel() override {
     std::shared_ptr<client::Cell> cell;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       cancelled_ = true;
       cell = cell_;
     }
@@ -299,7 +300,7 @@ class Tools::Pending : public client::Cell {
   void set(std::shared_ptr<client::Cell> cell) {
     bool cancel_now = false;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       cell_ = cell;
       cancel_now = cancelled_;
     }
@@ -308,14 +309,14 @@ class Tools::Pending : public client::Cell {
     }
   }
   bool cancelled() const {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return cancelled_;
   }
 
  private:
-  mutable std::mutex mu_;
-  bool cancelled_ = false;
-  std::shared_ptr<client::Cell> cell_;
+  mutable Mutex mu_;
+  bool cancelled_ CELLGATE_GUARDED_BY(mu_) = false;
+  std::shared_ptr<client::Cell> cell_ CELLGATE_GUARDED_BY(mu_);
 };
 
 Tools::Tools(client::Kernels& kernels, util::Offload offload, ServerOptions options)
@@ -353,7 +354,7 @@ std::shared_ptr<client::Cell> Tools::call(const std::string& name, const json& a
 Result<std::pair<Conversation::Named, bool>> Tools::ensure(Conversation& c, const std::string& name,
                                                            bool create, const std::string& kernel,
                                                            const std::string& language) {
-  std::lock_guard start_lock(c.start_mu);
+  MutexLock start_lock(c.start_mu);
   auto mismatch = [&](const Conversation::Named& n) -> std::string {
     if (!kernel.empty() && kernel != n.kernelspec) {
       return "session '" + name + "' runs kernel " + n.kernelspec + ", not " + kernel +
@@ -367,7 +368,7 @@ Result<std::pair<Conversation::Named, bool>> Tools::ensure(Conversation& c, cons
     return "";
   };
   {
-    std::lock_guard lock(c.mu);
+    MutexLock lock(c.mu);
     if (c.closed) {
       return make_error(ErrorCode::kFailedPrecondition, "closed", "the MCP session has ended");
     }
@@ -412,7 +413,7 @@ Result<std::pair<Conversation::Named, bool>> Tools::ensure(Conversation& c, cons
   CELLGATE_ASSIGN_OR_RETURN(named.kernel_id, kernels_.start(chosen->name));
   bool closed = false;
   {
-    std::lock_guard lock(c.mu);
+    MutexLock lock(c.mu);
     closed = c.closed;
     if (!closed) {
       c.sessions[name] = named;
@@ -490,7 +491,7 @@ void Tools::run_in(const std::string& name, json request, Conversation::Named na
         // The kernel is gone (culled, or deleted through the Jupyter API): forget it and start
         // a fresh one under the same name, once, saying so.
         {
-          std::lock_guard lock(call.conversation->mu);
+          MutexLock lock(call.conversation->mu);
           auto it = call.conversation->sessions.find(name);
           if (it != call.conversation->sessions.end() && it->second.kernel_id == named.kernel_id) {
             call.conversation->sessions.erase(it);
@@ -619,7 +620,7 @@ json Tools::session_tool(const std::string& tool, const json& args, Conversation
     json sessions = json::array();
     std::string text;
     {
-      std::lock_guard lock(c.mu);
+      MutexLock lock(c.mu);
       for (const auto& [name, n] : c.sessions) {
         sessions.push_back({{"name", name}, {"kernel_id", n.kernel_id}, {"kernel", n.kernelspec}});
         text += name + "  " + n.kernelspec + "  " + n.kernel_id + "\n";
@@ -642,7 +643,7 @@ json Tools::session_tool(const std::string& tool, const json& args, Conversation
     auto restarted = kernels_.restart(named->first.kernel_id);
     if (!restarted) {
       if (restarted.error().code == ErrorCode::kNotFound) {
-        std::lock_guard lock(c.mu);
+        MutexLock lock(c.mu);
         c.sessions.erase(name);
         return tool_error("session '" + name +
                           "' had lost its kernel (shut down or culled); "
@@ -660,8 +661,8 @@ json Tools::session_tool(const std::string& tool, const json& args, Conversation
   // close_session: idempotent, so closing twice is not an error.
   std::optional<Conversation::Named> closing;
   {
-    std::lock_guard start_lock(c.start_mu);
-    std::lock_guard lock(c.mu);
+    MutexLock start_lock(c.start_mu);
+    MutexLock lock(c.mu);
     if (auto it = c.sessions.find(name); it != c.sessions.end()) {
       closing = it->second;
       c.sessions.erase(it);
@@ -684,8 +685,8 @@ void Tools::close_all(Conversation& c) {
   std::map<std::string, Conversation::Named> sessions;
   std::map<std::string, std::shared_ptr<client::Cell>> in_flight;
   {
-    std::lock_guard start_lock(c.start_mu);
-    std::lock_guard lock(c.mu);
+    MutexLock start_lock(c.start_mu);
+    MutexLock lock(c.mu);
     c.closed = true;
     sessions.swap(c.sessions);
     in_flight.swap(c.in_flight);
