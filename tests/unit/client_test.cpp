@@ -87,7 +87,7 @@ class ClientTest : public ::testing::TestWithParam<Where> {
     util::Offload offload = [this](std::function<void()> fn) { net::post(pool_, std::move(fn)); };
     auto bad = make_remote(*url, "wrong", client_options, offload);
     ASSERT_FALSE(bad.ok());
-    EXPECT_EQ(bad.error().code, ErrorCode::kUnauthenticated) << bad.error().describe();
+    EXPECT_EQ(bad.error().code, ErrorCode::kPermissionDenied) << bad.error().describe();  // 403
     auto remote = make_remote(*url, "secret", client_options, offload);
     ASSERT_TRUE(remote.ok()) << remote.error().describe();
     kernels_ = std::move(remote).value();
@@ -244,8 +244,8 @@ TEST_P(ClientTest, CancelStopsARunningCell) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Both, ClientTest, ::testing::Values(Where::kLocal, Where::kRemote),
-                         [](const auto& info) {
-                           return info.param == Where::kLocal ? "Local" : "Remote";
+                         [](const ::testing::TestParamInfo<Where>& where) {
+                           return where.param == Where::kLocal ? "Local" : "Remote";
                          });
 
 // ---- a gateway's streamed answer, read as hostile input ----------------------------------------
