@@ -1,24 +1,27 @@
-// The embedded backend: an engine in this process, as `cellgate serve` builds one. The remote
-// one is remote_backend.cpp.
+// The backends of a run, one implementation over the client seam (cellgate/client/kernels.hpp):
+// an engine in this process, as `cellgate serve` builds one (make_local), or a running gateway
+// (make_remote). A notebook's session is a kernel of the seam; a cell's events are kept by
+// CellEvents (events.hpp) as they come.
 #include "cellgate/notebooks/backend.hpp"
 
 #include <spdlog/spdlog.h>
 #include <stdlib.h>  // mkdtemp
 
 #include <atomic>
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
-#include <mutex>
 #include <optional>
 #include <thread>
 
-#include "backend_internal.hpp"
+#include "cellgate/client/kernels.hpp"
 #include "cellgate/engine/engine.hpp"
 #include "cellgate/engine/host.hpp"
 #include "cellgate/kernel/backend.hpp"
 #include "cellgate/kernel/process.hpp"
-#include "cellgate/store/files.hpp"
+#include "cellgate/mutex.hpp"
 #include "events.hpp"
 
 namespace cellgate::notebooks {
@@ -29,7 +32,15 @@ using nlohmann::json;
 using namespace std::chrono_literals;
 
 constexpr std::size_t kNotebookOutputBytes = std::size_t{64} << 20;  // per stream and per output
-constexpr auto kKernelInfoTimeout = 10s;
+constexpr std::size_t kMaxFileBytes = std::size_t{16} << 20;         // serve's default too
+// "No limit" for a cell: a week (the Executor needs a deadline; a remote gateway clamps this to
+// its --execute-max-timeout).
+constexpr double kNoTimeoutSeconds = 7 * 24 * 3600;
+
+// What start() and execute() answer once the run was cancelled.
+Error aborted_error() {
+  return make_error(ErrorCode::kFailedPrecondition, "aborted", "the run was interrupted");
+}
 
 // ---- kernels started for a run ---------------------------------------------------------------
 
@@ -63,6 +74,10 @@ class RunKernels final : public kernel::KernelBackend {
 
 // ---- embedded --------------------------------------------------------------------------------
 
+// A batch waits for the zygote's imports (~1.5 s here) rather than start its first kernels cold
+// beside them on the same cores.
+constexpr std::chrono::seconds kZygoteWait{30};
+
 // A private directory under $TMPDIR, removed with everything in it when destroyed.
 class TempDir {
  public:
@@ -93,125 +108,177 @@ class TempDir {
   std::string path_;
 };
 
-class EmbeddedSession final : public KernelSession {
+// What a backend's kernels stand on, gone after them: the embedded engine and its state dir, or
+// the threads that read a remote gateway's answers.
+class Footing {
  public:
-  EmbeddedSession(kernels::KernelRegistry& manager, execute::Executor& executor, std::string id,
-                  std::shared_ptr<std::atomic<bool>> cancelled, std::size_t max_file_bytes)
-      : manager_(manager),
-        executor_(executor),
-        id_(std::move(id)),
-        cancelled_(std::move(cancelled)),
-        max_file_bytes_(max_file_bytes) {}
-  ~EmbeddedSession() override {
-    (void)manager_.shutdown(id_);
-    executor_.artifacts().forget(id_);
-  }
+  virtual ~Footing() = default;
+  // Waits for the work still queued (called before the kernels go).
+  virtual void drain() {}
+};
 
-  Result<void> put_file(const std::string& rel, const std::string& bytes) override {
-    CELLGATE_ASSIGN_OR_RETURN(auto kernel, manager_.find(id_));
-    CELLGATE_ASSIGN_OR_RETURN(
-        auto dir, store::files::WorkDir::open(kernel->work_dir(), kernel->uid(), kernel->uid()));
-    CELLGATE_TRY(dir.write(rel, bytes, max_file_bytes_, /*make_parents=*/true));
-    return ok_result();
-  }
+class Embedded final : public Footing {
+ public:
+  Embedded(TempDir state, std::unique_ptr<engine::Engine> engine)
+      : state_(std::move(state)), engine_(std::move(engine)) {}
+  ~Embedded() override { engine_.reset(); }  // engine.hpp's teardown, then the state dir
+  engine::Engine& engine() { return *engine_; }
 
-  Result<CellAnswer> execute(const std::string& code, double timeout_seconds) override {
-    if (cancelled_->load()) {
-      return aborted_error();
-    }
-    execute::ExecuteRequest request;
-    request.code = code;
-    request.timeout_seconds = timeout_seconds > 0 ? timeout_seconds : kNoTimeoutSeconds;
-    execute::RunOptions run;
-    run.client = "cellgate run";
-    // The events, for outputs made as nbclient makes them (runner.cpp), kept within bounds
-    // (events.hpp). They are added on the cell's strand; run_and_wait returns after the cell's
-    // last event (its promise orders them).
-    auto events = std::make_shared<CellEvents>();
-    run.on_event = [events](const json& event) { events->add(event); };
-    CELLGATE_ASSIGN_OR_RETURN(
-        auto result, executor_.run_and_wait(id_, std::move(request), std::move(run), cancelled_));
-    CellAnswer answer{std::move(result), std::nullopt};
-    events->finish(answer);
-    return answer;
-  }
+ private:
+  TempDir state_;  // declared first, so removed after the engine has shut every kernel down
+  std::unique_ptr<engine::Engine> engine_;
+};
 
-  Result<json> kernel_info() override {
-    CELLGATE_ASSIGN_OR_RETURN(auto kernel, manager_.find(id_));
-    auto connection = kernel->connection();
-    if (!connection) {
-      return make_error(ErrorCode::kUnavailable, "no_connection", "the kernel is not connected");
-    }
-    CELLGATE_ASSIGN_OR_RETURN(auto collected,
-                              connection->request(protocol::Channel::kShell, "kernel_info_request",
-                                                  json::object(), kKernelInfoTimeout,
-                                                  /*wait_for_idle=*/false));
-    if (!collected.reply || !collected.reply->content.is_object()) {
-      return make_error(ErrorCode::kUnavailable, "no_reply",
-                        "the kernel sent no kernel_info_reply");
-    }
-    return collected.reply->content;
+class Pool final : public Footing {
+ public:
+  explicit Pool(std::size_t threads) : pool_(threads) {}
+  ~Pool() override { pool_.join(); }
+  void drain() override { pool_.join(); }
+  util::Offload offload() {
+    return [this](std::function<void()> fn) { boost::asio::post(pool_, std::move(fn)); };
   }
 
  private:
-  kernels::KernelRegistry& manager_;
-  execute::Executor& executor_;
-  std::string id_;
-  std::shared_ptr<std::atomic<bool>> cancelled_;
-  std::size_t max_file_bytes_;
+  boost::asio::thread_pool pool_;
 };
 
-// An engine (engine/engine.hpp) in this process, as `cellgate serve` builds one, over kernels
-// started with their history in memory (RunKernels).
-class EmbeddedBackend final : public Backend {
+class ClientBackend;
+
+class ClientSession final : public KernelSession {
  public:
-  EmbeddedBackend(TempDir state, std::unique_ptr<engine::Engine> engine, bool zygote)
-      : state_(std::move(state)), engine_(std::move(engine)), zygote_(zygote) {
-    for (const auto& spec : engine_->registry().kernelspecs()) {
+  ClientSession(ClientBackend& backend, std::string id) : backend_(backend), id_(std::move(id)) {}
+  ~ClientSession() override;  // shuts the kernel down
+
+  Result<void> put_file(const std::string& rel, const std::string& bytes) override;
+  Result<CellAnswer> execute(const std::string& code, double timeout_seconds) override;
+  Result<json> kernel_info() override;
+
+ private:
+  ClientBackend& backend_;
+  const std::string id_;
+};
+
+class ClientBackend final : public Backend {
+ public:
+  ClientBackend(std::unique_ptr<Footing> footing, std::unique_ptr<client::Kernels> kernels,
+                client::KernelSpecs specs, bool clamps)
+      : footing_(std::move(footing)),
+        kernels_(std::move(kernels)),
+        default_(std::move(specs.default_name)),
+        clamps_(clamps) {
+    for (auto& spec : specs.specs) {
       names_.insert(spec.name);
     }
   }
-  ~EmbeddedBackend() override { engine_.reset(); }  // engine.hpp's teardown
-
-  Result<void> init() {
-    engine_->start();  // threads start here, not in a constructor
-    if (zygote_ && !engine_->backend().wait_fast(kZygoteWait)) {
-      // Kernels start cold instead (slower, the same jail): the zygote's log says why.
-      spdlog::warn("cellgate run: the zygote was not ready after {} s; kernels start cold",
-                   kZygoteWait.count());
-    }
-    return ok_result();
+  ~ClientBackend() override {
+    footing_->drain();  // interrupts still on their way use the kernels
+    kernels_.reset();
   }
 
   const std::set<std::string>& kernelspecs() const override { return names_; }
-  std::string default_kernel() const override { return engine_->registry().default_kernel_name(); }
+  std::string default_kernel() const override { return default_; }
   std::size_t max_file_bytes() const override { return kMaxFileBytes; }
+  bool clamps_timeouts() const override { return clamps_; }
 
   Result<std::unique_ptr<KernelSession>> start(const std::string& kernel) override {
-    if (cancelled_->load()) {
+    if (cancelled_.load()) {
       return aborted_error();
     }
-    CELLGATE_ASSIGN_OR_RETURN(auto model, engine_->registry().start(kernel, json::object()));
-    return std::unique_ptr<KernelSession>(new EmbeddedSession(
-        engine_->registry(), engine_->executor(), model.id, cancelled_, kMaxFileBytes));
+    CELLGATE_ASSIGN_OR_RETURN(std::string id, kernels_->start(kernel));
+    return std::unique_ptr<KernelSession>(std::make_unique<ClientSession>(*this, std::move(id)));
   }
 
-  bool clamps_timeouts() const override { return false; }
-  void cancel() override { cancelled_->store(true); }
-  bool cancelled() const override { return cancelled_->load(); }
+  // Later calls answer "aborted"; running cells are cancelled (an embedded one answers
+  // "aborted", a gateway's kernel is interrupted).
+  void cancel() override {
+    std::set<std::shared_ptr<client::Cell>> running;
+    {
+      MutexLock lock(mu_);
+      cancelled_.store(true);
+      running = running_;
+    }
+    for (const auto& cell : running) {
+      cell->cancel();
+    }
+  }
+  bool cancelled() const override { return cancelled_.load(); }
+
+  client::Kernels& kernels() { return *kernels_; }
+
+  // A cell began: cancel() reaches it from now on (at once when it came first).
+  void track(const std::shared_ptr<client::Cell>& cell) {
+    {
+      MutexLock lock(mu_);
+      if (!cancelled_.load()) {
+        running_.insert(cell);
+        return;
+      }
+    }
+    cell->cancel();
+  }
+  void untrack(const std::shared_ptr<client::Cell>& cell) {
+    MutexLock lock(mu_);
+    running_.erase(cell);
+  }
 
  private:
-  static constexpr std::size_t kMaxFileBytes = 16u << 20;
-  // A batch waits for the zygote's imports (~1.5 s here) rather than start its first kernels
-  // cold beside them on the same cores.
-  static constexpr std::chrono::seconds kZygoteWait{30};
-
-  TempDir state_;  // declared first, so removed after the engine has shut every kernel down
-  std::unique_ptr<engine::Engine> engine_;
-  bool zygote_;
+  std::unique_ptr<Footing> footing_;  // declared first, so it outlives the kernels
+  std::unique_ptr<client::Kernels> kernels_;
   std::set<std::string> names_;
-  std::shared_ptr<std::atomic<bool>> cancelled_ = std::make_shared<std::atomic<bool>>(false);
+  const std::string default_;
+  const bool clamps_;
+  std::atomic<bool> cancelled_{false};
+  Mutex mu_;
+  std::set<std::shared_ptr<client::Cell>> running_ CELLGATE_GUARDED_BY(mu_);
 };
+
+ClientSession::~ClientSession() {
+  // Failures are left to a gateway's culler; an embedded kernel goes with the engine anyway.
+  (void)backend_.kernels().shutdown(id_);
+}
+
+Result<void> ClientSession::put_file(const std::string& rel, const std::string& bytes) {
+  CELLGATE_TRY(backend_.kernels().write_file(id_, rel, bytes));
+  return ok_result();
+}
+
+Result<CellAnswer> ClientSession::execute(const std::string& code, double timeout_seconds) {
+  if (backend_.cancelled()) {
+    return aborted_error();
+  }
+  execute::ExecuteRequest request;
+  request.code = code;
+  request.timeout_seconds = timeout_seconds > 0 ? timeout_seconds : kNoTimeoutSeconds;
+  // The events, for outputs made as nbclient makes them (runner.cpp), kept within bounds
+  // (events.hpp). They come one at a time, and all before the answer (run_and_wait).
+  CellEvents events;
+  std::shared_ptr<client::Cell> cell;
+  client::WaitOptions wait;
+  wait.on_event = [&events](const json& event) { events.add(event); };
+  wait.started = [this, &cell](std::shared_ptr<client::Cell> c) {
+    cell = c;
+    backend_.track(c);
+  };
+  auto result = client::run_and_wait(backend_.kernels(), id_, std::move(request), wait);
+  backend_.untrack(cell);
+  if (!result) {
+    return std::move(result).error();
+  }
+  CellAnswer answer{std::move(result).value(), std::nullopt};
+  events.finish(answer);
+  return answer;
+}
+
+Result<json> ClientSession::kernel_info() {
+  return backend_.kernels().kernel_info(id_);
+}
+
+client::Options run_client_options() {
+  client::Options options;
+  options.client = "cellgate run";
+  options.max_file_bytes = kMaxFileBytes;
+  return options;
+}
 
 }  // namespace
 
@@ -236,9 +303,31 @@ Result<std::unique_ptr<Backend>> make_embedded_backend(const EmbeddedSettings& s
       std::make_unique<kernel::ProcessBackend>(engine::launcher_options(options)));
   CELLGATE_ASSIGN_OR_RETURN(auto engine,
                             engine::Engine::create(std::move(options), std::move(backend)));
-  auto embedded = std::make_unique<EmbeddedBackend>(std::move(state), std::move(engine), zygote);
-  CELLGATE_TRY(embedded->init());
-  return std::unique_ptr<Backend>(std::move(embedded));
+  auto footing = std::make_unique<Embedded>(std::move(state), std::move(engine));
+  engine::Engine& e = footing->engine();
+  e.start();  // threads start here, not in a constructor
+  if (zygote && !e.backend().wait_fast(kZygoteWait)) {
+    // Kernels start cold instead (slower, the same jail): the zygote's log says why.
+    spdlog::warn("cellgate run: the zygote was not ready after {} s; kernels start cold",
+                 kZygoteWait.count());
+  }
+  auto kernels = client::make_local(e.registry(), e.executor(), run_client_options());
+  CELLGATE_ASSIGN_OR_RETURN(auto specs, kernels->kernelspecs());
+  return std::unique_ptr<Backend>(std::make_unique<ClientBackend>(
+      std::move(footing), std::move(kernels), std::move(specs), /*clamps=*/false));
+}
+
+Result<std::unique_ptr<Backend>> make_remote_backend(const std::string& url,
+                                                     const std::string& token, std::size_t jobs) {
+  CELLGATE_ASSIGN_OR_RETURN(auto parsed, http::client::parse_url(url));
+  // A thread per notebook reads its cell's answer, and one more sends interrupts.
+  auto pool = std::make_unique<Pool>(std::max<std::size_t>(1, jobs) + 1);
+  CELLGATE_ASSIGN_OR_RETURN(
+      auto kernels,
+      client::make_remote(std::move(parsed), token, run_client_options(), pool->offload()));
+  CELLGATE_ASSIGN_OR_RETURN(auto specs, kernels->kernelspecs());
+  return std::unique_ptr<Backend>(std::make_unique<ClientBackend>(
+      std::move(pool), std::move(kernels), std::move(specs), /*clamps=*/true));
 }
 
 }  // namespace cellgate::notebooks

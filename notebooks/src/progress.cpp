@@ -3,6 +3,8 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
+#include "cellgate/mutex.hpp"
+
 namespace cellgate::notebooks {
 namespace {
 
@@ -17,13 +19,13 @@ std::size_t terminal_columns() {
 }  // namespace
 
 void Progress::begin(std::size_t job, std::string name, std::size_t cells) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   active_[job] = Active{std::move(name), 0, cells};
   draw();
 }
 
 void Progress::cell(std::size_t job, std::size_t current) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (auto it = active_.find(job); it != active_.end()) {
     it->second.current = current;
     draw();
@@ -31,14 +33,14 @@ void Progress::cell(std::size_t job, std::size_t current) {
 }
 
 void Progress::end(std::size_t job) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   active_.erase(job);
   ++done_;
   draw();
 }
 
 void Progress::print(const std::string& line, std::FILE* to) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   clear();
   std::fputs((line + "\n").c_str(), to);
   std::fflush(to);
@@ -46,7 +48,7 @@ void Progress::print(const std::string& line, std::FILE* to) {
 }
 
 void Progress::finish() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   clear();
   enabled_ = false;
 }

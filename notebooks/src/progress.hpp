@@ -14,8 +14,9 @@
 #include <cstddef>
 #include <cstdio>
 #include <map>
-#include <mutex>
 #include <string>
+
+#include "cellgate/mutex.hpp"
 
 namespace cellgate::notebooks {
 
@@ -39,15 +40,15 @@ class Progress {
     std::size_t cells = 0;
   };
 
-  void clear();
-  void draw();
+  void clear() CELLGATE_REQUIRES(mu_);
+  void draw() CELLGATE_REQUIRES(mu_);
 
-  std::mutex mu_;
-  bool enabled_;
+  Mutex mu_;
+  bool enabled_ CELLGATE_GUARDED_BY(mu_);
   const std::size_t total_;
-  std::size_t done_ = 0;
-  std::map<std::size_t, Active> active_;
-  bool drawn_ = false;
+  std::size_t done_ CELLGATE_GUARDED_BY(mu_) = 0;
+  std::map<std::size_t, Active> active_ CELLGATE_GUARDED_BY(mu_);
+  bool drawn_ CELLGATE_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace cellgate::notebooks

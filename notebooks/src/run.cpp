@@ -119,8 +119,9 @@ Result<std::unique_ptr<Backend>> make_backend(const NotebookRunOptions& options,
   embedded.kernels = static_cast<std::size_t>(options.jobs);
   embedded.no_jail = options.no_jail;
   embedded.notebooks = notebooks;
-  auto made = options.url.empty() ? make_embedded_backend(embedded)
-                                  : make_remote_backend(options.url, options.token);
+  auto made = options.url.empty()
+                  ? make_embedded_backend(embedded)
+                  : make_remote_backend(options.url, options.token, embedded.kernels);
   if (!made) {
     return usage_error((options.url.empty() ? "cannot start the embedded gateway: "
                                             : "cannot use the gateway at " + options.url + ": ") +

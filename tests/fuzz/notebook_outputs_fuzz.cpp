@@ -1,9 +1,9 @@
-// A notebook's outputs from a remote gateway's streamed answers (notebooks/src/ndjson.cpp,
-// events.cpp, outputs.cpp): the input is up to kCells cells' NDJSON bodies, separated by two NUL
-// bytes, each read as `cellgate run --url` reads POST /api/kernels/{id}/execute (fed in pieces,
-// depth-checked lines, the events kept by CellEvents with a small budget so that cuts happen)
-// and applied to a notebook of kCells code cells and a markdown cell, cell after cell (displays
-// of earlier cells are updated by later ones). Invariants:
+// A notebook's outputs from a remote gateway's streamed answers (gateway/client/src/ndjson.cpp,
+// notebooks/src/events.cpp, outputs.cpp): the input is up to kCells cells' NDJSON bodies, separated
+// by two NUL bytes, each read as `cellgate run --url` reads POST /api/kernels/{id}/execute (fed in
+// pieces, depth-checked lines, the events kept by CellEvents with a small budget so that cuts
+// happen) and applied to a notebook of kCells code cells and a markdown cell, cell after cell
+// (displays of earlier cells are updated by later ones). Invariants:
 //   - every body gives an answer (an end line is appended), and no more than the budget is kept;
 //   - when nothing was cut, the outputs made from the kept events are the outputs made from all
 //     the events as they came (folding updates, dropping what a clear removed and joining
@@ -21,7 +21,7 @@
 #include "cellgate/notebooks/notebook.hpp"
 #include "events.hpp"
 #include "fuzz_util.hpp"
-#include "ndjson.hpp"
+#include "ndjson.hpp"  // gateway/client/src
 #include "outputs.hpp"
 
 namespace {
@@ -29,6 +29,7 @@ namespace {
 using cellgate::fuzz::check;
 using nlohmann::json;
 namespace nb = cellgate::notebooks;
+namespace client = cellgate::client;
 
 constexpr std::size_t kCells = 4;
 constexpr std::size_t kLineBytes = std::size_t{1} << 20;     // a line over it is skipped
@@ -53,7 +54,7 @@ json all_events(std::string_view body) {
   json events = json::array();
   while (!body.empty()) {
     const auto nl = body.find('\n');
-    json event = nb::parse_bounded(body.substr(0, nl));
+    json event = client::parse_bounded(body.substr(0, nl));
     if (event.is_object() && !(event.contains("type") && event["type"] == "end")) {
       events.push_back(std::move(event));
     }
@@ -78,22 +79,25 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   for (std::size_t i = 0; i < bodies.size(); ++i) {
     const std::string body = std::string(bodies[i]) + kEnd;
-    nb::NdjsonAnswer lines(kLineBytes, kEventBytes);
+    nb::CellEvents kept(kEventBytes);
+    client::NdjsonAnswer lines([&kept](json event) { kept.add(std::move(event)); }, kLineBytes);
     // In three pieces, cut where the input says: lines and escapes split anywhere.
     const std::size_t a = size > 0 ? data[0] % (body.size() + 1) : 0;
     const std::size_t b = a + (size > 1 ? data[1] : 0) * 97 % (body.size() - a + 1);
     lines.feed(std::string_view(body).substr(0, a));
     lines.feed(std::string_view(body).substr(a, b - a));
     lines.feed(std::string_view(body).substr(b));
-    check(lines.events().bytes() <= kEventBytes, "more than the budget was kept",
-          std::to_string(lines.events().bytes()));
-    auto answer = lines.answer();
-    check(answer.ok(), "no answer although the body ends with one",
-          answer ? "" : answer.error().describe());
-    const json& events = answer->events ? *answer->events : json::array();
+    check(kept.bytes() <= kEventBytes, "more than the budget was kept",
+          std::to_string(kept.bytes()));
+    auto result = lines.answer();
+    check(result.ok(), "no answer although the body ends with one",
+          result ? "" : result.error().describe());
+    nb::CellAnswer answer{std::move(result).value(), std::nullopt};
+    kept.finish(answer);
+    const json& events = answer.events ? *answer.events : json::array();
     check(events.is_array(), "the answer's events are not a list");
     const auto kept_notices = kept_outputs.apply(i, events);
-    cut = cut || !answer->result.notices.empty();
+    cut = cut || !answer.result.notices.empty();
     if (!cut) {
       const auto all_notices = all_outputs.apply(i, all_events(body));
       check(kept_notices == all_notices, "apply() says other things",

@@ -1,14 +1,13 @@
-// A cell's events kept within bounds until it ends (notebooks/src/events.hpp), and a remote
-// gateway's NDJSON answer read as hostile input (notebooks/src/ndjson.hpp): what is kept, that
+// A cell's events kept within bounds until it ends (notebooks/src/events.hpp): what is kept, that
 // the outputs made from it are the ones all the events would make, and what is said when
-// something is cut.
+// something is cut. A remote gateway's NDJSON answer is read by the client seam
+// (tests/unit/client_test.cpp).
 #include "events.hpp"
 
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "ndjson.hpp"
 #include "outputs.hpp"
 
 namespace cellgate::notebooks {
@@ -184,66 +183,6 @@ TEST(CellEvents, TooDeepEventsAreDropped) {
                                   "dropped"}));
   EXPECT_EQ(json_size(display("display_data", {{"application/json", value}})).depth,
             kMaxEventDepth);
-}
-
-std::string end_line(const std::string& status = "ok") {
-  return json{{"type", "end"}, {"answer", {{"status", status}, {"execution_count", 1}}}}.dump() +
-         "\n";
-}
-
-TEST(NdjsonAnswer, ReadsEventsAndTheAnswerCutAnywhere) {
-  const std::string body = stream("a").dump() + "\n" + json{{"type", "keepalive"}}.dump() + "\n\n" +
-                           stream("b").dump() + "\r\n" + end_line();
-  for (std::size_t cut = 0; cut <= body.size(); ++cut) {
-    NdjsonAnswer lines;
-    lines.feed(body.substr(0, cut));
-    lines.feed(body.substr(cut));
-    auto answer = lines.answer();
-    ASSERT_TRUE(answer) << answer.error().message;
-    EXPECT_EQ(answer->result.status_name(), "ok");
-    EXPECT_EQ(answer->events, json::array({stream("ab")}));
-  }
-}
-
-// A gateway that streams a line without end costs at most the line limit; the line is skipped
-// to its newline and the rest is read.
-TEST(NdjsonAnswer, ALineOverTheLimitIsSkipped) {
-  NdjsonAnswer lines(/*max_line_bytes=*/1000);
-  lines.feed(stream("kept").dump() + "\n");
-  for (int i = 0; i < 10000; ++i) {
-    lines.feed(std::string(100, 'x'));
-  }
-  lines.feed("\n" + stream("more").dump() + "\n" + end_line());
-  auto answer = lines.answer();
-  ASSERT_TRUE(answer) << answer.error().message;
-  EXPECT_EQ(answer->events, json::array({stream("keptmore")}));
-  EXPECT_EQ(json(answer->result.notices),
-            json::array({"the gateway's answer was cut; 1 of its lines were over 1000 bytes and "
-                         "were dropped"}));
-}
-
-// A line nested 100,000 deep is not parsed (nlohmann would build it; copying it recursed).
-TEST(NdjsonAnswer, ADeepLineIsNotParsed) {
-  const std::size_t deep = 100000;
-  NdjsonAnswer lines;
-  lines.feed(R"({"type": "display_data", "data": {"application/json": )" + std::string(deep, '[') +
-             std::string(deep, ']') + "}}\n");
-  lines.feed(R"({"type": "end", "answer": {"status": "ok", "x": )" + std::string(deep, '[') +
-             std::string(deep, ']') + "}}");
-  auto answer = lines.answer();
-  ASSERT_FALSE(answer);
-  EXPECT_EQ(answer.error().message,
-            "POST /api/kernels/{id}/execute: the stream ended without the answer; 2 of its lines "
-            "nest deeper than 256 levels and were dropped");
-}
-
-// An end line's error whose message is not a string: value("message", …) threw.
-TEST(NdjsonAnswer, AnErrorWithoutAStringMessage) {
-  NdjsonAnswer lines;
-  lines.feed(R"({"type": "end", "answer": null, "error": {"message": 5}})");
-  auto answer = lines.answer();
-  ASSERT_FALSE(answer);
-  EXPECT_EQ(answer.error().message, "POST /api/kernels/{id}/execute: no answer");
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// The MCP server over a fake of its seam (mcp::Kernels): lifecycle and version negotiation,
+// The MCP server over a fake of its seam (client::Kernels): lifecycle and version negotiation,
 // JSON-RPC errors, the tools and their named sessions, the content an execute answer becomes,
 // cancellation, the stdio framing over pipes and the Streamable HTTP endpoint's rules. The real
 // kernels and the official SDK client are tests/js/mcp.test.mjs.
@@ -10,8 +10,8 @@
 #include <sstream>
 #include <thread>
 
+#include "cellgate/client/kernels.hpp"
 #include "cellgate/mcp/http_endpoint.hpp"
-#include "cellgate/mcp/kernels.hpp"
 #include "cellgate/mcp/server.hpp"
 #include "cellgate/mcp/stdio.hpp"
 #include "cellgate/util/text.hpp"
@@ -28,15 +28,15 @@ execute::CellResult result_of(const json& answer) {
 }
 
 // Kernels in a map; cells answer at once with what the test queued (or an echo of the code).
-class FakeKernels : public Kernels {
+class FakeKernels : public client::Kernels {
  public:
-  struct FakeCell : Cell {
+  struct FakeCell : client::Cell {
     void cancel() override { cancelled = true; }
     bool cancelled = false;
   };
 
-  Result<KernelSpecs> kernelspecs() override {
-    return KernelSpecs{{{"python3", "python"}, {"ir", "R"}}, "python3"};
+  Result<client::KernelSpecs> kernelspecs() override {
+    return client::KernelSpecs{{{"python3", "python"}, {"ir", "R"}}, "python3"};
   }
   Result<std::string> start(const std::string& spec) override {
     std::lock_guard lock(mu);
@@ -57,8 +57,9 @@ class FakeKernels : public Kernels {
     return live.erase(id) != 0 ? ok_result()
                                : Result<void>(make_error(ErrorCode::kNotFound, "x", "gone"));
   }
-  std::shared_ptr<Cell> execute(const std::string& id, const json& request,
-                                CellCallbacks cb) override {
+  std::shared_ptr<client::Cell> execute(const std::string& id, execute::ExecuteRequest typed,
+                                        client::CellCallbacks cb) override {
+    const json request = client::request_json(typed);
     auto cell = std::make_shared<FakeCell>();
     last_cell = cell;
     last_request = request;
@@ -107,6 +108,12 @@ class FakeKernels : public Kernels {
     files[path] = bytes;
     return json{{"path", path}, {"size", bytes.size()}};
   }
+  std::shared_ptr<client::Cell> execute_once(const std::string&, execute::ExecuteRequest,
+                                             client::CellCallbacks cb) override {
+    cb.done(make_error(ErrorCode::kInternal, "unused", "the MCP tools run no one-shot cells"));
+    return std::make_shared<FakeCell>();
+  }
+  Result<json> kernel_info(const std::string&) override { return json::object(); }
   std::string artifact_base() const override { return "/api/artifacts/"; }
 
   std::mutex mu;
@@ -118,7 +125,7 @@ class FakeKernels : public Kernels {
   json last_request;
   std::shared_ptr<FakeCell> last_cell;
   bool hold = false;
-  CellCallbacks held;
+  client::CellCallbacks held;
 };
 
 util::Offload inline_offload() {

@@ -21,9 +21,9 @@
 #include <thread>
 
 #include "cellgate/cli/exit_codes.hpp"
+#include "cellgate/client/kernels.hpp"
 #include "cellgate/engine/engine.hpp"
 #include "cellgate/engine/host.hpp"
-#include "cellgate/mcp/kernels.hpp"
 #include "cellgate/mcp/server.hpp"
 #include "cellgate/mcp/stdio.hpp"
 #include "cellgate/unique_fd.hpp"
@@ -221,7 +221,7 @@ int run_mcp(const McpOptions& options) {
 
   mcp::ServerOptions server_options;
   server_options.max_sessions = options.max_sessions;
-  mcp::KernelsOptions ko;
+  client::Options ko;
   ko.max_timeout = options.execute_max_timeout;
   ko.max_file_bytes = options.max_file_bytes;
   ko.client = "cellgate mcp";
@@ -233,7 +233,7 @@ int run_mcp(const McpOptions& options) {
     }
     net::thread_pool pool(kOffloadThreads);
     util::Offload offload = [&pool](std::function<void()> fn) { net::post(pool, std::move(fn)); };
-    auto kernels = mcp::make_remote_kernels(std::move(url).value(), options.token, ko, offload);
+    auto kernels = client::make_remote(std::move(url).value(), options.token, ko, offload);
     if (!kernels) {
       return mcp_usage_error(kernels.error().message);
     }
@@ -249,14 +249,14 @@ int run_mcp(const McpOptions& options) {
   }
   // Declared before the embedded gateway, so destroyed after it: a cell that ends while the
   // gateway shuts down still calls back into the tools.
-  std::unique_ptr<mcp::Kernels> kernels;
+  std::unique_ptr<client::Kernels> kernels;
   std::optional<mcp::Server> server;
   auto embedded = Embedded::make(options);
   if (!embedded) {
     return mcp_usage_error(embedded.error().describe());
   }
   auto& e = **embedded;
-  kernels = mcp::make_local_kernels(e.registry(), e.executor(), ko, e.offload());
+  kernels = client::make_local(e.registry(), e.executor(), ko);
   server.emplace(*kernels, e.offload(), server_options);
   const int status = mcp::serve_stdio(*server, STDIN_FILENO, out.get(), stop.fd());
   e.drain();  // the shutdowns a close queued, before the parts go

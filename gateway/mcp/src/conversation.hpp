@@ -4,10 +4,10 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
-#include "cellgate/mcp/kernels.hpp"
+#include "cellgate/client/kernels.hpp"
+#include "cellgate/mutex.hpp"
 
 namespace cellgate::mcp {
 
@@ -19,16 +19,17 @@ class Conversation {
     std::string language;
   };
 
-  std::mutex mu;                 // guards everything below but start_mu
-  std::string protocol_version;  // "" until initialize
-  bool initialized = false;      // notifications/initialized arrived
-  bool closed = false;
-  std::map<std::string, Named> sessions;                   // by name
-  std::map<std::string, std::shared_ptr<Cell>> in_flight;  // jsonrpc::id_key → its cancel hook
+  Mutex mu;
+  std::string protocol_version CELLGATE_GUARDED_BY(mu);  // "" until initialize
+  bool initialized CELLGATE_GUARDED_BY(mu) = false;      // notifications/initialized arrived
+  bool closed CELLGATE_GUARDED_BY(mu) = false;
+  std::map<std::string, Named> sessions CELLGATE_GUARDED_BY(mu);  // by name
+  // jsonrpc::id_key → its cancel hook
+  std::map<std::string, std::shared_ptr<client::Cell>> in_flight CELLGATE_GUARDED_BY(mu);
 
   // Held while a named session is started or closed, so two calls naming a new session at once
   // start one kernel, not two.
-  std::mutex start_mu;
+  Mutex start_mu;
 };
 
 }  // namespace cellgate::mcp

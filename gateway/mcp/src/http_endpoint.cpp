@@ -6,6 +6,7 @@
 
 #include "cellgate/http/limits.hpp"
 #include "cellgate/kernel/connection.hpp"
+#include "cellgate/mutex.hpp"
 #include "cellgate/protocol/message.hpp"
 #include "jsonrpc.hpp"
 
@@ -57,7 +58,7 @@ class SseStream {
  public:
   explicit SseStream(std::shared_ptr<http::Exchange> exchange) : exchange_(std::move(exchange)) {}
   void event(const json& message, bool last) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (ended_) {
       return;
     }
@@ -68,16 +69,16 @@ class SseStream {
     }
   }
   void comment() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!ended_) {
       exchange_->write(": keepalive\n\n");
     }
   }
 
  private:
-  std::mutex mu_;
+  Mutex mu_;
   std::shared_ptr<http::Exchange> exchange_;
-  bool ended_ = false;
+  bool ended_ CELLGATE_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
@@ -111,7 +112,7 @@ bool HttpEndpoint::origin_allowed(std::string_view origin) const {
 }
 
 std::size_t HttpEndpoint::conversations() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return conversations_.size();
 }
 
@@ -249,7 +250,7 @@ void HttpEndpoint::remove(Request req, std::shared_ptr<http::Exchange> exchange)
   }
   std::shared_ptr<Conversation> conversation;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (auto it = conversations_.find(sid); it != conversations_.end()) {
       conversation = std::move(it->second.conversation);
       conversations_.erase(it);
@@ -268,7 +269,7 @@ void HttpEndpoint::remove(Request req, std::shared_ptr<http::Exchange> exchange)
 void HttpEndpoint::add(const std::string& id, std::shared_ptr<Conversation> conversation) {
   std::shared_ptr<Conversation> evicted;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (conversations_.size() >= options_.max_conversations) {
       auto oldest = std::min_element(
           conversations_.begin(), conversations_.end(),
@@ -286,7 +287,7 @@ void HttpEndpoint::add(const std::string& id, std::shared_ptr<Conversation> conv
 }
 
 std::shared_ptr<Conversation> HttpEndpoint::find(const std::string& id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = conversations_.find(id);
   if (it == conversations_.end()) {
     return nullptr;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "cellgate/mutex.hpp"
 #include "conversation.hpp"
 #include "jsonrpc.hpp"
 #include "tools.hpp"
@@ -25,7 +26,7 @@ constexpr const char* kInstructions =
 }  // namespace
 
 struct Server::Impl {
-  Impl(Kernels& k, util::Offload o, ServerOptions opts)
+  Impl(client::Kernels& k, util::Offload o, ServerOptions opts)
       : options(opts), tools(k, std::move(o), std::move(opts)) {}
 
   void request(const std::shared_ptr<Conversation>& c, const json& msg, Outbox& out);
@@ -37,7 +38,7 @@ struct Server::Impl {
   Tools tools;
 };
 
-Server::Server(Kernels& kernels, util::Offload offload, ServerOptions options)
+Server::Server(client::Kernels& kernels, util::Offload offload, ServerOptions options)
     : impl_(std::make_unique<Impl>(kernels, std::move(offload), std::move(options))) {}
 
 Server::~Server() = default;
@@ -106,7 +107,7 @@ void Server::Impl::request(const std::shared_ptr<Conversation>& c, const json& m
     const std::string asked = v->get<std::string>();
     const std::string chosen = supports(asked) ? asked : supported_versions().front();
     {
-      std::lock_guard lock(c->mu);
+      MutexLock lock(c->mu);
       c->protocol_version = chosen;
     }
     std::string client = "?";
@@ -141,7 +142,7 @@ void Server::Impl::notification(Conversation& c, const json& msg) {
   const std::string method = msg["method"].get<std::string>();
   const json params = msg.value("params", json::object());
   if (method == "notifications/initialized") {
-    std::lock_guard lock(c.mu);
+    MutexLock lock(c.mu);
     c.initialized = true;
     return;
   }
@@ -151,9 +152,9 @@ void Server::Impl::notification(Conversation& c, const json& msg) {
     if (rid == params.end()) {
       return;
     }
-    std::shared_ptr<Cell> cell;
+    std::shared_ptr<client::Cell> cell;
     {
-      std::lock_guard lock(c.mu);
+      MutexLock lock(c.mu);
       if (auto it = c.in_flight.find(jsonrpc::id_key(*rid)); it != c.in_flight.end()) {
         cell = it->second;
       }
@@ -216,18 +217,18 @@ void Server::Impl::call_tool(const std::shared_ptr<Conversation>& c, const json&
   }
   const std::string key = jsonrpc::id_key(id);
   {
-    std::lock_guard lock(c->mu);
+    MutexLock lock(c->mu);
     c->in_flight[key] = nullptr;  // a placeholder until the tool hands back its cancel hook
   }
   call.done = [c, key, id, reply = out.reply](json result) {
     {
-      std::lock_guard lock(c->mu);
+      MutexLock lock(c->mu);
       c->in_flight.erase(key);
     }
     reply(jsonrpc::result(id, std::move(result)));
   };
   auto cell = tools.call(name->get<std::string>(), arguments, std::move(call));
-  std::lock_guard lock(c->mu);
+  MutexLock lock(c->mu);
   if (auto it = c->in_flight.find(key); it != c->in_flight.end() && !it->second) {
     it->second = std::move(cell);
   }

@@ -6,10 +6,10 @@
 
 #include <cerrno>
 #include <cstring>
-#include <mutex>
 #include <string>
 
 #include "cellgate/http/limits.hpp"
+#include "cellgate/mutex.hpp"
 #include "cellgate/protocol/message.hpp"
 #include "jsonrpc.hpp"
 
@@ -30,7 +30,7 @@ class LineWriter {
     // a message is one line, as the transport requires.
     std::string line = protocol::dump_json(message);
     line += '\n';
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (closed_) {
       return;
     }
@@ -52,14 +52,14 @@ class LineWriter {
     }
   }
   void close() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     closed_ = true;
   }
 
  private:
   const int fd_;
-  std::mutex mu_;
-  bool closed_ = false;
+  Mutex mu_;
+  bool closed_ CELLGATE_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace

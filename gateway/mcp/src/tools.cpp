@@ -3,9 +3,11 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <limits>
 #include <regex>
 #include <set>
 
+#include "cellgate/mutex.hpp"
 #include "cellgate/util/text.hpp"
 #include "content.hpp"
 
@@ -282,12 +284,12 @@ json tool_error(const std::string& message) {
 
 // A tool call's cancel hook: the cell, once there is one. A cancel that comes first is kept and
 // applied when the cell starts.
-class Tools::Pending : public Cell {
+class Tools::Pending : public client::Cell {
  public:
   void cancel() override {
-    std::shared_ptr<Cell> cell;
+    std::shared_ptr<client::Cell> cell;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       cancelled_ = true;
       cell = cell_;
     }
@@ -295,10 +297,10 @@ class Tools::Pending : public Cell {
       cell->cancel();
     }
   }
-  void set(std::shared_ptr<Cell> cell) {
+  void set(std::shared_ptr<client::Cell> cell) {
     bool cancel_now = false;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       cell_ = cell;
       cancel_now = cancelled_;
     }
@@ -307,17 +309,17 @@ class Tools::Pending : public Cell {
     }
   }
   bool cancelled() const {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return cancelled_;
   }
 
  private:
-  mutable std::mutex mu_;
-  bool cancelled_ = false;
-  std::shared_ptr<Cell> cell_;
+  mutable Mutex mu_;
+  bool cancelled_ CELLGATE_GUARDED_BY(mu_) = false;
+  std::shared_ptr<client::Cell> cell_ CELLGATE_GUARDED_BY(mu_);
 };
 
-Tools::Tools(Kernels& kernels, util::Offload offload, ServerOptions options)
+Tools::Tools(client::Kernels& kernels, util::Offload offload, ServerOptions options)
     : kernels_(kernels),
       offload_(std::move(offload)),
       options_(std::move(options)),
@@ -328,7 +330,8 @@ bool Tools::has(const std::string& name) const {
                      [&](const json& t) { return t["name"] == name; });
 }
 
-std::shared_ptr<Cell> Tools::call(const std::string& name, const json& arguments, ToolCall call) {
+std::shared_ptr<client::Cell> Tools::call(const std::string& name, const json& arguments,
+                                          ToolCall call) {
   auto pending = std::make_shared<Pending>();
   if (name == "run_code") {
     run_code(arguments, std::move(call), pending);
@@ -351,7 +354,7 @@ std::shared_ptr<Cell> Tools::call(const std::string& name, const json& arguments
 Result<std::pair<Conversation::Named, bool>> Tools::ensure(Conversation& c, const std::string& name,
                                                            bool create, const std::string& kernel,
                                                            const std::string& language) {
-  std::lock_guard start_lock(c.start_mu);
+  MutexLock start_lock(c.start_mu);
   auto mismatch = [&](const Conversation::Named& n) -> std::string {
     if (!kernel.empty() && kernel != n.kernelspec) {
       return "session '" + name + "' runs kernel " + n.kernelspec + ", not " + kernel +
@@ -365,7 +368,7 @@ Result<std::pair<Conversation::Named, bool>> Tools::ensure(Conversation& c, cons
     return "";
   };
   {
-    std::lock_guard lock(c.mu);
+    MutexLock lock(c.mu);
     if (c.closed) {
       return make_error(ErrorCode::kFailedPrecondition, "closed", "the MCP session has ended");
     }
@@ -386,8 +389,8 @@ Result<std::pair<Conversation::Named, bool>> Tools::ensure(Conversation& c, cons
                             " sessions at once; close_session one first");
     }
   }
-  CELLGATE_ASSIGN_OR_RETURN(KernelSpecs specs, kernels_.kernelspecs());
-  const KernelSpecs::Spec* chosen = nullptr;
+  CELLGATE_ASSIGN_OR_RETURN(client::KernelSpecs specs, kernels_.kernelspecs());
+  const client::KernelSpecs::Spec* chosen = nullptr;
   std::string available;
   for (const auto& s : specs.specs) {
     available += (available.empty() ? "" : ", ") + s.name + " (" + s.language + ")";
@@ -410,7 +413,7 @@ Result<std::pair<Conversation::Named, bool>> Tools::ensure(Conversation& c, cons
   CELLGATE_ASSIGN_OR_RETURN(named.kernel_id, kernels_.start(chosen->name));
   bool closed = false;
   {
-    std::lock_guard lock(c.mu);
+    MutexLock lock(c.mu);
     closed = c.closed;
     if (!closed) {
       c.sessions[name] = named;
@@ -471,8 +474,12 @@ void Tools::run_code(const json& args, ToolCall call, std::shared_ptr<Pending> p
 void Tools::run_in(const std::string& name, json request, Conversation::Named named, bool fresh,
                    std::string note, ToolCall call, std::shared_ptr<Pending> pending,
                    bool retried) {
-  CellCallbacks callbacks;
-  callbacks.on_keepalive = call.keepalive;
+  client::CellCallbacks callbacks;
+  if (call.keepalive) {
+    // A progress notification is written to a pipe or a socket, and a local cell's callbacks
+    // run on its strand, which must not block: it goes to the offload pool.
+    callbacks.on_keepalive = [tick = call.keepalive, offload = offload_] { offload(tick); };
+  }
   const json request_copy = request;
   callbacks.done = [this, name, request = request_copy, named, fresh, note, call, pending,
                     retried](Result<execute::CellResult> answer) mutable {
@@ -484,7 +491,7 @@ void Tools::run_in(const std::string& name, json request, Conversation::Named na
         // The kernel is gone (culled, or deleted through the Jupyter API): forget it and start
         // a fresh one under the same name, once, saying so.
         {
-          std::lock_guard lock(call.conversation->mu);
+          MutexLock lock(call.conversation->mu);
           auto it = call.conversation->sessions.find(name);
           if (it != call.conversation->sessions.end() && it->second.kernel_id == named.kernel_id) {
             call.conversation->sessions.erase(it);
@@ -510,7 +517,13 @@ void Tools::run_in(const std::string& name, json request, Conversation::Named na
       call.done(run_code_result(*answer, info, kernels_.artifact_base()));
     });
   };
-  pending->set(kernels_.execute(named.kernel_id, request, std::move(callbacks)));
+  // run_code checked the arguments; the seam clamps the timeout to its maximum.
+  auto typed = execute::ExecuteRequest::from_json(request, std::numeric_limits<double>::infinity());
+  if (!typed) {
+    callbacks.done(std::move(typed).error());
+    return;
+  }
+  pending->set(kernels_.execute(named.kernel_id, std::move(typed).value(), std::move(callbacks)));
 }
 
 json Tools::files_tool(const std::string& tool, const json& args, Conversation& c) {
@@ -607,7 +620,7 @@ json Tools::session_tool(const std::string& tool, const json& args, Conversation
     json sessions = json::array();
     std::string text;
     {
-      std::lock_guard lock(c.mu);
+      MutexLock lock(c.mu);
       for (const auto& [name, n] : c.sessions) {
         sessions.push_back({{"name", name}, {"kernel_id", n.kernel_id}, {"kernel", n.kernelspec}});
         text += name + "  " + n.kernelspec + "  " + n.kernel_id + "\n";
@@ -630,7 +643,7 @@ json Tools::session_tool(const std::string& tool, const json& args, Conversation
     auto restarted = kernels_.restart(named->first.kernel_id);
     if (!restarted) {
       if (restarted.error().code == ErrorCode::kNotFound) {
-        std::lock_guard lock(c.mu);
+        MutexLock lock(c.mu);
         c.sessions.erase(name);
         return tool_error("session '" + name +
                           "' had lost its kernel (shut down or culled); "
@@ -648,8 +661,8 @@ json Tools::session_tool(const std::string& tool, const json& args, Conversation
   // close_session: idempotent, so closing twice is not an error.
   std::optional<Conversation::Named> closing;
   {
-    std::lock_guard start_lock(c.start_mu);
-    std::lock_guard lock(c.mu);
+    MutexLock start_lock(c.start_mu);
+    MutexLock lock(c.mu);
     if (auto it = c.sessions.find(name); it != c.sessions.end()) {
       closing = it->second;
       c.sessions.erase(it);
@@ -670,10 +683,10 @@ json Tools::session_tool(const std::string& tool, const json& args, Conversation
 
 void Tools::close_all(Conversation& c) {
   std::map<std::string, Conversation::Named> sessions;
-  std::map<std::string, std::shared_ptr<Cell>> in_flight;
+  std::map<std::string, std::shared_ptr<client::Cell>> in_flight;
   {
-    std::lock_guard start_lock(c.start_mu);
-    std::lock_guard lock(c.mu);
+    MutexLock start_lock(c.start_mu);
+    MutexLock lock(c.mu);
     c.closed = true;
     sessions.swap(c.sessions);
     in_flight.swap(c.in_flight);

@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "cellgate/mcp/kernels.hpp"
+#include "cellgate/client/kernels.hpp"
 #include "cellgate/mcp/server.hpp"
 #include "conversation.hpp"
 
@@ -31,14 +31,14 @@ struct ToolCall {
 
 class Tools {
  public:
-  Tools(Kernels& kernels, util::Offload offload, ServerOptions options);
+  Tools(client::Kernels& kernels, util::Offload offload, ServerOptions options);
 
   // tools/list's "tools".
   const nlohmann::json& definitions() const { return definitions_; }
   bool has(const std::string& name) const;
   // Runs a tool (arguments: an object). The handle cancels it: a running cell is interrupted.
-  std::shared_ptr<Cell> call(const std::string& name, const nlohmann::json& arguments,
-                             ToolCall call);
+  std::shared_ptr<client::Cell> call(const std::string& name, const nlohmann::json& arguments,
+                                     ToolCall call);
   // Shuts down every kernel of the conversation (blocking).
   void close_all(Conversation& conversation);
 
@@ -59,7 +59,7 @@ class Tools {
                                                       const std::string& kernel,
                                                       const std::string& language);
 
-  Kernels& kernels_;
+  client::Kernels& kernels_;
   util::Offload offload_;
   const ServerOptions options_;
   nlohmann::json definitions_;

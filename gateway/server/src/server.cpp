@@ -27,6 +27,7 @@
 #include "cellgate/api/api.hpp"
 #include "cellgate/api/e2b_api.hpp"
 #include "cellgate/broker/broker.hpp"
+#include "cellgate/client/kernels.hpp"
 #include "cellgate/engine/engine.hpp"
 #include "cellgate/engine/host.hpp"
 #include "cellgate/http/listener.hpp"
@@ -35,7 +36,6 @@
 #include "cellgate/kernels/registry.hpp"
 #include "cellgate/kernels/uid_allocator.hpp"
 #include "cellgate/mcp/http_endpoint.hpp"
-#include "cellgate/mcp/kernels.hpp"
 #include "cellgate/mcp/server.hpp"
 #include "metrics.hpp"
 #include "privsep.hpp"
@@ -136,7 +136,7 @@ struct Server::Impl {
   std::unique_ptr<engine::Engine> engine;  // the parts the front ends below are built over
   std::unique_ptr<api::Api> api;
   std::unique_ptr<api::E2bApi> e2b;
-  std::unique_ptr<mcp::Kernels> mcp_kernels;  // the MCP server at /mcp, over the same parts
+  std::unique_ptr<client::Kernels> mcp_kernels;  // the MCP server at /mcp, over the same parts
   std::unique_ptr<mcp::Server> mcp;
   std::unique_ptr<mcp::HttpEndpoint> mcp_endpoint;
   std::shared_ptr<http::HttpStats> http_stats = std::make_shared<http::HttpStats>();
@@ -193,7 +193,8 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   impl_->e2b =
       std::make_unique<api::E2bApi>(registry, executor, std::move(e2b_options), impl_->offload());
 
-  mcp::KernelsOptions mo;
+  client::Options mo;
+  mo.client = "mcp";
   mo.max_timeout = o.execute_max_timeout;
   mo.max_file_bytes = o.max_file_bytes;
   mo.keepalive = seconds_to_ms(std::max(0.05, o.execute_keepalive));
@@ -202,7 +203,7 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
     base.pop_back();
   }
   mo.artifact_base = base + "/api/artifacts/";
-  impl_->mcp_kernels = mcp::make_local_kernels(registry, executor, mo, impl_->offload());
+  impl_->mcp_kernels = client::make_local(registry, executor, mo);
   impl_->mcp = std::make_unique<mcp::Server>(*impl_->mcp_kernels, impl_->offload());
   mcp::HttpEndpointOptions mcp_http;
   mcp_http.allow_origins = o.allow_origins;

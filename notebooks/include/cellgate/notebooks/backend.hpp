@@ -1,6 +1,7 @@
 // Where a notebook run gets its kernels: an embedded gateway (a KernelRegistry and an Executor in
 // this process, state in a temp dir removed at the end) or a running `cellgate serve` (--url).
-// Both hand out one KernelSession per notebook and answer each cell with the Executor's answer
+// Both are one implementation over the client seam (cellgate/client/kernels.hpp: make_local or
+// make_remote): one KernelSession per notebook, each cell answered with the Executor's answer
 // (see cellgate/execute/executor.hpp), so the runner does not know which it talks to.
 //
 //   CELLGATE_ASSIGN_OR_RETURN(auto backend, make_embedded_backend(settings));
@@ -13,10 +14,6 @@
 // execute_result, update_display_data with its display_id, error, clear_output with its wait
 // flag; no keepalives), from which the runner builds outputs as nbclient does (outputs.hpp); the
 // result's own outputs are one cell's view.
-//
-// Remote: POST /api/kernels {name}; PUT /api/kernels/{id}/files/{path};
-// POST /api/kernels/{id}/execute {code, timeout} streamed as NDJSON (the events, then the
-// answer); DELETE /api/kernels/{id}.
 //
 // Thread-safety: a Backend's methods may be called from many threads at once (one notebook per
 // worker thread); a KernelSession is used by one thread. cancel() may be called from any thread
@@ -88,7 +85,9 @@ struct EmbeddedSettings {
 Result<std::unique_ptr<Backend>> make_embedded_backend(const EmbeddedSettings& settings);
 
 // Checks the URL and token up front (GET /api/kernelspecs), so a wrong token is a usage error.
+// `jobs`: notebooks run at once (each holds a thread while its cell runs).
 Result<std::unique_ptr<Backend>> make_remote_backend(const std::string& url,
-                                                     const std::string& token);
+                                                     const std::string& token,
+                                                     std::size_t jobs = 1);
 
 }  // namespace cellgate::notebooks

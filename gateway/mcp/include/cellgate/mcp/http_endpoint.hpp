@@ -27,12 +27,12 @@
 #include <chrono>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "cellgate/http/handler.hpp"
 #include "cellgate/mcp/server.hpp"
+#include "cellgate/mutex.hpp"
 
 namespace cellgate::mcp {
 
@@ -67,8 +67,8 @@ class HttpEndpoint : public http::Handler {
   Server& server_;
   util::Offload offload_;
   const HttpEndpointOptions options_;
-  mutable std::mutex mu_;
-  std::map<std::string, Entry> conversations_;  // by Mcp-Session-Id
+  mutable Mutex mu_;
+  std::map<std::string, Entry> conversations_ CELLGATE_GUARDED_BY(mu_);  // by Mcp-Session-Id
 };
 
 }  // namespace cellgate::mcp

@@ -29,7 +29,7 @@
 #include <string_view>
 #include <vector>
 
-#include "cellgate/mcp/kernels.hpp"
+#include "cellgate/client/kernels.hpp"
 #include "cellgate/util/loop.hpp"
 
 namespace cellgate::mcp {
@@ -54,7 +54,7 @@ class Conversation;
 
 class Server {
  public:
-  Server(Kernels& kernels, util::Offload offload, ServerOptions options = {});
+  Server(client::Kernels& kernels, util::Offload offload, ServerOptions options = {});
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;

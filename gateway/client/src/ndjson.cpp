@@ -2,18 +2,19 @@
 
 #include "cellgate/http/limits.hpp"
 
-namespace cellgate::notebooks {
+namespace cellgate::client {
 
 using nlohmann::json;
 
 json parse_bounded(std::string_view text) {
-  if (!http::check_json_depth(text, notebook::kMaxDepth)) {
+  if (!http::check_json_depth(text, kMaxAnswerDepth)) {
     return json(json::value_t::discarded);
   }
   return json::parse(text, nullptr, false);
 }
 
 void NdjsonAnswer::feed(std::string_view piece) {
+  fed_ = fed_ || !piece.empty();
   while (!piece.empty()) {
     const auto nl = piece.find('\n');
     const std::string_view part = piece.substr(0, nl);
@@ -46,7 +47,7 @@ void NdjsonAnswer::line(std::string_view text) {
   if (text.find_first_not_of(" \r\t") == std::string_view::npos) {
     return;
   }
-  if (!http::check_json_depth(text, notebook::kMaxDepth)) {
+  if (!http::check_json_depth(text, kMaxAnswerDepth)) {
     ++too_deep_;
     return;
   }
@@ -57,17 +58,21 @@ void NdjsonAnswer::line(std::string_view text) {
   const auto type = event.find("type");
   if (type != event.end() && *type == "end") {
     end_ = std::move(event);
-  } else {
-    events_.add(std::move(event));
+  } else if (on_event_) {
+    on_event_(std::move(event));
   }
 }
 
-Result<CellAnswer> NdjsonAnswer::answer() {
+void NdjsonAnswer::finish() {
   if (!pending_.empty() && !skipping_) {
     line(pending_);
   }
   pending_.clear();
   skipping_ = false;
+}
+
+Result<execute::CellResult> NdjsonAnswer::answer() {
+  finish();
   std::string dropped;
   if (too_long_ > 0) {
     dropped += "; " + std::to_string(too_long_) + " of its lines were over " +
@@ -75,7 +80,7 @@ Result<CellAnswer> NdjsonAnswer::answer() {
   }
   if (too_deep_ > 0) {
     dropped += "; " + std::to_string(too_deep_) + " of its lines nest deeper than " +
-               std::to_string(notebook::kMaxDepth) + " levels and were dropped";
+               std::to_string(kMaxAnswerDepth) + " levels and were dropped";
   }
   if (!end_.is_object()) {
     return make_error(
@@ -101,12 +106,10 @@ Result<CellAnswer> NdjsonAnswer::answer() {
     return make_error(ErrorCode::kUnavailable, "execute_failed",
                       "POST /api/kernels/{id}/execute: " + result.error().message + dropped);
   }
-  CellAnswer out{std::move(result).value(), std::nullopt};
-  events_.finish(out);
   if (!dropped.empty()) {
-    out.result.notices.push_back("the gateway's answer was cut" + dropped);
+    result->notices.push_back("the gateway's answer was cut" + dropped);
   }
-  return out;
+  return result;
 }
 
-}  // namespace cellgate::notebooks
+}  // namespace cellgate::client

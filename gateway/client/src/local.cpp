@@ -1,19 +1,22 @@
 // Kernels in this process: the registry starts and stops them, the executor runs cells (its
 // timeouts, caps, artifacts and audit log), store::files reaches their work dirs — the same
 // calls the agent API's routes make (api/src/agent.cpp, api/src/jupyter.cpp).
+#include <algorithm>
 #include <chrono>
 
-#include "cellgate/execute/executor.hpp"
+#include "cellgate/client/kernels.hpp"
 #include "cellgate/kernels/registry.hpp"
-#include "cellgate/mcp/kernels.hpp"
 #include "cellgate/protocol/message.hpp"
 #include "cellgate/store/artifacts.hpp"
 #include "cellgate/store/files.hpp"
 
-namespace cellgate::mcp {
+namespace cellgate::client {
 namespace {
 
 using nlohmann::json;
+using namespace std::chrono_literals;
+
+constexpr auto kKernelInfoTimeout = 10s;
 
 class LocalCell : public Cell {
  public:
@@ -30,12 +33,8 @@ class LocalCell : public Cell {
 
 class LocalKernels : public Kernels {
  public:
-  LocalKernels(kernels::KernelRegistry& registry, execute::Executor& executor,
-               KernelsOptions options, util::Offload offload)
-      : registry_(registry),
-        executor_(executor),
-        options_(std::move(options)),
-        offload_(std::move(offload)) {}
+  LocalKernels(kernels::KernelRegistry& registry, execute::Executor& executor, Options options)
+      : registry_(registry), executor_(executor), options_(std::move(options)) {}
 
   Result<KernelSpecs> kernelspecs() override {
     KernelSpecs specs;
@@ -62,28 +61,25 @@ class LocalKernels : public Kernels {
     return r;
   }
 
-  std::shared_ptr<Cell> execute(const std::string& id, const json& body,
+  std::shared_ptr<Cell> execute(const std::string& id, execute::ExecuteRequest request,
                                 CellCallbacks callbacks) override {
-    auto request = execute::ExecuteRequest::from_json(body, options_.max_timeout);
-    if (!request) {
-      callbacks.done(std::move(request).error());
-      return std::make_shared<LocalCell>(nullptr);
-    }
-    execute::RunOptions run;
-    run.client = options_.client;
-    if (callbacks.on_keepalive) {
-      run.keepalive = options_.keepalive;
-      // on_event runs on the cell's strand and must not block; a progress notification is
-      // written to a pipe or a socket, so it goes to the offload pool.
-      run.on_event = [tick = callbacks.on_keepalive, offload = offload_](const json& event) {
-        if (event.value("type", std::string()) == "keepalive") {
-          offload(tick);
-        }
-      };
-    }
+    clamp(request);
+    auto run = run_options(callbacks);
     return std::make_shared<LocalCell>(executor_.run(
-        id, std::move(request).value(), std::move(run),
-        [done = std::move(callbacks.done)](execute::Answer answer) { done(std::move(answer)); }));
+        id, std::move(request), std::move(run),
+        [done = std::move(callbacks.done)](execute::Answer a) { done(std::move(a)); }));
+  }
+
+  std::shared_ptr<Cell> execute_once(const std::string& kernelspec, execute::ExecuteRequest request,
+                                     CellCallbacks callbacks) override {
+    clamp(request);
+    auto run = run_options(callbacks);
+    execute::OneShotRequest once;
+    once.cell = std::move(request);
+    once.kernel_name = kernelspec;
+    return std::make_shared<LocalCell>(executor_.run_once(
+        std::move(once), std::move(run),
+        [done = std::move(callbacks.done)](execute::Answer a) { done(std::move(a)); }));
   }
 
   Result<json> list_files(const std::string& id, const std::string& dir) override {
@@ -113,9 +109,52 @@ class LocalKernels : public Kernels {
     return store::files::to_json(info);
   }
 
+  Result<json> kernel_info(const std::string& id) override {
+    CELLGATE_ASSIGN_OR_RETURN(auto kernel, registry_.find(id));
+    auto connection = kernel->connection();
+    if (!connection) {
+      return make_error(ErrorCode::kUnavailable, "no_connection", "the kernel is not connected");
+    }
+    CELLGATE_ASSIGN_OR_RETURN(auto collected,
+                              connection->request(protocol::Channel::kShell, "kernel_info_request",
+                                                  json::object(), kKernelInfoTimeout,
+                                                  /*wait_for_idle=*/false));
+    if (!collected.reply || !collected.reply->content.is_object()) {
+      return make_error(ErrorCode::kUnavailable, "no_reply",
+                        "the kernel sent no kernel_info_reply");
+    }
+    return collected.reply->content;
+  }
+
   std::string artifact_base() const override { return options_.artifact_base; }
 
  private:
+  void clamp(execute::ExecuteRequest& request) const {
+    request.timeout_seconds = std::min(request.timeout_seconds, options_.max_timeout);
+  }
+
+  execute::RunOptions run_options(const CellCallbacks& callbacks) const {
+    execute::RunOptions run;
+    run.client = options_.client;
+    if (callbacks.on_keepalive) {
+      run.keepalive = options_.keepalive;
+    }
+    if (callbacks.on_event || callbacks.on_keepalive) {
+      run.on_event = [on_event = callbacks.on_event,
+                      tick = callbacks.on_keepalive](const json& event) {
+        const auto type = event.find("type");
+        if (type != event.end() && *type == "keepalive") {
+          if (tick) {
+            tick();
+          }
+        } else if (on_event) {
+          on_event(event);
+        }
+      };
+    }
+    return run;
+  }
+
   Result<store::files::WorkDir> open(const std::string& id) {
     CELLGATE_ASSIGN_OR_RETURN(auto kernel, registry_.find(id));
     return store::files::WorkDir::open(kernel->work_dir(), kernel->files_uid(),
@@ -124,16 +163,14 @@ class LocalKernels : public Kernels {
 
   kernels::KernelRegistry& registry_;
   execute::Executor& executor_;
-  const KernelsOptions options_;
-  util::Offload offload_;
+  const Options options_;
 };
 
 }  // namespace
 
-std::unique_ptr<Kernels> make_local_kernels(kernels::KernelRegistry& registry,
-                                            execute::Executor& executor, KernelsOptions options,
-                                            util::Offload offload) {
-  return std::make_unique<LocalKernels>(registry, executor, std::move(options), std::move(offload));
+std::unique_ptr<Kernels> make_local(kernels::KernelRegistry& registry, execute::Executor& executor,
+                                    Options options) {
+  return std::make_unique<LocalKernels>(registry, executor, std::move(options));
 }
 
-}  // namespace cellgate::mcp
+}  // namespace cellgate::client
