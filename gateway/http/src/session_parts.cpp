@@ -1,6 +1,7 @@
 #include "session_parts.hpp"
 
 #include <boost/beast/http/error.hpp>
+#include <chrono>
 #include <sstream>
 
 #include "cellgate/http/limits.hpp"

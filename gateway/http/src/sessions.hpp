@@ -11,6 +11,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core.hpp>
@@ -21,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "cellgate/http/handler.hpp"
 #include "cellgate/http/limits.hpp"
