@@ -2,10 +2,10 @@
 
 #include <spdlog/spdlog.h>
 
-#include <mutex>
 #include <optional>
 
 #include "cellgate/http/log_limiter.hpp"
+#include "cellgate/mutex.hpp"
 #include "cellgate/protocol/envelope.hpp"
 #include "cellgate/protocol/ws_frames.hpp"
 
@@ -81,7 +81,7 @@ class ChannelBridge : public http::WsHandler,
 
   void on_open(std::shared_ptr<http::WsConnection> connection) override {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       connection_ = connection;
     }
     if (!kernel_->attach(shared_from_this(), session_id_)) {
@@ -110,7 +110,7 @@ class ChannelBridge : public http::WsHandler,
 
   void on_close() override {
     kernel_->detach(this);
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     connection_.reset();
   }
 
@@ -130,7 +130,7 @@ class ChannelBridge : public http::WsHandler,
 
  private:
   std::shared_ptr<http::WsConnection> connection() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     return connection_;
   }
 
@@ -138,8 +138,8 @@ class ChannelBridge : public http::WsHandler,
   std::string session_id_;
   bool v1_;
   http::LogLimiter log_limiter_;  // this connection's repeated warnings
-  std::mutex mu_;
-  std::shared_ptr<http::WsConnection> connection_;
+  Mutex mu_;
+  std::shared_ptr<http::WsConnection> connection_ CELLGATE_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -131,7 +131,7 @@ void E2bApi::add_routes() {
   router_.add(Verb::get, "/contexts", [this](Call& c) {
     std::vector<Context> live;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       for (auto it = contexts_.begin(); it != contexts_.end();) {
         if (!registry_.find(it->first)) {
           it = contexts_.erase(it);  // deleted through the Jupyter API, or culled
@@ -152,7 +152,7 @@ void E2bApi::add_routes() {
   });
 
   auto find_context = [this](Call& c) -> std::optional<Context> {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (auto it = contexts_.find(c.param("id")); it != contexts_.end()) {
       return it->second;
     }
@@ -186,7 +186,7 @@ void E2bApi::add_routes() {
     offload_([this, req = c.req, ex = c.exchange, id = ctx->id] {
       auto down = registry_.shutdown(id);
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         contexts_.erase(id);
         std::erase_if(default_ids_, [&](const auto& entry) { return entry.second == id; });
       }
@@ -244,23 +244,23 @@ Result<E2bApi::Context> E2bApi::start_context(const std::string& language, const
         ErrorCode::kInvalidArgument, "bad_cwd",
         "cannot use '" + cwd + "' as the context's working directory: " + cd.error().message);
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   c.created = ++created_;
   contexts_[c.id] = c;
   return c;
 }
 
 Result<std::string> E2bApi::default_context(const std::string& language) {
-  std::lock_guard start_lock(default_start_mu_);
+  MutexLock start_lock(default_start_mu_);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (auto it = default_ids_.find(language);
         it != default_ids_.end() && registry_.find(it->second)) {
       return it->second;
     }
   }
   CELLGATE_ASSIGN_OR_RETURN(auto c, start_context(language, std::string(e2b::kDefaultCwd)));
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   default_ids_[language] = c.id;
   return c.id;
 }
@@ -276,7 +276,7 @@ void E2bApi::execute(Call& c) {
   }
   std::string language = parsed->language;
   if (parsed->context_id) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (auto it = contexts_.find(*parsed->context_id); it != contexts_.end()) {
       language = it->second.language;
     }

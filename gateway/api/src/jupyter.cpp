@@ -412,7 +412,7 @@ void Api::add_jupyter_routes() {
   router_.add(Verb::get, "/api/sessions", [this](Call& c) {
     std::vector<Session> all;
     {
-      std::lock_guard lock(sessions_mu_);
+      MutexLock lock(sessions_mu_);
       for (const auto& [id, s] : sessions_) {
         all.push_back(s);
       }
@@ -425,7 +425,7 @@ void Api::add_jupyter_routes() {
   });
   router_.add(Verb::post, "/api/sessions", [this](Call& c) { sessions_post(c); });
   router_.add(Verb::get, "/api/sessions/{id}", [this](Call& c) {
-    std::lock_guard lock(sessions_mu_);
+    MutexLock lock(sessions_mu_);
     auto it = sessions_.find(c.param("id"));
     if (it == sessions_.end()) {
       return c.fail(make_error(ErrorCode::kNotFound, "no_such_session",
@@ -436,7 +436,7 @@ void Api::add_jupyter_routes() {
   router_.add(Verb::delete_, "/api/sessions/{id}", [this](Call& c) {
     Session s;
     {
-      std::lock_guard lock(sessions_mu_);
+      MutexLock lock(sessions_mu_);
       auto it = sessions_.find(c.param("id"));
       if (it == sessions_.end()) {
         return c.fail(make_error(ErrorCode::kNotFound, "no_such_session",
@@ -523,7 +523,7 @@ void Api::sessions_post(Call& c) {
       [this, req = c.req, s, kernel]() mutable {
         {
           // The same path returns the existing session.
-          std::lock_guard lock(sessions_mu_);
+          MutexLock lock(sessions_mu_);
           for (const auto& [id, existing] : sessions_) {
             if (existing.path == s.path && registry_.find(existing.kernel_id)) {
               return json_response(req, Status::created, session_model(existing));
@@ -545,7 +545,7 @@ void Api::sessions_post(Call& c) {
         }
         s.id = protocol::new_uuid();
         {
-          std::lock_guard lock(sessions_mu_);
+          MutexLock lock(sessions_mu_);
           sessions_[s.id] = s;
         }
         Response res = json_response(req, Status::created, session_model(s));
@@ -558,7 +558,7 @@ void Api::sessions_post(Call& c) {
 void Api::sessions_patch(Call& c) {
   Session s;
   {
-    std::lock_guard lock(sessions_mu_);
+    MutexLock lock(sessions_mu_);
     auto it = sessions_.find(c.param("id"));
     if (it == sessions_.end()) {
       return c.fail(make_error(ErrorCode::kNotFound, "no_such_session",
@@ -603,7 +603,7 @@ void Api::sessions_patch(Call& c) {
           }
         }
         {
-          std::lock_guard lock(sessions_mu_);
+          MutexLock lock(sessions_mu_);
           sessions_[s.id] = s;
         }
         return json_response(req, Status::ok, session_model(s));

@@ -105,7 +105,7 @@ std::shared_ptr<Cell> Cell::launch(const std::shared_ptr<CellContext>& context,
   auto cell =
       std::make_shared<Cell>(context, std::move(strand), std::move(params), std::move(done));
   {
-    std::lock_guard lock(context->mu);
+    MutexLock lock(context->mu);
     if (context->closed) {
       return nullptr;
     }
@@ -656,7 +656,7 @@ void Cell::complete(Answer answer) {
     ticket_.reset();
   }
   {
-    std::lock_guard lock(context_->mu);
+    MutexLock lock(context_->mu);
     context_->live.erase(this);
   }
   if (auto done = std::exchange(done_, nullptr)) {

@@ -63,7 +63,6 @@
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -71,6 +70,7 @@
 #include "cellgate/execute/executor.hpp"
 #include "cellgate/jail/cgroup.hpp"
 #include "cellgate/kernel/kernel.hpp"
+#include "cellgate/mutex.hpp"
 #include "cellgate/store/files.hpp"
 #include "cellgate/util/loop.hpp"
 #include "collector.hpp"
@@ -104,9 +104,10 @@ struct CellContext {
   KernelQueues queues;
   CellStats stats;
 
-  std::mutex mu;
-  bool closed = false;                                // the executor is gone
-  std::map<const Cell*, std::shared_ptr<Cell>> live;  // cells not done yet: their owners
+  Mutex mu;
+  bool closed CELLGATE_GUARDED_BY(mu) = false;  // the executor is gone
+  // cells not done yet: their owners
+  std::map<const Cell*, std::shared_ptr<Cell>> live CELLGATE_GUARDED_BY(mu);
 };
 
 struct CellParams {

@@ -40,7 +40,7 @@ class OneShotRef : public CellHandle {
   void cancel() override {
     std::shared_ptr<Cell> cell;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       cancelled_ = true;
       cell = cell_.lock();
     }
@@ -51,7 +51,7 @@ class OneShotRef : public CellHandle {
   void attach(const std::shared_ptr<Cell>& cell) {
     bool cancelled = false;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       cell_ = cell;
       cancelled = cancelled_;
     }
@@ -61,9 +61,9 @@ class OneShotRef : public CellHandle {
   }
 
  private:
-  std::mutex mu_;
-  bool cancelled_ = false;
-  std::weak_ptr<Cell> cell_;
+  Mutex mu_;
+  bool cancelled_ CELLGATE_GUARDED_BY(mu_) = false;
+  std::weak_ptr<Cell> cell_ CELLGATE_GUARDED_BY(mu_);
 };
 
 }  // namespace
@@ -89,7 +89,7 @@ Executor::~Executor() {
   // strands; they hold the context, never the executor.
   std::map<const Cell*, std::shared_ptr<Cell>> live;
   {
-    std::lock_guard lock(impl_->context->mu);
+    MutexLock lock(impl_->context->mu);
     impl_->context->closed = true;
     live.swap(impl_->context->live);
   }

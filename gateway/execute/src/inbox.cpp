@@ -5,9 +5,10 @@
 namespace cellgate::execute {
 
 bool Inbox::admit(std::size_t bytes) {
-  std::unique_lock lock(mu_);
-  cv_.wait_for(lock, max_wait_,
-               [&] { return closed_ || pending_ == 0 || pending_ + bytes <= budget_; });
+  UniqueLock lock(mu_);
+  cv_.wait_for(lock, max_wait_, [&]() CELLGATE_REQUIRES(mu_) {
+    return closed_ || pending_ == 0 || pending_ + bytes <= budget_;
+  });
   if (closed_) {
     return false;
   }
@@ -17,7 +18,7 @@ bool Inbox::admit(std::size_t bytes) {
 
 void Inbox::release(std::size_t bytes) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     pending_ -= std::min(bytes, pending_);
   }
   cv_.notify_all();
@@ -25,14 +26,14 @@ void Inbox::release(std::size_t bytes) {
 
 void Inbox::close() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     closed_ = true;
   }
   cv_.notify_all();
 }
 
 std::size_t Inbox::pending() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return pending_;
 }
 

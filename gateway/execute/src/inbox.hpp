@@ -18,7 +18,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
-#include <mutex>
+
+#include "cellgate/mutex.hpp"
 
 namespace cellgate::execute {
 
@@ -40,10 +41,10 @@ class Inbox {
  private:
   const std::size_t budget_;
   const std::chrono::milliseconds max_wait_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::size_t pending_ = 0;
-  bool closed_ = false;
+  mutable Mutex mu_;
+  std::condition_variable_any cv_;
+  std::size_t pending_ CELLGATE_GUARDED_BY(mu_) = 0;
+  bool closed_ CELLGATE_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace cellgate::execute

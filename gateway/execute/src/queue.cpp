@@ -8,7 +8,7 @@ KernelQueues::Ticket KernelQueues::enter(const std::string& kernel_id,
                                          std::function<void()> on_turn) {
   Ticket ticket = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     ticket = next_++;
     Line& line = lines_[kernel_id];
     if (line.holder) {
@@ -24,7 +24,7 @@ KernelQueues::Ticket KernelQueues::enter(const std::string& kernel_id,
 void KernelQueues::leave(const std::string& kernel_id, Ticket ticket) {
   std::function<void()> next;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = lines_.find(kernel_id);
     if (it == lines_.end()) {
       return;
@@ -50,7 +50,7 @@ void KernelQueues::leave(const std::string& kernel_id, Ticket ticket) {
 }
 
 std::size_t KernelQueues::waiting(const std::string& kernel_id) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = lines_.find(kernel_id);
   return it == lines_.end() ? 0 : it->second.waiting.size();
 }

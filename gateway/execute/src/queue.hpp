@@ -18,10 +18,11 @@
 #include <deque>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
+
+#include "cellgate/mutex.hpp"
 
 namespace cellgate::execute {
 
@@ -41,9 +42,10 @@ class KernelQueues {
     std::deque<std::pair<Ticket, std::function<void()>>> waiting;
   };
 
-  mutable std::mutex mu_;
-  std::map<std::string, Line> lines_;  // kernels with a cell running or waiting
-  Ticket next_ = 1;
+  mutable Mutex mu_;
+  std::map<std::string, Line> lines_
+      CELLGATE_GUARDED_BY(mu_);  // kernels with a cell running or waiting
+  Ticket next_ CELLGATE_GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace cellgate::execute

@@ -22,7 +22,7 @@ void Admission::Ticket::make_live() {
   if (admission_ == nullptr || kind_ == Kind::kLive) {
     return;
   }
-  std::lock_guard lock(admission_->mu_);
+  MutexLock lock(admission_->mu_);
   --admission_->count_locked(kind_);
   ++admission_->counts_.live;
   kind_ = Kind::kLive;
@@ -32,7 +32,7 @@ void Admission::Ticket::reset() {
   if (admission_ == nullptr) {
     return;
   }
-  std::lock_guard lock(admission_->mu_);
+  MutexLock lock(admission_->mu_);
   --admission_->count_locked(kind_);
   admission_ = nullptr;
 }
@@ -50,7 +50,7 @@ std::size_t& Admission::count_locked(Kind kind) {
 }
 
 Result<Admission::Ticket> Admission::admit_client() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (counts_.live + counts_.pending >= max_) {
     return make_error(ErrorCode::kResourceExhausted, "max_kernels",
                       "Resource Limit: at most " + std::to_string(max_) +
@@ -61,7 +61,7 @@ Result<Admission::Ticket> Admission::admit_client() {
 }
 
 std::optional<Admission::Ticket> Admission::admit_pooled() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (counts_.total() >= max_) {
     return std::nullopt;
   }
@@ -70,19 +70,19 @@ std::optional<Admission::Ticket> Admission::admit_pooled() {
 }
 
 Admission::Ticket Admission::admit_adopted() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   ++counts_.live;
   return Ticket(this, Kind::kLive);
 }
 
 std::size_t Admission::excess() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const std::size_t total = counts_.total();
   return total > max_ ? total - max_ : 0;
 }
 
 Admission::Counts Admission::counts() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return counts_;
 }
 

@@ -17,9 +17,9 @@
 #pragma once
 
 #include <cstddef>
-#include <mutex>
 #include <optional>
 
+#include "cellgate/mutex.hpp"
 #include "cellgate/result.hpp"
 
 namespace cellgate::kernels {
@@ -75,11 +75,11 @@ class Admission {
   std::size_t max_kernels() const { return max_; }
 
  private:
-  std::size_t& count_locked(Kind kind);
+  std::size_t& count_locked(Kind kind) CELLGATE_REQUIRES(mu_);
 
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   const std::size_t max_;
-  Counts counts_;
+  Counts counts_ CELLGATE_GUARDED_BY(mu_);
 };
 
 }  // namespace cellgate::kernels

@@ -129,7 +129,7 @@ Result<void> KernelRegistry::Impl::adopt(const Record& record) {
   }
   CELLGATE_TRY(k->started(ManagedKernel::Running{std::move(process), std::move(connection)}));
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     kernels_[k->id()] = Live{k, admission_.admit_adopted()};
   }
   spdlog::info("kernel {} adopted ({}), uid {}, pid {}{}", k->id(), k->spec().name, k->uid(),

@@ -80,7 +80,7 @@ ManagedKernel::ManagedKernel(std::string id, kernel::KernelSpec spec, std::strin
 ManagedKernel::~ManagedKernel() {
   Running running;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     running = std::move(running_);
   }
   stop(std::move(running));
@@ -96,22 +96,22 @@ void ManagedKernel::stop(Running running) {
 // ---- reading ----------------------------------------------------------------------------------
 
 KernelState ManagedKernel::state() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return state_;
 }
 
 std::string ManagedKernel::reason() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return reason_;
 }
 
 int ManagedKernel::restarts() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return restarts_;
 }
 
 KernelModel ManagedKernel::model() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   KernelModel m;
   m.id = id_;
   m.name = spec_.name;
@@ -127,12 +127,12 @@ KernelModel ManagedKernel::model() const {
 }
 
 util::Clock::time_point ManagedKernel::last_activity() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return last_activity_;
 }
 
 void ManagedKernel::touch() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   touch_locked();
 }
 
@@ -142,12 +142,12 @@ void ManagedKernel::touch_locked() {
 }
 
 std::shared_ptr<kernel::KernelConnection> ManagedKernel::connection() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return running_.connection;
 }
 
 Result<jail::CgroupStats> ManagedKernel::cgroup_stats() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (!running_.process) {
     return make_error(ErrorCode::kUnavailable, "kernel_not_running", "the kernel is not running");
   }
@@ -155,7 +155,7 @@ Result<jail::CgroupStats> ManagedKernel::cgroup_stats() const {
 }
 
 std::optional<ProcessFacts> ManagedKernel::process_facts() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (!running_.process) {
     return std::nullopt;
   }
@@ -163,7 +163,7 @@ std::optional<ProcessFacts> ManagedKernel::process_facts() const {
 }
 
 std::string ManagedKernel::death_reason() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (!running_state(state_) || !running_.process) {
     return "";
   }
@@ -201,7 +201,7 @@ Result<void> ManagedKernel::interrupt() {
     }
     return {};
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (!running_.process) {
     return unavailable("the kernel is restarting");
   }
@@ -224,7 +224,7 @@ bool ManagedKernel::attach(const std::shared_ptr<ChannelListener>& listener,
                            const std::string& session_id) {
   std::vector<std::shared_ptr<ChannelListener>> replaced;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (state_ == KernelState::kGone) {
       return false;
     }
@@ -251,7 +251,7 @@ bool ManagedKernel::attach(const std::shared_ptr<ChannelListener>& listener,
 }
 
 void ManagedKernel::detach(const ChannelListener* listener) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::erase_if(attached_, [&](const Attached& a) {
     auto l = a.listener.lock();
     return !l || l.get() == listener;
@@ -266,7 +266,7 @@ Result<void> ManagedKernel::post(Channel channel, protocol::EnvelopePtr msg,
                                  const std::shared_ptr<ChannelListener>& sender) {
   std::shared_ptr<kernel::KernelConnection> conn;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (state_ == KernelState::kGone || !running_.connection) {
       return unavailable("kernel " + id_ + " is " + to_string(state_));
     }
@@ -288,7 +288,7 @@ void ManagedKernel::on_iopub(const protocol::EnvelopePtr& msg) {
   }
   std::vector<std::shared_ptr<ChannelListener>> targets;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     touch_locked();
     if (running_state(state_)) {
       if (status == "busy") {
@@ -307,7 +307,7 @@ void ManagedKernel::on_iopub(const protocol::EnvelopePtr& msg) {
 void ManagedKernel::on_unrouted(const protocol::EnvelopePtr& msg) {
   std::shared_ptr<ChannelListener> target;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (auto it = by_session_.find(msg->parent().session); it != by_session_.end()) {
       target = it->second.lock();
     }
@@ -327,7 +327,7 @@ void ManagedKernel::publish_status(const std::string& state, const std::string& 
                                               gateway_session.make("status", std::move(content)));
   std::vector<std::shared_ptr<ChannelListener>> targets;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     targets = listeners_locked();
   }
   for (auto& l : targets) {
@@ -340,7 +340,7 @@ void ManagedKernel::publish_status(const std::string& state, const std::string& 
 Result<void> ManagedKernel::started(Running running, bool client_restart) {
   Running refused;  // stopped outside the lock
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (state_ == KernelState::kStarting || state_ == KernelState::kRestarting) {
       running_ = std::move(running);
       state_ = KernelState::kIdle;
@@ -360,7 +360,7 @@ Result<void> ManagedKernel::started(Running running, bool client_restart) {
 }
 
 Result<void> ManagedKernel::begin_restart() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   switch (state_) {
     case KernelState::kIdle:
     case KernelState::kBusy:
@@ -378,7 +378,7 @@ Result<void> ManagedKernel::begin_restart() {
 }
 
 ManagedKernel::AfterDeath ManagedKernel::died(const std::string& reason, int restart_limit) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (!running_state(state_)) {
     return AfterDeath::kIgnored;
   }
@@ -392,7 +392,7 @@ ManagedKernel::AfterDeath ManagedKernel::died(const std::string& reason, int res
 }
 
 void ManagedKernel::restart_failed(const std::string& reason) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (state_ == KernelState::kStarting || state_ == KernelState::kRestarting) {
     state_ = KernelState::kDead;
     reason_ = reason;
@@ -402,7 +402,7 @@ void ManagedKernel::restart_failed(const std::string& reason) {
 void ManagedKernel::stop_process() {
   Running running;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (state_ != KernelState::kRestarting) {
       return;
     }
@@ -412,7 +412,7 @@ void ManagedKernel::stop_process() {
 }
 
 ManagedKernel::Ended ManagedKernel::end() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (state_ == KernelState::kGone) {
     return {};
   }

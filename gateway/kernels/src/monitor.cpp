@@ -21,7 +21,7 @@ std::chrono::milliseconds from_seconds(double s) {
 }  // namespace
 
 void KernelRegistry::Impl::start_monitor() {
-  std::lock_guard lock(monitor_mu_);
+  MutexLock lock(monitor_mu_);
   if (stopping_) {
     return;
   }
@@ -44,7 +44,7 @@ void KernelRegistry::Impl::schedule_pass() {
       return;
     }
     monitor_once();
-    std::lock_guard lock(monitor_mu_);
+    MutexLock lock(monitor_mu_);
     if (!stopping_) {
       schedule_pass();
     }
@@ -52,7 +52,7 @@ void KernelRegistry::Impl::schedule_pass() {
 }
 
 void KernelRegistry::Impl::wake_monitor() {
-  std::lock_guard lock(monitor_mu_);
+  MutexLock lock(monitor_mu_);
   if (monitor_strand_ && !stopping_) {
     std::weak_ptr<bool> alive = alive_;
     monitor_strand_->post([this, alive] {
@@ -65,7 +65,7 @@ void KernelRegistry::Impl::wake_monitor() {
 }
 
 void KernelRegistry::Impl::monitor_loop() {
-  std::unique_lock lock(monitor_mu_);
+  UniqueLock lock(monitor_mu_);
   while (!stopping_) {
     monitor_cv_.wait_for(lock, kPassInterval);
     if (stopping_) {
@@ -79,7 +79,7 @@ void KernelRegistry::Impl::monitor_loop() {
 
 void KernelRegistry::Impl::stop_monitor() {
   {
-    std::lock_guard lock(monitor_mu_);
+    MutexLock lock(monitor_mu_);
     stopping_ = true;
     alive_.reset();
     if (monitor_timer_) {
@@ -93,7 +93,7 @@ void KernelRegistry::Impl::stop_monitor() {
 }
 
 void KernelRegistry::Impl::monitor_once() {
-  std::lock_guard pass(pass_mu_);
+  MutexLock pass(pass_mu_);
   backend_.tick();
   for (const auto& k : snapshot()) {
     if (std::string reason = k->death_reason(); !reason.empty()) {

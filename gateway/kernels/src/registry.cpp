@@ -125,7 +125,7 @@ KernelRegistry::Impl::Impl(RegistryOptions options, kernel::KernelBackend& backe
 }
 
 Result<void> KernelRegistry::Impl::claim_state_dir() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (state_lock_) {
     return {};
   }
@@ -369,7 +369,7 @@ std::shared_ptr<ManagedKernel> KernelRegistry::Impl::claim_pooled(const std::str
     if (dead.empty() && recorded.ok()) {
       taken->ticket.make_live();
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         kernels_[k->id()] = Live{k, std::move(taken->ticket)};
       }
       spdlog::info("kernel {} started ({}), uid {}, from the pool", k->id(), name, k->uid());
@@ -414,7 +414,7 @@ Result<KernelModel> KernelRegistry::Impl::start(const std::string& name, const j
   }();
   if (launched) {
     place.make_live();
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     kernels_[k->id()] = Live{k, std::move(place)};
   } else {
     place.reset();
@@ -453,7 +453,7 @@ std::vector<pid_t> KernelRegistry::Impl::pool_pids(const std::string& name) cons
 // ---- finding ----------------------------------------------------------------------------------
 
 Result<std::shared_ptr<ManagedKernel>> KernelRegistry::Impl::find(const std::string& id) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = kernels_.find(id);
   if (it == kernels_.end()) {
     return no_such_kernel(id);
@@ -463,7 +463,7 @@ Result<std::shared_ptr<ManagedKernel>> KernelRegistry::Impl::find(const std::str
 
 std::vector<std::shared_ptr<ManagedKernel>> KernelRegistry::Impl::snapshot() const {
   std::vector<std::shared_ptr<ManagedKernel>> out;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   out.reserve(kernels_.size());
   for (const auto& [id, live] : kernels_) {
     out.push_back(live.kernel);
@@ -525,7 +525,7 @@ Result<void> KernelRegistry::Impl::shutdown(const std::string& id) {
   std::shared_ptr<ManagedKernel> k;
   Admission::Ticket place;  // given back once the kernel is gone
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = kernels_.find(id);
     if (it == kernels_.end()) {
       return no_such_kernel(id);
@@ -559,7 +559,7 @@ void KernelRegistry::Impl::hand_over() {
   pool_.stop();
   std::map<std::string, Live> kernels;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     kernels.swap(kernels_);
   }
   for (const auto& [id, live] : kernels) {
@@ -580,7 +580,7 @@ void KernelRegistry::Impl::shutdown_all() {
   pool_.stop();
   std::vector<std::string> ids;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& [id, k] : kernels_) {
       ids.push_back(id);
     }

@@ -13,7 +13,6 @@
 #include <condition_variable>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -22,6 +21,7 @@
 #include "admission.hpp"
 #include "cellgate/kernel/client.hpp"
 #include "cellgate/kernels/registry.hpp"
+#include "cellgate/mutex.hpp"
 #include "warm_pool.hpp"
 
 namespace cellgate::kernels {
@@ -98,8 +98,8 @@ class KernelRegistry::Impl {
   // ---- monitor.cpp ----
   void start_monitor();  // its thread, or its first timer on monitor_loop_
   void monitor_loop();   // the thread's
-  void schedule_pass();  // the next timer on monitor_loop_; under monitor_mu_
-  void wake_monitor();   // a death reported: a pass now
+  void schedule_pass() CELLGATE_REQUIRES(monitor_mu_);  // the next timer on monitor_loop_
+  void wake_monitor();                                  // a death reported: a pass now
   void stop_monitor();
   void handle_death(const std::shared_ptr<ManagedKernel>& k, const std::string& reason);
   void cull();
@@ -112,25 +112,25 @@ class KernelRegistry::Impl {
   UidAllocator uids_;  // thread-safe itself
   Admission admission_;
 
-  mutable std::mutex mu_;  // kernels_ and state_lock_
-  std::map<std::string, Live> kernels_;
-  UniqueFd state_lock_;  // <state_dir>/lock, flock()ed
+  mutable Mutex mu_;
+  std::map<std::string, Live> kernels_ CELLGATE_GUARDED_BY(mu_);
+  UniqueFd state_lock_ CELLGATE_GUARDED_BY(mu_);  // <state_dir>/lock, flock()ed
 
   WarmPool pool_;
 
-  std::mutex monitor_mu_;  // with monitor_cv_: wakes monitor_loop
-  std::condition_variable monitor_cv_;
-  bool stopping_ = false;                // under monitor_mu_: the monitor ends
-  std::mutex pass_mu_;                   // one monitor pass at a time
-  util::Clock::time_point next_cull_{};  // under pass_mu_
+  Mutex monitor_mu_;  // with monitor_cv_: wakes monitor_loop
+  std::condition_variable_any monitor_cv_;
+  bool stopping_ CELLGATE_GUARDED_BY(monitor_mu_) = false;  // the monitor ends
+  Mutex pass_mu_;                                           // one monitor pass at a time
+  util::Clock::time_point next_cull_ CELLGATE_GUARDED_BY(pass_mu_){};
   std::thread monitor_;
   // With a monitor loop instead of the thread: its strand and the next pass's timer (under
   // monitor_mu_). `alive_` is dropped first in stop_monitor(): a pass posted for a death and run
   // later sees it gone and does nothing.
   util::Loop* const monitor_loop_;
-  std::shared_ptr<util::Strand> monitor_strand_;
-  std::shared_ptr<util::Timer> monitor_timer_;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  std::shared_ptr<util::Strand> monitor_strand_ CELLGATE_GUARDED_BY(monitor_mu_);
+  std::shared_ptr<util::Timer> monitor_timer_ CELLGATE_GUARDED_BY(monitor_mu_);
+  std::shared_ptr<bool> alive_ CELLGATE_GUARDED_BY(monitor_mu_) = std::make_shared<bool>(true);
 };
 
 }  // namespace cellgate::kernels

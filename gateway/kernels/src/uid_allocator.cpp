@@ -48,7 +48,7 @@ std::set<uid_t> uids_with_live_processes(const std::string& proc) {
 UidAllocator::UidAllocator(UidRangeOptions options) : options_(std::move(options)) {}
 
 Result<void> UidAllocator::lease() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return lease_locked();
 }
 
@@ -134,7 +134,7 @@ Result<void> UidAllocator::lease_locked() {
 }
 
 Result<uid_t> UidAllocator::allocate() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   CELLGATE_TRY(lease_locked());
   const std::set<uid_t> busy = uids_with_live_processes();
   for (uid_t uid = range_->first;; ++uid) {
@@ -160,12 +160,12 @@ Result<uid_t> UidAllocator::allocate() {
 }
 
 void UidAllocator::release(uid_t uid) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   in_use_.erase(uid);
 }
 
 std::optional<UidAllocator::Range> UidAllocator::range() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return range_;
 }
 

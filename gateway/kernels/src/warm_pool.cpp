@@ -70,7 +70,7 @@ bool WarmPool::pools(const std::string& name) const {
 }
 
 void WarmPool::start() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (options_.names.empty() || !fillers_.empty() || stopping_) {
     return;
   }
@@ -82,7 +82,7 @@ void WarmPool::start() {
 void WarmPool::stop() {
   std::vector<std::thread> fillers;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
     fillers.swap(fillers_);
   }
@@ -96,7 +96,7 @@ void WarmPool::stop() {
   }
   std::vector<Entry> ready;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (auto& [name, spec] : specs_) {
       std::move(spec.ready.begin(), spec.ready.end(), std::back_inserter(ready));
       spec.ready.clear();
@@ -115,7 +115,7 @@ void WarmPool::wake() {
 std::optional<WarmPool::Taken> WarmPool::take(const std::string& name) {
   std::optional<Taken> out;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = specs_.find(name);
     if (it == specs_.end()) {
       return std::nullopt;
@@ -134,7 +134,7 @@ std::optional<WarmPool::Taken> WarmPool::take(const std::string& name) {
 void WarmPool::evict_excess() {
   std::vector<std::shared_ptr<ManagedKernel>> out;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     while (admission_.excess() > 0) {
       Spec* fullest = nullptr;
       for (auto& [name, spec] : specs_) {
@@ -159,13 +159,13 @@ void WarmPool::evict_excess() {
 }
 
 std::size_t WarmPool::ready(const std::string& name) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = specs_.find(name);
   return it == specs_.end() ? 0 : it->second.ready.size();
 }
 
 std::size_t WarmPool::ready_total() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::size_t n = 0;
   for (const auto& [name, spec] : specs_) {
     n += spec.ready.size();
@@ -175,7 +175,7 @@ std::size_t WarmPool::ready_total() const {
 
 std::vector<std::shared_ptr<ManagedKernel>> WarmPool::ready_kernels(const std::string& name) const {
   std::vector<std::shared_ptr<ManagedKernel>> out;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (auto it = specs_.find(name); it != specs_.end()) {
     for (const auto& e : it->second.ready) {
       out.push_back(e.kernel);
@@ -185,7 +185,7 @@ std::vector<std::shared_ptr<ManagedKernel>> WarmPool::ready_kernels(const std::s
 }
 
 std::size_t WarmPool::target(const std::string& name) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = specs_.find(name);
   return it == specs_.end() ? 0 : target_locked(const_cast<Spec&>(it->second));
 }
@@ -215,7 +215,7 @@ bool WarmPool::refill(const std::string& name, Admission::Ticket ticket) {
   bool kept = false;
   std::size_t ready = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     Spec& spec = specs_[name];
     --spec.starting;
     // A client start may have taken the room meanwhile (clients are never refused for the pool).
@@ -243,7 +243,7 @@ bool WarmPool::refill(const std::string& name, Admission::Ticket ticket) {
 void WarmPool::reap_dead() {
   std::vector<std::shared_ptr<ManagedKernel>> dead;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (auto& [name, spec] : specs_) {
       for (auto it = spec.ready.begin(); it != spec.ready.end();) {
         if (it->kernel->death_reason().empty()) {
@@ -267,7 +267,7 @@ void WarmPool::trim_to_target() {
   std::vector<std::shared_ptr<ManagedKernel>> extra;
   std::vector<std::size_t> targets;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (auto& [name, spec] : specs_) {
       const std::size_t target = target_locked(spec);
       while (spec.ready.size() > target) {
@@ -299,7 +299,7 @@ bool WarmPool::wait_for_fast_launches() {
       return true;
     }
     const bool never = Clock::now() - asked < kSlice;
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) {
       return false;
     }
@@ -324,7 +324,7 @@ void WarmPool::fill_loop() {
     std::string name;
     Admission::Ticket ticket;
     {
-      std::unique_lock lock(mu_);
+      UniqueLock lock(mu_);
       if (stopping_) {
         return;
       }
@@ -352,7 +352,7 @@ void WarmPool::fill_loop() {
     }
     const auto began = Clock::now();
     const bool started = refill(name, std::move(ticket));
-    std::lock_guard lock(mu_);  // the backoff is shared by the fillers
+    MutexLock lock(mu_);  // the backoff is shared by the fillers
     Spec& spec = specs_[name];
     if (started) {
       spec.backoff = Clock::duration::zero();

@@ -30,7 +30,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -39,6 +38,7 @@
 #include "admission.hpp"
 #include "cellgate/kernel/kernel.hpp"
 #include "cellgate/kernels/managed_kernel.hpp"
+#include "cellgate/mutex.hpp"
 #include "cellgate/result.hpp"
 
 namespace cellgate::kernels {
@@ -128,9 +128,9 @@ class WarmPool {
   bool refill(const std::string& name, Admission::Ticket ticket);
   void reap_dead();
   void trim_to_target();
-  std::size_t starting_locked() const;
-  std::size_t budget_locked() const;
-  std::size_t target_locked(Spec& spec) const;
+  std::size_t starting_locked() const CELLGATE_REQUIRES(mu_);
+  std::size_t budget_locked() const CELLGATE_REQUIRES(mu_);
+  std::size_t target_locked(Spec& spec) const CELLGATE_REQUIRES(mu_);
 
   const WarmPoolOptions options_;
   Admission& admission_;
@@ -139,10 +139,10 @@ class WarmPool {
   const Discard discard_;
   const Now now_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;         // with mu_: a claim, a death, a client start ended, stopping
-  std::map<std::string, Spec> specs_;  // one per name in options_.names
-  bool stopping_ = false;
+  mutable Mutex mu_;
+  std::condition_variable_any cv_;  // with mu_: a claim, a death, a client start ended, stopping
+  std::map<std::string, Spec> specs_ CELLGATE_GUARDED_BY(mu_);  // one per name in options_.names
+  bool stopping_ CELLGATE_GUARDED_BY(mu_) = false;
   std::vector<std::thread> fillers_;
 };
 

@@ -62,7 +62,13 @@ class CELLGATE_SCOPED_CAPABILITY MutexLock {
 };
 
 // std::unique_lock, annotated: for std::condition_variable_any, which unlocks and relocks it
-// inside wait() (the analysis sees the lock held across the wait, as it is on return).
+// inside wait() (the analysis sees the lock held across the wait, as it is on return). A thread
+// may also let go of the mutex for a while and take it back, with unlock() and lock(): the
+// analysis tracks both (a guarded member touched in between is an error), and the destructor
+// releases the mutex only if it is held. A wait predicate that reads guarded members says so:
+//
+//   UniqueLock lock(mu_);
+//   cv_.wait(lock, [&]() CELLGATE_REQUIRES(mu_) { return ready_; });
 class CELLGATE_SCOPED_CAPABILITY UniqueLock {
  public:
   explicit UniqueLock(Mutex& mu) CELLGATE_ACQUIRE(mu) : mu_(mu) { mu_.lock(); }
@@ -74,12 +80,11 @@ class CELLGATE_SCOPED_CAPABILITY UniqueLock {
   UniqueLock(const UniqueLock&) = delete;
   UniqueLock& operator=(const UniqueLock&) = delete;
 
-  // What condition_variable_any calls; not for other code (the analysis does not track them).
-  void lock() CELLGATE_NO_THREAD_SAFETY_ANALYSIS {
+  void lock() CELLGATE_ACQUIRE() {
     mu_.lock();
     owned_ = true;
   }
-  void unlock() CELLGATE_NO_THREAD_SAFETY_ANALYSIS {
+  void unlock() CELLGATE_RELEASE() {
     owned_ = false;
     mu_.unlock();
   }

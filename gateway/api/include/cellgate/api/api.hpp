@@ -18,7 +18,6 @@
 #include <chrono>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -27,6 +26,7 @@
 #include "cellgate/http/router.hpp"
 #include "cellgate/http/stats.hpp"
 #include "cellgate/kernels/registry.hpp"
+#include "cellgate/mutex.hpp"
 #include "cellgate/util/loop.hpp"
 
 namespace cellgate::api {
@@ -93,8 +93,8 @@ class Api : public http::Handler {
 
   std::map<std::string, http::Handler*> mounts_;  // path below base_url → its handler
 
-  std::mutex sessions_mu_;
-  std::map<std::string, Session> sessions_;
+  Mutex sessions_mu_;
+  std::map<std::string, Session> sessions_ CELLGATE_GUARDED_BY(sessions_mu_);
 };
 
 }  // namespace cellgate::api

@@ -22,13 +22,13 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 
 #include "cellgate/execute/executor.hpp"
 #include "cellgate/http/handler.hpp"
 #include "cellgate/http/router.hpp"
 #include "cellgate/kernels/registry.hpp"
+#include "cellgate/mutex.hpp"
 #include "cellgate/util/loop.hpp"
 
 namespace cellgate::api {
@@ -74,11 +74,12 @@ class E2bApi : public http::Handler {
   util::Offload offload_;
   http::Router router_;
 
-  std::mutex mu_;
-  std::map<std::string, Context> contexts_;         // by kernel id
-  std::map<std::string, std::string> default_ids_;  // language → kernel id
-  std::uint64_t created_ = 0;
-  std::mutex default_start_mu_;  // one start of a default context at a time
+  Mutex mu_;
+  std::map<std::string, Context> contexts_ CELLGATE_GUARDED_BY(mu_);  // by kernel id
+  // language → kernel id
+  std::map<std::string, std::string> default_ids_ CELLGATE_GUARDED_BY(mu_);
+  std::uint64_t created_ CELLGATE_GUARDED_BY(mu_) = 0;
+  Mutex default_start_mu_;  // one start of a default context at a time
 };
 
 }  // namespace cellgate::api

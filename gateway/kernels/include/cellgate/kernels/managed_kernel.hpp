@@ -34,7 +34,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -43,6 +42,7 @@
 #include "cellgate/jail/cgroup.hpp"
 #include "cellgate/kernel/connection.hpp"
 #include "cellgate/kernel/kernel.hpp"
+#include "cellgate/mutex.hpp"
 #include "cellgate/protocol/envelope.hpp"
 #include "cellgate/result.hpp"
 #include "cellgate/util/loop.hpp"
@@ -198,8 +198,8 @@ class ManagedKernel {
     std::string session_id;
   };
 
-  void touch_locked();
-  std::vector<std::shared_ptr<ChannelListener>> listeners_locked() const;
+  void touch_locked() CELLGATE_REQUIRES(mu_);
+  std::vector<std::shared_ptr<ChannelListener>> listeners_locked() const CELLGATE_REQUIRES(mu_);
   static void stop(Running running);
 
   const std::string id_;
@@ -211,15 +211,16 @@ class ManagedKernel {
   const std::map<std::string, std::string> env_;
   const Now now_;
 
-  mutable std::mutex mu_;
-  KernelState state_ = KernelState::kStarting;
-  std::string reason_;
-  int restarts_ = 0;
-  Running running_;
-  std::vector<Attached> attached_;
-  std::map<std::string, std::weak_ptr<ChannelListener>> by_session_;  // header.session → sender
-  std::chrono::system_clock::time_point last_activity_wall_;          // for the model
-  util::Clock::time_point last_activity_;                             // for idle times
+  mutable Mutex mu_;
+  KernelState state_ CELLGATE_GUARDED_BY(mu_) = KernelState::kStarting;
+  std::string reason_ CELLGATE_GUARDED_BY(mu_);
+  int restarts_ CELLGATE_GUARDED_BY(mu_) = 0;
+  Running running_ CELLGATE_GUARDED_BY(mu_);
+  std::vector<Attached> attached_ CELLGATE_GUARDED_BY(mu_);
+  // header.session → sender
+  std::map<std::string, std::weak_ptr<ChannelListener>> by_session_ CELLGATE_GUARDED_BY(mu_);
+  std::chrono::system_clock::time_point last_activity_wall_ CELLGATE_GUARDED_BY(mu_);  // model
+  util::Clock::time_point last_activity_ CELLGATE_GUARDED_BY(mu_);  // for idle times
 };
 
 }  // namespace cellgate::kernels

@@ -26,11 +26,11 @@
 #include <sys/types.h>
 
 #include <cstddef>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 
+#include "cellgate/mutex.hpp"
 #include "cellgate/result.hpp"
 #include "cellgate/unique_fd.hpp"
 
@@ -64,16 +64,16 @@ class UidAllocator {
   std::optional<Range> range() const;
 
  private:
-  Result<void> lease_locked();
+  Result<void> lease_locked() CELLGATE_REQUIRES(mu_);
   // Tries every range's lease file in `dir`: true when one is ours now, false when all are held,
   // an error when the dir cannot be used at all.
-  Result<bool> lease_in(const std::string& dir);
+  Result<bool> lease_in(const std::string& dir) CELLGATE_REQUIRES(mu_);
 
   const UidRangeOptions options_;
-  mutable std::mutex mu_;
-  UniqueFd lease_fd_;  // flock()ed for our lifetime
-  std::optional<Range> range_;
-  std::set<uid_t> in_use_;
+  mutable Mutex mu_;
+  UniqueFd lease_fd_ CELLGATE_GUARDED_BY(mu_);  // flock()ed for our lifetime
+  std::optional<Range> range_ CELLGATE_GUARDED_BY(mu_);
+  std::set<uid_t> in_use_ CELLGATE_GUARDED_BY(mu_);
 };
 
 // Every uid some process of `proc` (a procfs mount) runs as: real, effective, saved and fs.
