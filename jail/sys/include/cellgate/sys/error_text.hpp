@@ -10,14 +10,24 @@
 //
 // Thread-safety: a pure function; safe from any thread, and in a child after fork(2) of a
 // single-threaded parent (it allocates the returned string).
+//
+// Inline, so that pid 1's static reaper (kernel-launcher's cellgate_init, which links nothing of
+// the sys floor) can use it too.
 #pragma once
 
+#include <cstring>
 #include <string>
 
 namespace cellgate::sys {
 
 // strerror(3)'s text for `errnum`, without its shared buffer; "Unknown error N" for a value
 // glibc has no text for, as strerror says.
-std::string error_text(int errnum);
+inline std::string error_text(int errnum) {
+  // glibc 2.32: a pointer into the constant table, nullptr for an unknown value.
+  if (const char* text = strerrordesc_np(errnum)) {
+    return text;
+  }
+  return "Unknown error " + std::to_string(errnum);
+}
 
 }  // namespace cellgate::sys
