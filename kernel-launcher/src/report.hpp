@@ -10,6 +10,7 @@
 #include <string>
 
 #include "cellgate/launcher/status.hpp"
+#include "cellgate/sys/error_text.hpp"
 #include "cellgate/unique_fd.hpp"
 
 namespace cellgate::launcher {
@@ -106,6 +107,20 @@ inline StatusEvent setup_error(std::string message) {
   ev.reason = ExitReason::kSetupError;
   ev.message = std::move(message);
   return ev;
+}
+
+// The start of a jailed or a restore launch: the status fd kept from the kernel (close-on-exec)
+// and --status-file opened as the copy. When the copy cannot be opened, that is reported as a
+// setup error and false returned (the launcher then exits 127).
+inline bool open_status(int status_fd, const std::string& status_file, StatusSink& status) {
+  if (status_fd >= 0) {
+    ::fcntl(status_fd, F_SETFD, FD_CLOEXEC);
+  }
+  if (!status.open_copy(status_file)) {
+    status.report(setup_error("open('" + status_file + "'): " + sys::error_text(errno)));
+    return false;
+  }
+  return true;
 }
 
 }  // namespace cellgate::launcher

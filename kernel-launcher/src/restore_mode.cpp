@@ -26,18 +26,14 @@
 namespace cellgate::launcher {
 
 int run_restore_mode(const LaunchOptions& options) {
-  if (options.status_fd >= 0) {
-    ::fcntl(options.status_fd, F_SETFD, FD_CLOEXEC);
-  }
   StatusSink status(options.status_fd);
+  if (!open_status(options.status_fd, options.status_file, status)) {
+    return 127;
+  }
   auto fail = [&](const std::string& message) {
     status.report(setup_error(message));
     return 127;
   };
-  if (!status.open_copy(options.status_file)) {
-    return fail(errno_error(ErrorCode::kInternal, "", "open('" + options.status_file + "')", errno)
-                    .message);
-  }
   if (::geteuid() != 0) {
     return fail("restoring a checkpointed jail needs root");
   }

@@ -37,6 +37,25 @@ def receive(sock, deadline):
     return sock.recv(4096).decode()
 
 
+def free_port():
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    return port
+
+
+def connect_when_listening(port, timeout=120):
+    """A connection to systemd-socket-activate's socket, once it listens (it starts the gateway)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        except ConnectionRefusedError:
+            assert time.monotonic() < deadline, "systemd-socket-activate never listened"
+            time.sleep(0.05)
+
+
 def test_readiness_status_watchdog_and_stopping():
     with tempfile.TemporaryDirectory() as tmp:
         path = str(pathlib.Path(tmp) / "notify")
@@ -75,10 +94,7 @@ def test_readiness_status_watchdog_and_stopping():
                     reason="systemd-socket-activate (package systemd) is missing")
 def test_socket_activation_answers_the_connection_that_started_it():
     with tempfile.TemporaryDirectory() as tmp:
-        probe = socket.socket()
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-        probe.close()
+        port = free_port()
         log = open(pathlib.Path(tmp) / "serve.log", "wb")
         # systemd-socket-activate listens, and execs the gateway with the socket on the first
         # connection; --port is deliberately another one: the passed socket wins.
@@ -87,14 +103,7 @@ def test_socket_activation_answers_the_connection_that_started_it():
                                 env=env_without_config(), stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         try:
-            deadline = time.monotonic() + 30
-            conn = None
-            while conn is None:
-                try:
-                    conn = socket.create_connection(("127.0.0.1", port), timeout=120)
-                except ConnectionRefusedError:
-                    assert time.monotonic() < deadline, "systemd-socket-activate never listened"
-                    time.sleep(0.05)
+            conn = connect_when_listening(port)
             conn.sendall(b"GET /api HTTP/1.1\r\nHost: x\r\nAuthorization: token t\r\n"
                          b"Connection: close\r\n\r\n")
             answer = b""
@@ -115,24 +124,14 @@ def test_socket_activation_answers_the_connection_that_started_it():
                     reason="systemd-socket-activate (package systemd) is missing")
 def test_a_passed_socket_of_another_name_is_a_configuration_error():
     with tempfile.TemporaryDirectory() as tmp:
-        probe = socket.socket()
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-        probe.close()
+        port = free_port()
         proc = subprocess.Popen(["systemd-socket-activate", "-l", f"127.0.0.1:{port}",
                                  "--fdname=metrics", *serve_args(tmp)],
                                 env=env_without_config(), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
         try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=30).close()
-                    break
-                except ConnectionRefusedError:
-                    assert time.monotonic() < deadline
-                    time.sleep(0.05)
+            connect_when_listening(port, timeout=30).close()
             out, _ = proc.communicate(timeout=60)
             assert proc.returncode == 2, out
             assert b"'metrics' is not one of cellgate's" in out, out
