@@ -464,8 +464,16 @@ void Cell::on_grace() {
   if (state_ != State::kStopping) {
     return;
   }
-  spdlog::warn("kernel {}: a cell did not stop {} ms after its interrupt; restarting it",
-               params_.kernel_id, context_->limits.grace.count());
+  if (interrupt_deferred_) {
+    // The interrupt still waits for the kernel to begin the cell (execute_input): never sent.
+    spdlog::warn(
+        "kernel {}: a timed-out cell was not begun by the kernel (no execute_input) {} ms after "
+        "its timeout, so it could not be interrupted; restarting it",
+        params_.kernel_id, context_->limits.grace.count());
+  } else {
+    spdlog::warn("kernel {}: a cell did not stop {} ms after its interrupt; restarting it",
+                 params_.kernel_id, context_->limits.grace.count());
+  }
   state_ = State::kRestarting;
   state_lost_ = true;
   // registry.restart blocks (stop, launch, kernel_info): on the offload pool, then back here.
