@@ -37,23 +37,21 @@ def receive(sock, deadline):
     return sock.recv(4096).decode()
 
 
-def free_port():
+def socket_activate(tmp, fdname, args):
+    """systemd-socket-activate listening on a free loopback port with the gateway to exec on the
+    first connection; returns (process, port) once it says it listens (its "Listening on" line)."""
     probe = socket.socket()
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]
     probe.close()
-    return port
-
-
-def connect_when_listening(port, timeout=120):
-    """A connection to systemd-socket-activate's socket, once it listens (it starts the gateway)."""
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            return socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        except ConnectionRefusedError:
-            assert time.monotonic() < deadline, "systemd-socket-activate never listened"
-            time.sleep(0.05)
+    proc = subprocess.Popen(["systemd-socket-activate", "-l", f"127.0.0.1:{port}",
+                             f"--fdname={fdname}", *args],
+                            env=env_without_config(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    first = proc.stdout.readline()
+    assert first.startswith(b"Listening on"), first
+    return proc, port
 
 
 def test_readiness_status_watchdog_and_stopping():
@@ -94,16 +92,11 @@ def test_readiness_status_watchdog_and_stopping():
                     reason="systemd-socket-activate (package systemd) is missing")
 def test_socket_activation_answers_the_connection_that_started_it():
     with tempfile.TemporaryDirectory() as tmp:
-        port = free_port()
-        log = open(pathlib.Path(tmp) / "serve.log", "wb")
-        # systemd-socket-activate listens, and execs the gateway with the socket on the first
-        # connection; --port is deliberately another one: the passed socket wins.
-        proc = subprocess.Popen(["systemd-socket-activate", "-l", f"127.0.0.1:{port}",
-                                 "--fdname=http", *serve_args(tmp, "--port", "1")],
-                                env=env_without_config(), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        # The gateway is exec'ed on the first connection; --port is deliberately another one:
+        # the passed socket wins.
+        proc, port = socket_activate(tmp, "http", serve_args(tmp, "--port", "1"))
         try:
-            conn = connect_when_listening(port)
+            conn = socket.create_connection(("127.0.0.1", port), timeout=120)
             conn.sendall(b"GET /api HTTP/1.1\r\nHost: x\r\nAuthorization: token t\r\n"
                          b"Connection: close\r\n\r\n")
             answer = b""
@@ -116,22 +109,16 @@ def test_socket_activation_answers_the_connection_that_started_it():
             assert b'"version"' in answer
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=60)
-            log.close()
+            proc.communicate(timeout=60)
 
 
 @pytest.mark.skipif(shutil.which("systemd-socket-activate") is None,
                     reason="systemd-socket-activate (package systemd) is missing")
 def test_a_passed_socket_of_another_name_is_a_configuration_error():
     with tempfile.TemporaryDirectory() as tmp:
-        port = free_port()
-        proc = subprocess.Popen(["systemd-socket-activate", "-l", f"127.0.0.1:{port}",
-                                 "--fdname=metrics", *serve_args(tmp)],
-                                env=env_without_config(), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc, port = socket_activate(tmp, "metrics", serve_args(tmp))
         try:
-            connect_when_listening(port, timeout=30).close()
+            socket.create_connection(("127.0.0.1", port), timeout=30).close()
             out, _ = proc.communicate(timeout=60)
             assert proc.returncode == 2, out
             assert b"'metrics' is not one of cellgate's" in out, out
