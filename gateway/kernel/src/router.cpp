@@ -14,11 +14,6 @@ using nlohmann::json;
 // content fields they do not know; the agent API's collector makes a notice of it).
 constexpr const char* kDroppedMark = "cellgate_dropped";
 
-bool is_status(const protocol::EnvelopePtr& env, std::string_view state) {
-  return env->header().msg_type == "status" &&
-         env->message().content.value("execution_state", "") == state;
-}
-
 }  // namespace
 
 Router::Router(const ClientOptions& options, const protocol::Session& session,
@@ -91,16 +86,19 @@ void Router::on_frames(Channel channel, std::span<const std::string_view> frames
 // Routes on the header alone: the content is parsed only by a handler that asks for it (and for
 // status messages, whose execution_state completes requests).
 void Router::dispatch(Channel channel, const protocol::EnvelopePtr& env) {
+  // A status message's execution_state, read once ("" for any other message).
+  const bool status = channel == Channel::kIopub && env->header().msg_type == "status";
+  const std::string state = status ? env->message().content.value("execution_state", "") : "";
   if (channel == Channel::kIopub) {
     iopub_seen_.store(true);
-    if (!hb_while_busy_.load(std::memory_order_relaxed) && env->header().msg_type == "status") {
-      const bool busy = is_status(env, "busy");
+    if (!hb_while_busy_.load(std::memory_order_relaxed) && status) {
+      const bool busy = state == "busy";
       if (kernel_busy_ && !busy) {
         heartbeat_.forgive();
       }
       kernel_busy_ = busy;
     }
-    if (is_status(env, "busy")) {
+    if (state == "busy") {
       busy_parent_ = env->message().parent_header;
     }
     if (options_.on_iopub) {
@@ -125,7 +123,7 @@ void Router::dispatch(Channel channel, const protocol::EnvelopePtr& env) {
   if (channel == Channel::kShell || channel == Channel::kControl) {
     route.got_reply = true;
     route.reply_at = clock_();
-  } else if (channel == Channel::kIopub && is_status(env, "idle")) {
+  } else if (state == "idle") {
     route.got_idle = true;
   }
   if (route.got_reply && (route.got_idle || !route.handlers.wait_for_idle)) {
