@@ -141,8 +141,9 @@ std::vector<std::string> config_files(const CLI::App& cmd) {
 // The files' values for the options neither the command line nor the environment set. CLI11 2.1
 // reads a subcommand's config option but never the files it names (only the top level's), so the
 // files are read here, after parsing: the latest file first, each value taken only by an option
-// still unset. Returns what is wrong with a file (unreadable, an unknown key, a bad value), or "".
-std::string apply_config_files(CLI::App& cmd) {
+// still unset; `applied` gets the file each applied value came from (for --print-config). Returns
+// what is wrong with a file (unreadable, an unknown key, a bad value), or "".
+std::string apply_config_files(CLI::App& cmd, std::map<std::string, std::string>& applied) {
   const std::vector<std::string> files = config_files(cmd);
   for (auto file = files.rbegin(); file != files.rend(); ++file) {
     std::vector<CLI::ConfigItem> items;
@@ -176,6 +177,7 @@ std::string apply_config_files(CLI::App& cmd) {
           option->add_result(item.inputs);
         }
         option->run_callback();
+        applied[item.name] = *file;
       } catch (const CLI::Error& e) {
         return "config file " + *file + ": " + item.name + ": " + e.what();
       }
@@ -184,17 +186,12 @@ std::string apply_config_files(CLI::App& cmd) {
   return "";
 }
 
+// `from_file`: the file each value apply_config_files took came from.
 int print_config(const CLI::App& cmd, int argc, const char* const* argv,
-                 const ServeEnvironment& environment) {
+                 const ServeEnvironment& environment,
+                 const std::map<std::string, std::string>& from_file) {
   const std::set<std::string> from_command_line = given_on_command_line(argc, argv);
-  // The file each key was last set in (a later file wins).
-  std::map<std::string, std::string> from_file;
   const std::vector<std::string> files = config_files(cmd);
-  for (const auto& file : files) {
-    for (const auto& item : CLI::ConfigTOML().from_file(file)) {
-      from_file[item.name] = file;
-    }
-  }
   std::cout << "# cellgate serve: the effective configuration. Config files read: "
             << (files.empty() ? std::string("none") : CLI::detail::join(files, ", ")) << "\n";
   for (const CLI::Option* option : cmd.get_options()) {
@@ -287,12 +284,13 @@ ServeEnvironment prepare_serve_parse(const CLI::App& serve_command, int argc,
 
 int run_serve_command(ServeCommandLine& serve, CLI::App& serve_command, int argc,
                       const char* const* argv, const ServeEnvironment& environment) {
-  if (const std::string problem = apply_config_files(serve_command); !problem.empty()) {
+  std::map<std::string, std::string> from_file;
+  if (const std::string problem = apply_config_files(serve_command, from_file); !problem.empty()) {
     std::cerr << "cellgate serve: " << problem << "\n";
     return 2;
   }
   if (serve.print_config) {
-    return print_config(serve_command, argc, argv, environment);
+    return print_config(serve_command, argc, argv, environment, from_file);
   }
   for (const auto& notice : environment.notices) {
     spdlog::info("config: {}", notice);
