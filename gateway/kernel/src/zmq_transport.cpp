@@ -11,6 +11,7 @@
 #include <zmq_addon.hpp>
 
 #include "cellgate/kernel/client.hpp"
+#include "cellgate/sys/error_text.hpp"
 #include "cellgate/unique_fd.hpp"
 
 namespace cellgate::kernel {
@@ -162,7 +163,7 @@ class ZmqTransport : public Transport {
       const int n = ::epoll_wait(epoll_fd_.get(), events.data(), static_cast<int>(events.size()),
                                  any ? 0 : static_cast<int>(timeout.count()));
       if (n < 0 && errno != EINTR) {
-        spdlog::error("kernel client: epoll_wait failed: {}", std::strerror(errno));
+        spdlog::error("kernel client: epoll_wait failed: {}", sys::error_text(errno));
         return false;
       }
       for (int e = 0; e < n; ++e) {
@@ -335,7 +336,7 @@ class ZmqTransport : public Transport {
       ev.events = EPOLLIN;
       ev.data.u64 = i;
       if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, fds_[i], &ev) != 0) {
-        spdlog::warn("kernel client: epoll_ctl(ADD) failed: {}", std::strerror(errno));
+        spdlog::warn("kernel client: epoll_ctl(ADD) failed: {}", sys::error_text(errno));
       }
     }
     return true;

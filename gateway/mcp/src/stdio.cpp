@@ -5,12 +5,12 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 #include <string>
 
 #include "cellgate/http/limits.hpp"
 #include "cellgate/mutex.hpp"
 #include "cellgate/protocol/message.hpp"
+#include "cellgate/sys/error_text.hpp"
 #include "jsonrpc.hpp"
 
 namespace cellgate::mcp {
@@ -43,7 +43,7 @@ class LineWriter {
           continue;
         }
         spdlog::warn("mcp: writing to stdout failed ({}); the client is gone",
-                     std::strerror(errno));
+                     sys::error_text(errno));
         closed_ = true;
         return;
       }
@@ -96,7 +96,7 @@ int serve_stdio(Server& server, int in_fd, int out_fd, int stop_fd) {
       if (errno == EINTR) {
         continue;
       }
-      spdlog::error("mcp: poll on stdin failed: {}", std::strerror(errno));
+      spdlog::error("mcp: poll on stdin failed: {}", sys::error_text(errno));
       status = 1;
       break;
     }
@@ -109,7 +109,7 @@ int serve_stdio(Server& server, int in_fd, int out_fd, int stop_fd) {
       if (errno == EINTR || errno == EAGAIN) {
         continue;
       }
-      spdlog::error("mcp: reading stdin failed: {}", std::strerror(errno));
+      spdlog::error("mcp: reading stdin failed: {}", sys::error_text(errno));
       status = 1;
       break;
     }
