@@ -480,6 +480,57 @@ TEST_F(ExecutorTest, ACellIgnoringSigintGetsItsKernelRestartedAfterTheGrace) {
   EXPECT_EQ(kernel(1)->executed(), std::vector<std::string>{"1"});
 }
 
+// A kernel that keeps using CPU after its interrupt may be handling it (IPython formats its
+// first traceback in seconds on a slow host with a CPU cap): it gets another grace period; one
+// that used none through a period is restarted then.
+TEST_F(ExecutorTest, AKernelStillWorkingAfterItsInterruptGetsAnotherGracePeriod) {
+  ExecuteLimits limits;
+  limits.grace = 2s;
+  start(limits);
+  respond("stuck()", FakeCell().hang_ignoring_interrupts());
+  kernel()->set_cpu_usage(10s);
+  auto out = run("stuck()", /*timeout=*/1);
+  ASSERT_TRUE(running_in_kernel());
+  loop_.advance(1s);
+  ASSERT_TRUE(settle([&] { return kernel()->signals().size() == 1; }));
+  kernel()->set_cpu_usage(10s + 500ms);  // a quarter of the period on CPU
+  loop_.advance(2s);
+  loop_.run_ready();
+  EXPECT_FALSE(out->answer) << "extended: the kernel was working";
+  EXPECT_EQ(fake_.launches(), 1);
+  kernel()->set_cpu_usage(10s + 500ms + 199ms);  // under a tenth of the period
+  loop_.advance(2s);
+  ASSERT_TRUE(answered(out));
+  EXPECT_EQ(fake_.launches(), 2) << "restarted once it stopped working";
+  EXPECT_EQ(out->json_answer()["state_lost"], true);
+}
+
+// The extensions are bounded: a kernel spinning in code that ignores SIGINT is restarted after
+// four grace periods in all.
+TEST_F(ExecutorTest, GraceExtensionsForABusyKernelAreBounded) {
+  ExecuteLimits limits;
+  limits.grace = 2s;
+  start(limits);
+  respond("spin()", FakeCell().hang_ignoring_interrupts());
+  kernel()->set_cpu_usage(0s);
+  auto out = run("spin()", /*timeout=*/1);
+  ASSERT_TRUE(running_in_kernel());
+  loop_.advance(1s);
+  ASSERT_TRUE(settle([&] { return kernel()->signals().size() == 1; }));
+  for (int period = 1; period <= 3; ++period) {
+    kernel()->set_cpu_usage(std::chrono::seconds(2 * period));  // all of it on CPU
+    loop_.advance(2s);
+    loop_.run_ready();
+    EXPECT_FALSE(out->answer) << "period " << period;
+    EXPECT_EQ(fake_.launches(), 1) << "period " << period;
+  }
+  kernel()->set_cpu_usage(8s);
+  loop_.advance(2s);
+  ASSERT_TRUE(answered(out));
+  EXPECT_EQ(fake_.launches(), 2) << "restarted after the fourth period";
+  EXPECT_EQ(out->json_answer()["state_lost"], true);
+}
+
 // ipykernel publishes busy before it installs its SIGINT handler: a timeout that fires in
 // between must not send the SIGINT the kernel drops (the cell would run past its grace and the
 // kernel be restarted with its state lost: seen on a slow guest). It waits for execute_input.

@@ -189,8 +189,10 @@ CLI::App* add_mcp_command(CLI::App& app, McpOptions& o) {
   cmd->add_option("--execute-max-timeout", o.execute_max_timeout,
                   "longest timeout a cell may ask for (seconds)")
       ->capture_default_str();
-  cmd->add_option("--execute-grace", o.execute_grace,
-                  "seconds between a timed-out cell's interrupt and its kernel's restart")
+  cmd->add_option(
+         "--execute-grace", o.execute_grace,
+         "seconds between a timed-out cell's interrupt and its kernel's restart (up to 3 more "
+         "while the kernel keeps using CPU)")
       ->capture_default_str();
   cmd->add_option("--execute-stream-bytes", o.execute_stream_bytes,
                   "stdout and stderr kept per cell, each")

@@ -173,8 +173,10 @@ CLI::App* add_serve_command(CLI::App& app, ServeCommandLine& serve) {
   cmd->add_option("--execute-max-timeout", o.execute_max_timeout,
                   "longest timeout an execute request may ask for (seconds)")
       ->capture_default_str();
-  cmd->add_option("--execute-grace", o.execute_grace,
-                  "seconds between a timed-out cell's interrupt and its kernel's restart")
+  cmd->add_option(
+         "--execute-grace", o.execute_grace,
+         "seconds between a timed-out cell's interrupt and its kernel's restart (up to 3 more "
+         "while the kernel keeps using CPU)")
       ->capture_default_str();
   cmd->add_option("--execute-stream-bytes", o.execute_stream_bytes,
                   "stdout and stderr kept per executed cell, each")

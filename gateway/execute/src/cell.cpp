@@ -280,10 +280,7 @@ void Cell::on_envelope(std::uint64_t request, const protocol::EnvelopePtr& envel
       if (interrupt_deferred_ && state_ == State::kStopping) {
         interrupt_deferred_ = false;
         interrupt();
-        if (grace_timer_) {
-          grace_timer_->cancel();
-        }
-        grace_timer_ = at(context_->loop.now() + context_->limits.grace, &Cell::on_grace);
+        start_grace();
       }
     }
     if (channel == Channel::kShell && type == "execute_reply") {
@@ -438,7 +435,27 @@ void Cell::stop() {
   } else {
     interrupt_deferred_ = true;
   }
+  start_grace();
+}
+
+void Cell::start_grace() {
+  if (grace_timer_) {
+    grace_timer_->cancel();
+  }
+  grace_cpu_usec_ = kernel_cpu_usec();
   grace_timer_ = at(context_->loop.now() + context_->limits.grace, &Cell::on_grace);
+}
+
+std::optional<std::uint64_t> Cell::kernel_cpu_usec() const {
+  auto k = kernel();
+  if (!k) {
+    return std::nullopt;
+  }
+  auto stats = k->cgroup_stats();
+  if (!stats || !stats->cpu_usage_known) {
+    return std::nullopt;
+  }
+  return stats->cpu_usage_usec;
 }
 
 void Cell::interrupt() {
@@ -464,6 +481,25 @@ void Cell::on_grace() {
   if (state_ != State::kStopping) {
     return;
   }
+  // A kernel that used at least a tenth of the period's wall time on CPU is working, maybe on
+  // the interrupt itself (the KeyboardInterrupt's traceback: IPython's first one took 5 s of
+  // wall time on an emulated guest with --cpus 0.5); one stuck in C code that ignores SIGINT
+  // works too, so the extensions are bounded. A kernel asleep in such code is restarted at once.
+  const auto grace_usec = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(context_->limits.grace).count());
+  if (const auto now = kernel_cpu_usec(); now && grace_cpu_usec_ && *now >= *grace_cpu_usec_ &&
+                                          *now - *grace_cpu_usec_ >= grace_usec / 10 &&
+                                          grace_extensions_ < kGraceExtensions) {
+    ++grace_extensions_;
+    spdlog::info(
+        "kernel {}: still working {} ms after its cell's interrupt ({} ms of CPU in the last {} "
+        "ms): another grace period ({} of {})",
+        params_.kernel_id, grace_extensions_ * context_->limits.grace.count(),
+        (*now - *grace_cpu_usec_) / 1000, context_->limits.grace.count(), grace_extensions_,
+        kGraceExtensions);
+    start_grace();
+    return;
+  }
   if (interrupt_deferred_) {
     // The interrupt still waits for the kernel to begin the cell (execute_input): never sent.
     spdlog::warn(
@@ -472,7 +508,7 @@ void Cell::on_grace() {
         params_.kernel_id, context_->limits.grace.count());
   } else {
     spdlog::warn("kernel {}: a cell did not stop {} ms after its interrupt; restarting it",
-                 params_.kernel_id, context_->limits.grace.count());
+                 params_.kernel_id, (grace_extensions_ + 1) * context_->limits.grace.count());
   }
   state_ = State::kRestarting;
   state_lost_ = true;

@@ -24,7 +24,9 @@
 //       │ kernels: an interrupt_request on control, not waited for), grace timer set
 //       ▼
 //   kStopping ──the request ended within the grace──▶ kTeardown / finish   (state kept)
-//       │ grace timer
+//       │ grace timer: while the kernel's cgroup used CPU through the last grace period (it may
+//       │ be handling the interrupt: IPython formats its first traceback in seconds on a slow,
+//       │ CPU-capped host), another grace period, at most kGraceExtensions times
 //       ▼
 //   kRestarting (registry.restart on the offload pool; state_lost) ──restarted or failed──▶ finish
 //
@@ -158,8 +160,10 @@ class Cell : public std::enable_shared_from_this<Cell> {
 
   void send_setup();
   void send_cell();
-  void after_cell();  // the cell's request ended (or was given up): teardown or finish
-  void stop();        // interrupt, then the grace timer
+  void after_cell();   // the cell's request ended (or was given up): teardown or finish
+  void stop();         // interrupt, then the grace timer
+  void start_grace();  // (re)arms the grace timer and samples the kernel's CPU time
+  std::optional<std::uint64_t> kernel_cpu_usec() const;  // its cgroup's CPU time, if known
   void interrupt();
   // Sends an execute_request whose messages and end are posted back to the strand; 0 when the
   // kernel has no connection.
@@ -219,6 +223,11 @@ class Cell : public std::enable_shared_from_this<Cell> {
   // published busy), and the cell then runs past its grace: the interrupt waits for this.
   bool kernel_began_ = false;
   bool interrupt_deferred_ = false;
+  // The kernel cgroup's CPU time when the grace period began (unknown without a cgroup), and
+  // how many times it was extended because the kernel kept working.
+  std::optional<std::uint64_t> grace_cpu_usec_;
+  int grace_extensions_ = 0;
+  static constexpr int kGraceExtensions = 3;
   std::optional<jail::CgroupStats> before_stats_;
   std::optional<store::files::Snapshot> before_files_;
 };

@@ -741,6 +741,16 @@ void FakeKernel::set_unresponsive(bool silent) {
   unresponsive_ = silent;
 }
 
+void FakeKernel::set_cpu_usage(std::chrono::microseconds used) {
+  std::lock_guard lock(mu_);
+  cpu_usage_ = used;
+}
+
+std::optional<std::chrono::microseconds> FakeKernel::cpu_usage() const {
+  std::lock_guard lock(mu_);
+  return cpu_usage_;
+}
+
 bool FakeKernel::unresponsive() const {
   std::lock_guard lock(mu_);
   return unresponsive_;
@@ -867,7 +877,14 @@ std::string FakeProcess::log_tail(std::size_t max_bytes) const {
 }
 
 Result<jail::CgroupStats> FakeProcess::cgroup_stats() const {
-  return make_error(ErrorCode::kNotFound, "no_cgroup", "a fake kernel has no cgroup");
+  auto used = kernel_->cpu_usage();
+  if (!used) {
+    return make_error(ErrorCode::kNotFound, "no_cgroup", "a fake kernel has no cgroup");
+  }
+  jail::CgroupStats stats;
+  stats.cpu_usage_usec = static_cast<std::uint64_t>(used->count());
+  stats.cpu_usage_known = true;
+  return stats;
 }
 
 Result<void> FakeProcess::signal(int sig) {

@@ -94,7 +94,8 @@ struct ExecuteLimits {
   std::size_t outputs = 1000;                  // outputs kept
   std::size_t total_output_bytes = 64u << 20;  // every output kept, together (1000 x 8 MiB is
                                                // 8 GiB otherwise)
-  std::chrono::milliseconds grace{5000};       // after the interrupt, before a restart
+  std::chrono::milliseconds grace{5000};       // after the interrupt, before a restart (Cell: up
+                                               // to 3 more while the kernel uses CPU)
 };
 
 struct RunOptions {

@@ -170,6 +170,10 @@ class FakeKernel {
   void release_cell();
   // Whether a held cell waits (its busy is published).
   bool cell_held() const;
+  // The CPU time its cgroup reports (FakeProcess::cgroup_stats), from now on: a fake kernel has
+  // no cgroup until a test gives it one this way.
+  void set_cpu_usage(std::chrono::microseconds used);
+  std::optional<std::chrono::microseconds> cpu_usage() const;
 
   // ---- for FakeProcess and the fake transport ----
   void record_signal(int sig);
@@ -196,6 +200,7 @@ class FakeKernel {
   mutable std::condition_variable cv_;
   Responder responder_;
   std::vector<int> signals_;
+  std::optional<std::chrono::microseconds> cpu_usage_;
   std::vector<std::string> received_;
   std::vector<std::string> executed_;
   int interrupts_ = 0;
