@@ -605,7 +605,7 @@ TEST_P(JailMemoryLimit, AllocatingTwiceTheLimitEndsOnlyThatKernel) {
   EXPECT_EQ(run(*bystander->client, "print(x)"), "kept\n");
 }
 
-TEST(JailLimits, ABusyLoopGetsAboutItsCpuQuota) {
+TEST(JailLimits, ABusyLoopIsHeldToItsCpuQuota) {
   if (::geteuid() != 0) {
     GTEST_SKIP() << "the jail needs root";
   }
@@ -618,9 +618,15 @@ TEST(JailLimits, ABusyLoopGetsAboutItsCpuQuota) {
                         "t0, c0 = time.monotonic(), time.process_time()\n"
                         "while time.monotonic() - t0 < 3: pass\n"
                         "print(round((time.process_time() - c0) / (time.monotonic() - t0), 2))\n");
+  // The quota holds: never much above it. Below it is the machine's doing (a loaded host or an
+  // emulated guest gives less than the quota), so the lower bound only catches a quota in the
+  // wrong unit; that the quota, not contention, capped the loop shows in cpu.stat's throttling.
   double share = std::atof(out.c_str());
-  EXPECT_GT(share, 0.3) << out;
   EXPECT_LT(share, 0.7) << out;
+  EXPECT_GT(share, 0.05) << out;
+  auto stats = k->process->cgroup_stats();
+  ASSERT_TRUE(stats) << stats.error().describe();
+  EXPECT_GT(stats->cpu_nr_throttled, 0u) << "share " << out << "; the quota never stopped it";
 }
 
 TEST(JailLimits, AnInvalidSpecStopsTheStartWithAReason) {
