@@ -168,3 +168,19 @@ def test_the_dashboard_queries_exported_families():
     for name in names:
         family = re.sub(r"_(bucket|sum|count)$", "", name)
         assert f'"{family}"' in source, f"the dashboard queries {name}, which the gateway lacks"
+
+
+def test_print_config_shows_the_log_options():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CELLGATE_", "KG_"))}
+    env.update(CELLGATE_LOG_LEVEL="debug", XDG_CONFIG_HOME=tempfile.gettempdir() + "/none")
+    r = subprocess.run([str(pathlib.Path(BIN_DIR) / "cellgate"), "serve", "--print-config",
+                        "--log-format", "json"], capture_output=True, text=True, env=env,
+                       timeout=30)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert any(re.match(r'log-level = "debug"\s+#.*CELLGATE_LOG_LEVEL', line) for line in lines), \
+        r.stdout
+    assert any(re.match(r'log-format = "json"\s+#.*command line', line) for line in lines), r.stdout
+    bad = subprocess.run([str(pathlib.Path(BIN_DIR) / "cellgate"), "serve", "--log-level", "loud"],
+                         capture_output=True, text=True, env=env, timeout=30)
+    assert bad.returncode == 2 and "log-level" in bad.stderr, bad.stderr
