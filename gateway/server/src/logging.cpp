@@ -49,7 +49,7 @@ class JsonFormatter : public spdlog::formatter {
     const time_t seconds = static_cast<time_t>(since_epoch / 1000);
     tm utc{};
     ::gmtime_r(&seconds, &utc);
-    char ts[40];
+    char ts[96];  // room for any int gcc can prove, not only real dates
     std::snprintf(ts, sizeof ts, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", utc.tm_year + 1900,
                   utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec,
                   static_cast<int>(since_epoch % 1000));
