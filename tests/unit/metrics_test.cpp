@@ -1,10 +1,11 @@
 // /metrics' parts: route patterns as labels (never the path), requests timed by method, route
 // and code through TimedExchange, HistogramVec's series and cap, and the text it renders.
+#include "cellgate/util/metrics.hpp"
+
 #include <gtest/gtest.h>
 
 #include "cellgate/http/router.hpp"
 #include "cellgate/http/stats.hpp"
-#include "cellgate/util/metrics.hpp"
 
 namespace cellgate::http {
 namespace {
