@@ -347,11 +347,12 @@ Result<void> HostJail::add_to_cgroup(pid_t pid) {
   return cgroup_->add_process(pid);
 }
 
-void HostJail::report_started(pid_t pid) {
+void HostJail::report_started(pid_t pid, bool from_zygote) {
   undo_before_start_.clear();  // the work dir and the connection dir are the kernel's now
   StatusEvent started;
   started.kind = StatusEvent::Kind::kStarted;
   started.pid = pid;
+  started.zygote = from_zygote;
   if (conn_ && conn_->rewritten_from_tcp) {
     started.connection_file = conn_->host_file;
   }

@@ -71,7 +71,7 @@ class HostJail {
   Result<void> add_to_cgroup(pid_t pid);
   // {"event":"started"}: the jail's pid 1, the connection file when it was rewritten, the
   // cgroup. From here on the work dir and the connection dir are the kernel's.
-  void report_started(pid_t pid);
+  void report_started(pid_t pid, bool from_zygote = false);
   // {"event":"exited", "reason":"setup_error"}; returns the launcher's exit code, 127.
   int fail(const std::string& message);
   // Reports how the kernel ended (its wait status, the cgroup's figures) after removing the

@@ -46,6 +46,9 @@ std::string StatusEvent::to_line() const {
       j["cgroup_paths"] = cgroup_paths;
       j["cgroup_version"] = cgroup_version;
     }
+    if (zygote) {
+      j["zygote"] = true;
+    }
   } else {
     j = {{"event", "exited"}, {"reason", to_string(reason)}, {"pid", pid}};
     if (reason == ExitReason::kOk) {
@@ -108,6 +111,7 @@ bool StatusEvent::parse_object(const nlohmann::json& j, StatusEvent& ev) {
   }
   ev.pid = j.value("pid", 0);
   ev.connection_file = j.value("connection_file", "");
+  ev.zygote = ev.kind == Kind::kStarted && j.value("zygote", false);
   if (auto paths = j.find("cgroup_paths"); paths != j.end() && paths->is_array()) {
     for (const auto& p : *paths) {
       if (!p.is_string()) {

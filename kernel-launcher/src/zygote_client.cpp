@@ -138,7 +138,7 @@ int supervise(ZygoteKernel k, HostJail& j) {
   if (auto ready = report.wait_ready("the zygote's jail ended before the kernel started"); !ready) {
     return fail(ready.error().message);
   }
-  j.report_started(k.pid);
+  j.report_started(k.pid, /*from_zygote=*/true);
 
   sigset_t forwarded = j.wait_set();
   sigdelset(&forwarded, SIGCHLD);

@@ -15,13 +15,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
 import gateway_bench as gb  # noqa: E402
 
 BIN_DIR = os.environ.get("CELLGATE_BIN_DIR", "build/bin")
-SAMPLE = re.compile(r'^([a-z_]+)(\{([a-z_]+)="([^"]*)"\})? (\S+)$')
+SAMPLE = re.compile(r'^([a-z_]+)(\{(.*)\})? (\S+)$')
+LABEL = re.compile(r'([a-z_]+)="((?:[^"\\]|\\.)*)"(?:,|$)')
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the jail needs root")
 
 
 def scrape(server):
-    """{(name, label value or None): value}, checking every sample's family was declared."""
+    """{(name, label value or None): value}, checking every sample's family was declared. A sample
+    with several labels is keyed by "k=v,k=v" (the families with one label by its value)."""
     status, body = gb.http_request(server, "GET", "/metrics")
     assert status == 200, body
     declared, samples = {}, {}
@@ -34,7 +36,12 @@ def scrape(server):
             continue
         m = SAMPLE.match(line)
         assert m, f"not a Prometheus sample: {line!r}"
-        name, label, value = m.group(1), m.group(4), float(m.group(5))
+        name, value = m.group(1), float(m.group(4))
+        label = None
+        if m.group(3) is not None:
+            pairs = LABEL.findall(m.group(3))
+            assert pairs and "".join(f'{k}="{v}",' for k, v in pairs).rstrip(",") == m.group(3), line
+            label = pairs[0][1] if len(pairs) == 1 else ",".join(f"{k}={v}" for k, v in pairs)
         family = re.sub(r"_(bucket|sum|count)$", "", name)
         assert name in declared or family in declared, f"{name} has no # TYPE"
         samples[(name, label)] = value

@@ -66,5 +66,19 @@ TEST(StatusLine, GarbageIsAnErrorNotACrash) {
   }
 }
 
+TEST(StatusEvent, StartedSaysWhetherTheZygoteForkedTheKernel) {
+  StatusEvent ev;
+  ev.kind = StatusEvent::Kind::kStarted;
+  ev.pid = 42;
+  EXPECT_EQ(ev.to_line().find("zygote"), std::string::npos);  // cold: nothing added
+  ev.zygote = true;
+  auto parsed = StatusEvent::parse_line(ev.to_line());
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_TRUE(parsed->zygote);
+  auto older = StatusEvent::parse_line(R"({"event":"started","pid":7})");
+  ASSERT_TRUE(older.ok());
+  EXPECT_FALSE(older->zygote);  // a launcher of an earlier version: cold
+}
+
 }  // namespace
 }  // namespace cellgate::launcher

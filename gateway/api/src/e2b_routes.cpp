@@ -91,8 +91,16 @@ bool E2bApi::authorized(const http::Request& req) const {
 }
 
 void E2bApi::handle(http::Request req, std::shared_ptr<http::Exchange> exchange) {
-  Call call{std::move(req), std::move(exchange), http::Target::parse(""), {}};
-  call.target = http::Target::parse(call.req.target());
+  http::Target target = http::Target::parse(req.target());
+  if (options_.stats) {
+    auto timed = std::make_shared<http::TimedExchange>(options_.stats, http::method_label(req),
+                                                       std::move(exchange));
+    if (std::string route = router_.pattern_of(target.path); !route.empty()) {
+      timed->set_route(std::move(route));
+    }
+    exchange = std::move(timed);
+  }
+  Call call{std::move(req), std::move(exchange), std::move(target), {}};
   const auto parts = http::split_path(call.target.path);
   const bool health = parts.size() == 1 && parts[0] == "health";
   if (!health && !authorized(call.req)) {

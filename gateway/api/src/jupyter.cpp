@@ -189,7 +189,25 @@ class DecoratedExchange : public http::Exchange {
 
 void Api::handle(Request req, std::shared_ptr<http::Exchange> exchange) {
   http::Target target = http::Target::parse(req.target());
-  if (!strip_base(target.path)) {
+  const bool under_base = strip_base(target.path);
+  std::string bare = target.path;
+  while (bare.size() > 1 && bare.back() == '/') {
+    bare.pop_back();
+  }
+  const auto mount = mounts_.find(bare);
+  if (options_.stats) {
+    // Timed by route pattern (GET /metrics): every answer below, refusals included.
+    auto timed = std::make_shared<http::TimedExchange>(options_.stats, http::method_label(req),
+                                                       std::move(exchange));
+    std::string route = !under_base              ? ""
+                        : mount != mounts_.end() ? mount->first
+                                                 : router_.pattern_of(target.path);
+    if (!route.empty()) {
+      timed->set_route(std::move(route));
+    }
+    exchange = std::move(timed);
+  }
+  if (!under_base) {
     exchange->reply(error_response(
         req, make_error(ErrorCode::kNotFound, "not_found", "no route for " + target.path)));
     return;
@@ -210,11 +228,6 @@ void Api::handle(Request req, std::shared_ptr<http::Exchange> exchange) {
   }
   const auto parts = http::split_path(target.path);
   const bool open_route = parts.size() == 1 && parts[0] == "api" && req.method() == Verb::get;
-  std::string bare = target.path;
-  while (bare.size() > 1 && bare.back() == '/') {
-    bare.pop_back();
-  }
-  const auto mount = mounts_.find(bare);
   if (!open_route) {
     if (auto refusal = authenticate(req, target)) {
       if (options_.stats) {
@@ -251,6 +264,21 @@ void Api::handle(Request req, std::shared_ptr<http::Exchange> exchange) {
 }
 
 http::Upgrade Api::upgrade(const Request& req) {
+  const auto start = std::chrono::steady_clock::now();
+  http::Upgrade up = decide_upgrade(req);
+  if (options_.stats) {
+    // The decision, timed like a request: 101 when accepted (the connection's life is not).
+    http::Target target = http::Target::parse(req.target());
+    std::string route = strip_base(target.path) ? router_.pattern_of(target.path) : "";
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    options_.stats->requests.observe({http::method_label(req), route.empty() ? "other" : route,
+                                      std::to_string(up.refusal ? up.refusal->result_int() : 101)},
+                                     took.count());
+  }
+  return up;
+}
+
+http::Upgrade Api::decide_upgrade(const Request& req) {
   http::Upgrade up;
   http::Target target = http::Target::parse(req.target());
   const bool under_base = strip_base(target.path);

@@ -241,6 +241,15 @@ CLI::App* add_serve_command(CLI::App& app, ServeCommandLine& serve) {
                 "on this --state-dir to adopt (SIGUSR2 always does; a restart or upgrade "
                 "keeps every session)");
   cmd->add_option("--threads", o.threads, "network threads")->capture_default_str();
+  cmd->add_option("--log-level", o.log_level,
+                  "least severe log lines shown: trace, debug, info, warn or error (default: "
+                  "$SPDLOG_LEVEL in spdlog's syntax, else info)")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+  cmd->add_option("--log-format", o.log_format,
+                  "text, or json: one {\"ts\", \"level\", \"msg\"} object per line (under "
+                  "systemd the journal keeps its own fields: journalctl -o json)")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->capture_default_str();
   // Every option can be set from the environment, and every size takes units.
   for (CLI::Option* option : cmd->get_options()) {
     if (option->get_lnames().empty()) {

@@ -292,6 +292,7 @@ int run_serve_command(ServeCommandLine& serve, CLI::App& serve_command, int argc
   if (serve.print_config) {
     return print_config(serve_command, argc, argv, environment, from_file);
   }
+  server::set_up_logging(serve.options);
   for (const auto& notice : environment.notices) {
     spdlog::info("config: {}", notice);
   }

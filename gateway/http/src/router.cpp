@@ -126,7 +126,7 @@ const std::string& Call::param(const std::string& name) const {
 }
 
 void Router::add(Verb method, std::string_view pattern, Route route) {
-  entries_.push_back({method, pattern_segments(pattern), std::move(route)});
+  entries_.push_back({method, std::string(pattern), pattern_segments(pattern), std::move(route)});
 }
 
 void Router::add(std::initializer_list<Verb> methods, std::string_view pattern, Route route) {
@@ -151,6 +151,17 @@ Router::Match Router::dispatch(Call& call) const {
     }
   }
   return path_known ? Match::kNoMethod : Match::kNoPath;
+}
+
+std::string Router::pattern_of(std::string_view path) const {
+  const auto parts = split_path(path);
+  std::map<std::string, std::string> params;
+  for (const auto& e : entries_) {
+    if (matches(e.segments, parts, params)) {
+      return e.pattern;
+    }
+  }
+  return "";
 }
 
 }  // namespace cellgate::http

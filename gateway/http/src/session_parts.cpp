@@ -1,6 +1,7 @@
 #include "session_parts.hpp"
 
 #include <boost/beast/http/error.hpp>
+#include <boost/beast/http/write.hpp>  // operator<< of a header
 #include <chrono>
 #include <sstream>
 

@@ -384,6 +384,10 @@ std::shared_ptr<ManagedKernel> KernelRegistry::Impl::claim_pooled(const std::str
 }
 
 Result<KernelModel> KernelRegistry::Impl::start(const std::string& name, const json& env) {
+  const auto began = std::chrono::steady_clock::now();
+  auto took = [&began] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  };
   CELLGATE_ASSIGN_OR_RETURN(auto client_env, filter_env(env, options_.env_allowlist));
   const std::string spec_name = name.empty() ? default_kernel_ : name;
   if (pool_.pools(spec_name)) {
@@ -392,6 +396,7 @@ Result<KernelModel> KernelRegistry::Impl::start(const std::string& name, const j
       if (auto k = claim_pooled(spec_name)) {
         stats_.starts.add();
         stats_.pool_claims.add();
+        stats_.start_seconds.observe({spec_name, "pool"}, took());
         spdlog::debug("kernel pool: hit ({}): kernel {}", spec_name, k->id());
         return k->model();
       }
@@ -405,9 +410,11 @@ Result<KernelModel> KernelRegistry::Impl::start(const std::string& name, const j
   CELLGATE_ASSIGN_OR_RETURN(Admission::Ticket place, admission_.admit_client());
   CELLGATE_ASSIGN_OR_RETURN(auto k, new_kernel(std::move(spec), std::move(client_env)));
   pool_.evict_excess();
+  const char* source = "cold";
   auto launched = [&]() -> Result<void> {
     CELLGATE_TRY(make_home(*k));
     CELLGATE_ASSIGN_OR_RETURN(auto running, launch(k));
+    source = running.process->from_zygote() ? "zygote" : "cold";
     CELLGATE_TRY(
         write_record(options_.state_dir, *k, ProcessFacts::of(*running.process), options_.jail));
     return k->started(std::move(running));
@@ -426,6 +433,7 @@ Result<KernelModel> KernelRegistry::Impl::start(const std::string& name, const j
     return std::move(launched).error();
   }
   stats_.starts.add();
+  stats_.start_seconds.observe({k->spec().name, source}, took());
   spdlog::info("kernel {} started ({}), uid {}", k->id(), k->spec().name, k->uid());
   return k->model();
 }

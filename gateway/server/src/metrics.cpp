@@ -1,5 +1,7 @@
 #include "metrics.hpp"
 
+#include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -8,6 +10,7 @@
 
 #include "cellgate/http/message.hpp"
 #include "cellgate/sys/dir_stream.hpp"
+#include "cellgate/sys/file.hpp"
 #include "cellgate/sys/proc.hpp"
 #include "cellgate/util/descriptors.hpp"
 #include "cellgate/util/metrics.hpp"
@@ -28,10 +31,54 @@ double resident_bytes() {
   return rss ? std::strtod(rss->c_str(), nullptr) * 1024 : 0;
 }
 
+double seconds_of(clockid_t clock) {
+  timespec ts{};
+  ::clock_gettime(clock, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
+}
+
+// The process_* families every Prometheus client library exports (client_golang's process
+// collector), from one bounded read of /proc/self/stat: CPU seconds, start time, memory,
+// descriptors and their limit.
+void process_metrics(util::PrometheusText& out) {
+  const auto text = sys::read_file("/proc/self/stat", 4096, "proc_stat");
+  const auto stat = text ? sys::parse_proc_stat(*text) : Result<sys::ProcStat>(text.error());
+  const double ticks = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  const double page = static_cast<double>(::sysconf(_SC_PAGESIZE));
+  auto field = [&](int n) {
+    return text ? std::strtod(sys::proc_stat_field(*text, n).c_str(), nullptr) : 0.0;
+  };
+  if (stat && ticks > 0) {
+    out.family("process_cpu_seconds_total", "User and system CPU time spent in seconds.",
+               "counter");
+    out.sample("process_cpu_seconds_total", {},
+               static_cast<double>(stat->utime + stat->stime) / ticks);
+    // Field 22 is ticks since boot (CLOCK_BOOTTIME's origin): the wall time now, less the time
+    // since then.
+    const double since_boot = field(22) / ticks;
+    out.gauge("process_start_time_seconds",
+              "Start time of the process since unix epoch in seconds.",
+              seconds_of(CLOCK_REALTIME) - (seconds_of(CLOCK_BOOTTIME) - since_boot));
+  }
+  if (text) {
+    out.gauge("process_virtual_memory_bytes", "Virtual memory size in bytes.", field(23));
+    out.gauge("process_resident_memory_bytes", "Resident memory size in bytes.", field(24) * page);
+  }
+  out.gauge("process_open_fds", "Number of open file descriptors.",
+            static_cast<double>(descriptors_open()));
+  rlimit nofile{};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0) {
+    out.gauge("process_max_fds", "Maximum number of open file descriptors.",
+              static_cast<double>(nofile.rlim_cur));
+  }
+}
+
 }  // namespace
 
 std::string render_metrics(const MetricsSources& s) {
   util::PrometheusText out;
+  out.family("cellgate_build_info", "The gateway's version; always 1.", "gauge");
+  out.sample("cellgate_build_info", {{"version", CELLGATE_VERSION}}, 1);
   if (s.registry != nullptr) {
     std::map<std::string, std::uint64_t> by_state = {
         {"starting", 0}, {"idle", 0}, {"busy", 0}, {"restarting", 0}, {"dead", 0}};
@@ -40,6 +87,15 @@ std::string render_metrics(const MetricsSources& s) {
     }
     out.labeled("cellgate_kernels", "Client kernels by execution state.", "gauge", "state",
                 by_state);
+    // jupyter_server's kernel_currently_running_total{type}, by kernelspec; dead ones left out.
+    std::map<std::string, std::uint64_t> running;
+    for (const auto& model : s.registry->list()) {
+      if (model.execution_state != "dead") {
+        ++running[model.name];
+      }
+    }
+    out.labeled("cellgate_kernels_running", "Client kernels running, by kernelspec.", "gauge",
+                "kernelspec", running);
     out.gauge("cellgate_pool_ready", "Pooled kernels ready to be claimed.",
               static_cast<double>(s.registry->pool_ready_total()));
     const auto& r = s.registry->stats();
@@ -62,6 +118,10 @@ std::string render_metrics(const MetricsSources& s) {
     out.counter("cellgate_kernels_cleaned_up_total",
                 "Kernels and starts a previous gateway left that were ended and removed.",
                 r.cleaned_up.value());
+    out.histograms("cellgate_kernel_start_duration_seconds",
+                   "Client kernel starts' wall time, by kernelspec and source (pool, zygote, "
+                   "cold).",
+                   r.start_seconds);
   }
   if (s.zygote_restarts) {
     if (const int n = s.zygote_restarts(); n >= 0) {
@@ -91,6 +151,10 @@ std::string render_metrics(const MetricsSources& s) {
     out.labeled("cellgate_websocket_dropped_total",
                 "WebSocket connections the gateway closed, by reason.", "counter", "reason",
                 s.http->ws_dropped.snapshot());
+    out.histograms("cellgate_http_request_duration_seconds",
+                   "HTTP requests' wall time to their whole answer, by method, route pattern "
+                   "and status code.",
+                   s.http->requests);
   }
   out.gauge("cellgate_process_resident_memory_bytes", "The gateway's resident memory.",
             resident_bytes());
@@ -98,6 +162,7 @@ std::string render_metrics(const MetricsSources& s) {
             static_cast<double>(descriptors_open()));
   out.gauge("cellgate_process_threads", "The gateway's threads.",
             static_cast<double>(count_entries("/proc/self/task")));
+  process_metrics(out);
   return out.text();
 }
 

@@ -1,7 +1,8 @@
 // GET /metrics: the gateway's figures in Prometheus' text format, mounted on the Api (behind its
 // token: 401 without it). Each room counts its own things (RegistryStats, CellStats, HttpStats);
 // this renders them with the gauges read at scrape time (kernels by state, the pool, open
-// connections, the zygote, the process's own memory, descriptors and threads).
+// connections, the zygote, the process's own memory, descriptors and threads, and the standard
+// process_* families), the build, and requests and kernel starts timed by route and by source.
 //
 // Thread-safety: handle() may run on any network thread; everything it reads is thread-safe.
 #pragma once

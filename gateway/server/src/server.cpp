@@ -190,6 +190,7 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   e2b_options.allow_missing_token = o.e2b_no_token;
   e2b_options.execute_max_timeout = o.execute_max_timeout;
   e2b_options.execute_keepalive = o.execute_keepalive;
+  e2b_options.stats = impl_->http_stats;
   impl_->e2b =
       std::make_unique<api::E2bApi>(registry, executor, std::move(e2b_options), impl_->offload());
 
@@ -420,9 +421,6 @@ Result<std::unique_ptr<kernel::KernelBackend>> split_privileges(
 }  // namespace
 
 int run_serve(ServeOptions options) {
-  if (auto journal = systemd::journal_logger()) {
-    spdlog::set_default_logger(journal);  // under systemd: priorities reach the journal
-  }
   // Sockets a .socket unit passed: taken before anything forks, so no child inherits them open.
   auto passed = systemd::take_listen_sockets();
   if (!passed) {

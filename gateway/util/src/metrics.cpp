@@ -56,6 +56,35 @@ void Histogram::observe(double value) {
   sum_ += value;
 }
 
+HistogramVec::HistogramVec(std::vector<std::string> label_names, std::vector<double> upper_bounds)
+    : names_(std::move(label_names)), bounds_(std::move(upper_bounds)) {}
+
+void HistogramVec::observe(const std::vector<std::string>& label_values, double value) {
+  Histogram* h = nullptr;
+  {
+    MutexLock lock(mu_);
+    auto it = series_.find(label_values);
+    if (it == series_.end()) {
+      if (series_.size() >= kMaxSeries) {
+        return;
+      }
+      it = series_.emplace(label_values, std::make_unique<Histogram>(bounds_)).first;
+    }
+    h = it->second.get();  // series are never removed: valid after the lock
+  }
+  h->observe(value);
+}
+
+std::vector<std::pair<std::vector<std::string>, Histogram::Snapshot>> HistogramVec::snapshot()
+    const {
+  std::vector<std::pair<std::vector<std::string>, Histogram::Snapshot>> out;
+  MutexLock lock(mu_);
+  for (const auto& [labels, h] : series_) {
+    out.emplace_back(labels, h->snapshot());
+  }
+  return out;
+}
+
 Histogram::Snapshot Histogram::snapshot() const {
   Snapshot s;
   s.bounds = bounds_;
@@ -96,17 +125,51 @@ void PrometheusText::labeled(const std::string& name, const std::string& help,
   }
 }
 
+void PrometheusText::family(const std::string& name, const std::string& help,
+                            const std::string& type) {
+  header(name, help, type);
+}
+
+void PrometheusText::sample(const std::string& name, const Labels& labels, double value) {
+  text_ += name;
+  if (!labels.empty()) {
+    text_ += '{';
+    for (std::size_t i = 0; i < labels.size(); ++i) {
+      text_ += (i == 0 ? "" : ",") + labels[i].first + "=\"" + escape(labels[i].second) + '"';
+    }
+    text_ += '}';
+  }
+  text_ += " " + number(value) + "\n";
+}
+
+void PrometheusText::buckets(const std::string& name, const Labels& labels,
+                             const Histogram::Snapshot& s) {
+  Labels with_le = labels;
+  with_le.emplace_back("le", "");
+  for (std::size_t i = 0; i <= s.bounds.size(); ++i) {
+    with_le.back().second = i < s.bounds.size() ? number(s.bounds[i]) : "+Inf";
+    sample(name + "_bucket", with_le, static_cast<double>(s.cumulative[i]));
+  }
+  sample(name + "_sum", labels, s.sum);
+  sample(name + "_count", labels, static_cast<double>(s.count));
+}
+
 void PrometheusText::histogram(const std::string& name, const std::string& help,
                                const Histogram& h) {
   header(name, help, "histogram");
-  const auto s = h.snapshot();
-  for (std::size_t i = 0; i < s.bounds.size(); ++i) {
-    text_ += name + "_bucket{le=\"" + number(s.bounds[i]) + "\"} " +
-             std::to_string(s.cumulative[i]) + "\n";
+  buckets(name, {}, h.snapshot());
+}
+
+void PrometheusText::histograms(const std::string& name, const std::string& help,
+                                const HistogramVec& h) {
+  header(name, help, "histogram");
+  for (const auto& [values, snapshot] : h.snapshot()) {
+    Labels labels;
+    for (std::size_t i = 0; i < values.size() && i < h.label_names().size(); ++i) {
+      labels.emplace_back(h.label_names()[i], values[i]);
+    }
+    buckets(name, labels, snapshot);
   }
-  text_ += name + "_bucket{le=\"+Inf\"} " + std::to_string(s.count) + "\n";
-  text_ += name + "_sum " + number(s.sum) + "\n";
-  text_ += name + "_count " + std::to_string(s.count) + "\n";
 }
 
 }  // namespace cellgate::util

@@ -136,14 +136,15 @@ class BrokerProcess : public kernel::KernelProcessHandle {
  public:
   BrokerProcess(std::shared_ptr<BrokerBackend::Shared> shared, std::uint64_t handle, pid_t pid,
                 bool jailed, kernel::ConnectionInfo connection, std::string connection_file,
-                std::optional<kernel::AdoptionFacts> facts)
+                std::optional<kernel::AdoptionFacts> facts, bool from_zygote)
       : shared_(std::move(shared)),
         handle_(handle),
         pid_(pid),
         jailed_(jailed),
         connection_(std::move(connection)),
         connection_file_(std::move(connection_file)),
-        facts_(std::move(facts)) {}
+        facts_(std::move(facts)),
+        from_zygote_(from_zygote) {}
 
   ~BrokerProcess() override {
     // Building the request (nlohmann) may throw std::bad_alloc; a destructor must not.
@@ -164,6 +165,7 @@ class BrokerProcess : public kernel::KernelProcessHandle {
 
   pid_t pid() const override { return pid_; }
   bool jailed() const override { return jailed_; }
+  bool from_zygote() const override { return from_zygote_; }
   const kernel::ConnectionInfo& connection() const override { return connection_; }
   const std::string& connection_file() const override { return connection_file_; }
 
@@ -232,6 +234,7 @@ class BrokerProcess : public kernel::KernelProcessHandle {
   const kernel::ConnectionInfo connection_;
   const std::string connection_file_;
   const std::optional<kernel::AdoptionFacts> facts_;
+  const bool from_zygote_;
   bool detached_ = false;
 };
 
@@ -285,7 +288,7 @@ Result<std::unique_ptr<kernel::KernelProcessHandle>> BrokerBackend::launch(
     return std::unique_ptr<kernel::KernelProcessHandle>(std::make_unique<BrokerProcess>(
         shared_, r.at("handle").get<std::uint64_t>(), r.at("pid").get<pid_t>(),
         r.at("jailed").get<bool>(), std::move(connection),
-        r.at("connection_file").get<std::string>(), std::move(facts)));
+        r.at("connection_file").get<std::string>(), std::move(facts), r.value("zygote", false)));
   } catch (const json::exception& e) {
     return make_error(ErrorCode::kInternal, "broker",
                       std::string("a bad launch reply: ") + e.what());

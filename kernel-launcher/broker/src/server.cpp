@@ -311,6 +311,7 @@ class Broker {
     json out = {{"handle", handle},
                 {"pid", p.pid()},
                 {"jailed", p.jailed()},
+                {"zygote", p.from_zygote()},
                 {"connection", p.connection().to_json()},
                 {"connection_file", p.connection_file()}};
     if (auto facts = p.adoption_facts()) {

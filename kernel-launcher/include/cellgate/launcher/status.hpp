@@ -47,6 +47,9 @@ struct StatusEvent {
   // ("v1"/"v2"), so the gateway can read its CPU and memory figures while it runs.
   std::vector<std::string> cgroup_paths;
   std::string cgroup_version;
+  // kStarted: the kernel was forked from the zygote (not exec'd cold), for the gateway's
+  // kernel start figures.
+  bool zygote = false;
   // kExited, jailed kernels: from the kernel's cgroup.
   std::uint64_t memory_peak_bytes = 0;
   std::uint64_t oom_kills = 0;

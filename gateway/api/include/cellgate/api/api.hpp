@@ -74,6 +74,7 @@ class Api : public http::Handler {
                                              const http::Target& target) const;
   // Removes base_url from the front of `path`; false when the path is not under it.
   bool strip_base(std::string& path) const;
+  http::Upgrade decide_upgrade(const http::Request& req);
   void add_jupyter_routes();
   void add_agent_routes();
   // Runs blocking work on the offload pool and replies from there.

@@ -27,6 +27,7 @@
 #include "cellgate/execute/executor.hpp"
 #include "cellgate/http/handler.hpp"
 #include "cellgate/http/router.hpp"
+#include "cellgate/http/stats.hpp"
 #include "cellgate/kernels/registry.hpp"
 #include "cellgate/mutex.hpp"
 #include "cellgate/util/loop.hpp"
@@ -38,6 +39,7 @@ struct E2bOptions {
   bool allow_missing_token = false;  // a request without any token is allowed (E2B's debug SDK)
   double execute_max_timeout = 600;
   double execute_keepalive = 3;
+  std::shared_ptr<http::HttpStats> stats;  // requests timed for /metrics; null: not timed
 };
 
 class E2bApi : public http::Handler {

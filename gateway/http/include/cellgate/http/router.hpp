@@ -6,6 +6,7 @@
 //   router.add(Verb::get, "/api/kernels/{id}", [this](Call& c) { … c.param("id") … });
 //   router.add(Verb::put, "/api/kernels/{id}/files/{path*}", …);   // {name*}: the rest
 //   router.dispatch(std::move(req), exchange);                     // false: no route
+//   router.pattern_of("/api/kernels/abc")                          // "/api/kernels/{id}"
 //
 // Thread-safety: add() before serving; dispatch() from any thread.
 #pragma once
@@ -54,10 +55,14 @@ class Router {
   enum class Match { kFound, kNoPath, kNoMethod };
   // Runs the route for `call.req` (call.params filled in). kNoPath / kNoMethod: nothing ran.
   Match dispatch(Call& call) const;
+  // The pattern as added of the first route whose path matches `path` (any method), "" for
+  // none: a label whose values are bounded by the routes (GET /metrics), never the path itself.
+  std::string pattern_of(std::string_view path) const;
 
  private:
   struct Entry {
     Verb method;
+    std::string pattern;
     std::vector<std::string> segments;  // literal, "{name}", or a last "{name*}"
     Route route;
   };

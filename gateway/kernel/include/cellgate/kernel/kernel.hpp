@@ -212,6 +212,8 @@ class KernelProcessHandle {
   // The facts a restarted gateway adopts it by; nullopt when this kind of process cannot be
   // adopted (a fake).
   virtual std::optional<AdoptionFacts> adoption_facts() const { return std::nullopt; }
+  // Whether the launcher reported the kernel forked from the zygote (false: started cold).
+  virtual bool from_zygote() const { return false; }
   // Lets the kernel run on when the handle goes (a gateway handing its kernels over to the next
   // one on its state dir): nothing is killed, unmounted or removed then.
   virtual void detach() {}

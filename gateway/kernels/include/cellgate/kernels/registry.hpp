@@ -119,6 +119,10 @@ struct RegistryStats {
   util::LabeledCounter deaths;  // by reason: oom, signaled, timeout, violation, heartbeat, exited…
   util::Counter adopted;        // kernels of a previous gateway adopted at start
   util::Counter cleaned_up;     // and what it left that was ended and removed
+  // Seconds a client start took, by kernelspec and source: "pool" (a claim), "zygote" (forked
+  // from it, as the launcher reported) or "cold". Successful starts only.
+  util::HistogramVec start_seconds{{"kernelspec", "source"},
+                                   {0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120}};
 };
 
 class KernelRegistry {

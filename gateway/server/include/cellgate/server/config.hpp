@@ -45,6 +45,8 @@ struct ServeOptions {
   std::size_t max_kernel_message_bytes = 64u << 20;  // one frame from a kernel; larger: dropped
   double ws_ping_interval = 30;                      // seconds; 0: off
   int threads = 2;
+  std::string log_level;                // trace|debug|info|warn|error; "": SPDLOG_LEVEL, else info
+  std::string log_format = "text";      // text | json (one {"ts", "level", "msg"} object per line)
   std::set<std::string> env_allowlist;  // client env names passed besides KERNEL_*
   int restart_limit = 5;                // auto-restarts of a dying kernel before it is dead
   double kernel_start_timeout = 60;  // seconds for the launcher's report and the first kernel_info

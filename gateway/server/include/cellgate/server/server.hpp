@@ -48,6 +48,12 @@ class Server {
   std::unique_ptr<Impl> impl_;
 };
 
+// The log as `options` say: the journal when stderr or stdout is journald's stream, else the
+// console; options.log_level (else SPDLOG_LEVEL, in spdlog's syntax, else info); and
+// options.log_format ("json": one {"ts", "level", "msg"} object per line). Once, before
+// run_serve and before any thread.
+void set_up_logging(const ServeOptions& options);
+
 // `cellgate serve`: prints where it listens and the token, runs until SIGINT or SIGTERM, then
 // shuts every kernel down.
 int run_serve(ServeOptions options);

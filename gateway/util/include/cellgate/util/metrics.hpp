@@ -5,21 +5,34 @@
 //   util::Counter starts;                 starts.add();
 //   util::LabeledCounter cells;           cells.add("ok");
 //   util::Histogram latency({0.01, 0.1, 1, 10});   latency.observe(0.042);
+//   util::HistogramVec requests({"method", "route"}, {0.01, 0.1, 1});
+//   requests.observe({"GET", "/api/kernels/{id}"}, 0.003);
 //   util::PrometheusText out;
 //   out.counter("cellgate_kernel_starts_total", "Kernels started.", starts.value());
 //   out.labeled("cellgate_cells_total", "Cells by status.", "status", cells.snapshot());
 //   out.histogram("cellgate_cell_duration_seconds", "Cell wall time.", latency);
+//   out.histograms("cellgate_http_request_duration_seconds", "Requests.", requests);
+//   out.family("cellgate_build_info", "The build.", "gauge");
+//   out.sample("cellgate_build_info", {{"version", "0.1.0"}}, 1);
 //   std::string body = out.text();        // text/plain; version=0.0.4
 //
-// Thread-safety: Counter, LabeledCounter and Histogram may be updated from any thread at once;
-// PrometheusText is one scrape's, single-threaded.
+// The exposition is written by hand rather than with prometheus-cpp (bookworm's
+// libprometheus-cpp-dev 1.0.1): the whole of it is this header and ~200 lines, promtool accepts
+// what it writes (tests/conformance/test_prometheus.py), and the library would bring a second set
+// of counter and histogram types for the same few families, a shared library to ship, and a pull
+// side built on civetweb, an HTTP server beside ours, for no format we lack.
+//
+// Thread-safety: Counter, LabeledCounter, Histogram and HistogramVec may be updated from any
+// thread at once; PrometheusText is one scrape's, single-threaded.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cellgate/mutex.hpp"
@@ -68,6 +81,29 @@ class Histogram {
   double sum_ CELLGATE_GUARDED_BY(mu_) = 0;
 };
 
+// Histograms by a tuple of label values (method, route, code; kernelspec, source). The values
+// come from bounded sets (route patterns, not paths); past kMaxSeries tuples a new one is not
+// recorded, so a bug that leaks an unbounded value cannot grow the scrape without end.
+class HistogramVec {
+ public:
+  static constexpr std::size_t kMaxSeries = 1000;
+  HistogramVec(std::vector<std::string> label_names, std::vector<double> upper_bounds);
+  void observe(const std::vector<std::string>& label_values, double value);
+
+  const std::vector<std::string>& label_names() const { return names_; }
+  // Every tuple observed so far, in order, with its histogram's snapshot.
+  std::vector<std::pair<std::vector<std::string>, Histogram::Snapshot>> snapshot() const;
+
+ private:
+  const std::vector<std::string> names_;
+  const std::vector<double> bounds_;
+  mutable Mutex mu_;
+  std::map<std::vector<std::string>, std::unique_ptr<Histogram>> series_ CELLGATE_GUARDED_BY(mu_);
+};
+
+// A sample's labels, name="value" in this order.
+using Labels = std::vector<std::pair<std::string, std::string>>;
+
 class PrometheusText {
  public:
   void counter(const std::string& name, const std::string& help, std::uint64_t value);
@@ -76,10 +112,15 @@ class PrometheusText {
   void labeled(const std::string& name, const std::string& help, const std::string& type,
                const std::string& label, const std::map<std::string, std::uint64_t>& values);
   void histogram(const std::string& name, const std::string& help, const Histogram& h);
+  void histograms(const std::string& name, const std::string& help, const HistogramVec& h);
+  // A family's # HELP and # TYPE, then its samples one by one.
+  void family(const std::string& name, const std::string& help, const std::string& type);
+  void sample(const std::string& name, const Labels& labels, double value);
   const std::string& text() const { return text_; }
 
  private:
   void header(const std::string& name, const std::string& help, const std::string& type);
+  void buckets(const std::string& name, const Labels& labels, const Histogram::Snapshot& s);
   std::string text_;
 };
 
