@@ -3,6 +3,10 @@
 #include "cellgate/util/metrics.hpp"
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <sstream>
 
 #include "cellgate/http/router.hpp"
 #include "cellgate/http/stats.hpp"
@@ -50,6 +54,36 @@ TEST(Metrics, TimedExchangeObservesMethodRouteAndCode) {
   Request odd{Verb::unknown, "/", 11};
   odd.method_string("BREW");
   EXPECT_EQ(method_label(odd), "other");  // a client's method text is never a label
+}
+
+// One access line per request, as jupyter_server writes it, its level by status, the path
+// without its query and with a hostile client's bytes replaced.
+TEST(Metrics, TimedExchangeWritesAnAccessLine) {
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  sink->set_pattern("%l %v");
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("access", sink));
+  spdlog::set_level(spdlog::level::info);
+  auto stats = std::make_shared<HttpStats>();
+  auto inner = std::make_shared<LambdaExchange>([](Response) {});
+  auto answer = [&](std::string_view path, Status status) {
+    auto timed = std::make_shared<TimedExchange>(stats, "GET", inner);
+    timed->set_path(path);
+    Request req{Verb::get, "/", 11};
+    timed->reply(json_response(req, status, {}));
+  };
+  answer("/api/kernels", Status::ok);                     // debug: not at info
+  answer("/api/kernels/x\x1b[31m\n", Status::not_found);  // warn, bytes replaced
+  answer("/api/kernels/y", Status::internal_server_error);
+  answer(std::string(300, 'a'), Status::forbidden);
+  spdlog::set_default_logger(previous);
+  const std::string text = log.str();
+  EXPECT_EQ(text.find("200 GET"), std::string::npos) << text;
+  EXPECT_NE(text.find("warning 404 GET /api/kernels/x?[31m? ("), std::string::npos) << text;
+  EXPECT_NE(text.find("error 500 GET /api/kernels/y ("), std::string::npos) << text;
+  EXPECT_NE(text.find("403 GET " + std::string(256, 'a') + "... ("), std::string::npos) << text;
+  EXPECT_EQ(text.find(std::string(257, 'a')), std::string::npos) << "capped at 256 bytes";
 }
 
 TEST(Metrics, HistogramVecRendersLabelledBucketsAndIsCapped) {

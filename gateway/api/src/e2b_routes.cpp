@@ -95,6 +95,8 @@ void E2bApi::handle(http::Request req, std::shared_ptr<http::Exchange> exchange)
   if (options_.stats) {
     auto timed = std::make_shared<http::TimedExchange>(options_.stats, http::method_label(req),
                                                        std::move(exchange));
+    const std::string_view raw(req.target().data(), req.target().size());
+    timed->set_path(raw.substr(0, raw.find('?')));  // the base URL included, the query not
     if (std::string route = router_.pattern_of(target.path); !route.empty()) {
       timed->set_route(std::move(route));
     }

@@ -199,6 +199,8 @@ void Api::handle(Request req, std::shared_ptr<http::Exchange> exchange) {
     // Timed by route pattern (GET /metrics): every answer below, refusals included.
     auto timed = std::make_shared<http::TimedExchange>(options_.stats, http::method_label(req),
                                                        std::move(exchange));
+    const std::string_view raw(req.target().data(), req.target().size());
+    timed->set_path(raw.substr(0, raw.find('?')));  // the base URL included, the query not
     std::string route = !under_base              ? ""
                         : mount != mounts_.end() ? mount->first
                                                  : router_.pattern_of(target.path);

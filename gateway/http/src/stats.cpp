@@ -1,5 +1,7 @@
 #include "cellgate/http/stats.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include <string>
 
 namespace cellgate::http {
@@ -29,6 +31,18 @@ TimedExchange::~TimedExchange() {
   }
 }
 
+void TimedExchange::set_path(std::string_view path) {
+  constexpr std::size_t kMax = 256;
+  path_.clear();
+  for (std::size_t i = 0; i < path.size() && i < kMax; ++i) {
+    const char c = path[i];
+    path_ += (c > 0x20 && c < 0x7f) ? c : '?';
+  }
+  if (path.size() > kMax) {
+    path_ += "...";
+  }
+}
+
 void TimedExchange::reply(Response res) {
   code_ = res.result_int();
   inner_->reply(std::move(res));
@@ -52,6 +66,14 @@ void TimedExchange::observe() {
   observed_ = true;
   const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start_;
   stats_->requests.observe({method_, route_, std::to_string(code_)}, took.count());
+  const auto level = code_ < 300 || code_ == 304 ? spdlog::level::debug
+                     : code_ < 400               ? spdlog::level::info
+                     : code_ < 500               ? spdlog::level::warn
+                                                 : spdlog::level::err;
+  if (spdlog::should_log(level)) {
+    spdlog::log(level, "{} {} {} ({}) {:.2f}ms", code_, method_, path_, inner_->peer(),
+                took.count() * 1000);
+  }
 }
 
 }  // namespace cellgate::http

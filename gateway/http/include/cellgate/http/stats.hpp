@@ -7,12 +7,18 @@
 //   timed->set_route("/api/kernels/{id}");   // a pattern, never the path: bounded labels
 //   timed->reply(res);                        // observed: GET /api/kernels/{id} 200
 //
+// Each observed request is also one access-log line, as jupyter_server writes them:
+// "404 GET /api/kernels/x (127.0.0.1) 0.52ms", at debug for 1xx/2xx and 304, info for other 3xx,
+// warn for 4xx, error for 5xx. The path is logged without its query (tokens travel there as
+// ?token=), at most 256 bytes, bytes outside printable ASCII as '?'.
+//
 // Thread-safety: updated from every network thread at once.
 #pragma once
 
 #include <chrono>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "cellgate/http/message.hpp"
 #include "cellgate/util/metrics.hpp"
@@ -42,6 +48,8 @@ class TimedExchange : public Exchange {
   ~TimedExchange() override;
   // The route pattern; "other" until set. Before the answer.
   void set_route(std::string route) { route_ = std::move(route); }
+  // The request's path (no query) for the access log.
+  void set_path(std::string_view path);
 
   void reply(Response res) override;
   void begin(Response head) override;
@@ -55,6 +63,7 @@ class TimedExchange : public Exchange {
   std::shared_ptr<HttpStats> stats_;
   std::string method_;
   std::string route_ = "other";
+  std::string path_;
   std::shared_ptr<Exchange> inner_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   unsigned code_ = 0;  // once begun or replied
