@@ -58,9 +58,17 @@ class HibernateTest : public ::testing::Test {
                                            std::map<std::string, std::string>{},
                                            [this] { return clock_.now(); });
   }
-  ManagedKernel::Running running() {
+  // A process and connection whose unrouted messages (the replies to posts) reach `k`.
+  ManagedKernel::Running running(const std::shared_ptr<ManagedKernel>& k = nullptr) {
     auto process = fake_.launch({});
-    auto conn = fake_.connect(*process.value(), {});
+    kernel::ClientOptions options;
+    std::weak_ptr<ManagedKernel> weak = k;
+    options.on_unrouted = [weak](const protocol::EnvelopePtr& msg) {
+      if (auto self = weak.lock()) {
+        self->on_unrouted(msg);
+      }
+    };
+    auto conn = fake_.connect(*process.value(), options);
     return {std::move(process).value(), std::move(conn).value()};
   }
   util::ManualLoop clock_;
@@ -96,7 +104,7 @@ TEST_F(HibernateTest, HibernatedReadsIdleQueuesMessagesAndSendsThemOnResume) {
   auto kept = k->take_hibernated();
   ASSERT_TRUE(kept);
   EXPECT_FALSE(k->take_hibernated());  // taken once
-  ASSERT_TRUE(k->resumed(running()).ok());
+  ASSERT_TRUE(k->resumed(running(k)).ok());
   EXPECT_EQ(k->state(), KernelState::kIdle);
   EXPECT_FALSE(k->model().hibernated);
   EXPECT_FALSE(k->model().to_json().contains("hibernated"));

@@ -15,6 +15,8 @@ namespace {
 namespace fs = std::filesystem;
 using Ms = std::chrono::milliseconds;
 
+constexpr int kDumpAttempts = 3;
+
 double ms_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
       .count();
@@ -45,6 +47,16 @@ Result<KernelModel> KernelRegistry::Impl::hibernate(const std::string& id) {
     connection.reset();
     const auto start = std::chrono::steady_clock::now();
     auto dumped = process->checkpoint(image_dir(*k));
+    // zmq_close() returns before libzmq's I/O thread has closed the descriptors: a dump that
+    // started first finds a unix stream still connected to us ("External socket"), and CRIU
+    // resumed the jail. Those close within milliseconds; the next attempt finds them closed.
+    for (int attempt = 1; !dumped && attempt < kDumpAttempts &&
+                          dumped.error().message.find("socket") != std::string::npos;
+         ++attempt) {
+      std::error_code ec;
+      fs::remove_all(image_dir(*k), ec);
+      dumped = process->checkpoint(image_dir(*k));
+    }
     if (!dumped) {
       // CRIU resumed the jail: connect again and carry on as before.
       spdlog::warn("kernel {}: {}", id, dumped.error().message);

@@ -493,12 +493,14 @@ Result<void> KernelRegistry::Impl::interrupt(const std::string& id) {
 
 Result<KernelModel> KernelRegistry::Impl::restart(const std::string& id) {
   CELLGATE_ASSIGN_OR_RETURN(auto k, find(id));
-  MutexLock life(k->lifecycle());  // not while it hibernates or resumes
-  CELLGATE_TRY(k->begin_restart());
-  k->stop_process();
-  // A hibernated kernel starts afresh, as a restart of a running one would: its image goes.
-  std::error_code ec;
-  fs::remove_all(image_dir(*k), ec);
+  {
+    MutexLock life(k->lifecycle());  // not while it hibernates or resumes
+    CELLGATE_TRY(k->begin_restart());
+    k->stop_process();
+    // A hibernated kernel starts afresh, as a restart of a running one would: its image goes.
+    std::error_code ec;
+    fs::remove_all(image_dir(*k), ec);
+  }
   auto launched = [&]() -> Result<void> {
     CELLGATE_ASSIGN_OR_RETURN(auto running, launch(k));
     CELLGATE_TRY(
