@@ -184,6 +184,8 @@ def test_routes_answer_as_the_openapi_document_says():
                 ("list_work_dir", lambda: (f"/api/kernels/{kernel()}/files", {}), None),
                 ("read_file", lambda: (f"/api/kernels/{kernel()}/files/sub/data.bin", {}), None),
                 ("delete_file", lambda: (f"/api/kernels/{kernel()}/files/sub/data.bin", {}), None),
+                # Hibernated (CRIU; kernels started cold), then resumed by the interrupt.
+                ("hibernate_kernel", lambda: (f"/api/kernels/{kernel()}/hibernate", {}), None),
                 ("interrupt_kernel", lambda: (f"/api/kernels/{kernel()}/interrupt", {}), None),
                 ("restart_kernel", lambda: (f"/api/kernels/{kernel()}/restart", {}), None),
                 ("execute_once", lambda: ("/api/execute", {"body": {

@@ -88,5 +88,15 @@ TEST(StatusFor, OneMapForEveryCode) {
   EXPECT_EQ(status_for(make_error(ErrorCode::kDeadlineExceeded, "t", "")), Status::gateway_timeout);
 }
 
+TEST(StatusFor, HibernateWhereCheckpointsCannotWorkIs501) {
+  EXPECT_EQ(status_for(make_error(ErrorCode::kFailedPrecondition, "checkpoints_unavailable", "")),
+            Status::not_implemented);
+  // The other refusals of a hibernate stay 409: a busy kernel, a zygote-forked one.
+  EXPECT_EQ(status_for(make_error(ErrorCode::kFailedPrecondition, "kernel_busy", "")),
+            Status::conflict);
+  EXPECT_EQ(status_for(make_error(ErrorCode::kFailedPrecondition, "not_hibernatable", "")),
+            Status::conflict);
+}
+
 }  // namespace
 }  // namespace cellgate::http

@@ -72,8 +72,12 @@ class ChannelBridge : public http::WsHandler,
                       public kernels::ChannelListener,
                       public std::enable_shared_from_this<ChannelBridge> {
  public:
-  ChannelBridge(std::shared_ptr<kernels::ManagedKernel> kernel, std::string session_id, bool v1)
-      : kernel_(std::move(kernel)), session_id_(std::move(session_id)), v1_(v1) {}
+  ChannelBridge(std::shared_ptr<kernels::ManagedKernel> kernel, std::string session_id, bool v1,
+                std::function<void()> resume)
+      : kernel_(std::move(kernel)),
+        session_id_(std::move(session_id)),
+        v1_(v1),
+        resume_(std::move(resume)) {}
 
   ~ChannelBridge() override { kernel_->detach(this); }
 
@@ -86,7 +90,9 @@ class ChannelBridge : public http::WsHandler,
     }
     if (!kernel_->attach(shared_from_this(), session_id_)) {
       connection->close(1000, "the kernel is gone");
+      return;
     }
+    resume_if_hibernated();
   }
 
   void on_message(std::string_view frame, bool text) override {
@@ -106,6 +112,7 @@ class ChannelBridge : public http::WsHandler,
         spdlog::warn("kernel {}: {}{}", kernel_->id(), posted.error().message, *suffix);
       }
     }
+    resume_if_hibernated();  // queued: it is sent once the kernel is back
   }
 
   void on_close() override {
@@ -129,6 +136,12 @@ class ChannelBridge : public http::WsHandler,
   }
 
  private:
+  void resume_if_hibernated() {
+    if (resume_ && kernel_->claim_resume()) {
+      resume_();  // on a worker; other touches meanwhile wait in the kernel's queue
+    }
+  }
+
   std::shared_ptr<http::WsConnection> connection() {
     MutexLock lock(mu_);
     return connection_;
@@ -137,6 +150,7 @@ class ChannelBridge : public http::WsHandler,
   std::shared_ptr<kernels::ManagedKernel> kernel_;
   std::string session_id_;
   bool v1_;
+  std::function<void()> resume_;
   http::LogLimiter log_limiter_;  // this connection's repeated warnings
   Mutex mu_;
   std::shared_ptr<http::WsConnection> connection_ CELLGATE_GUARDED_BY(mu_);
@@ -168,8 +182,10 @@ bool offers_v1(const http::Request& req) {
 }
 
 std::shared_ptr<http::WsHandler> make_channel_bridge(std::shared_ptr<kernels::ManagedKernel> kernel,
-                                                     std::string session_id, bool v1) {
-  return std::make_shared<ChannelBridge>(std::move(kernel), std::move(session_id), v1);
+                                                     std::string session_id, bool v1,
+                                                     std::function<void()> resume) {
+  return std::make_shared<ChannelBridge>(std::move(kernel), std::move(session_id), v1,
+                                         std::move(resume));
 }
 
 }  // namespace cellgate::api

@@ -310,7 +310,9 @@ http::Upgrade Api::decide_upgrade(const Request& req) {
     session_id = it->second;
   }
   const bool v1 = offers_v1(req);
-  up.handler = make_channel_bridge(std::move(k).value(), std::move(session_id), v1);
+  up.handler = make_channel_bridge(
+      std::move(k).value(), std::move(session_id), v1,
+      [this, id = parts[2]]() { offload_([this, id]() { (void)registry_.resume(id); }); });
   up.subprotocol = v1 ? std::string(protocol::kV1Subprotocol) : "";
   return up;
 }
@@ -430,6 +432,17 @@ void Api::add_jupyter_routes() {
     offload(
         [this, req = c.req, id = c.param("id")]() {
           auto model = registry_.restart(id);
+          return model ? json_response(req, Status::ok, model->to_json())
+                       : error_response(req, model.error());
+        },
+        [ex = c.exchange](Response r) { ex->reply(std::move(r)); });
+  });
+  // cellgate's addition (README, "Hibernate"): the kernel checkpointed to disk; its model stays,
+  // idle with "hibernated": true, until the first touch resumes it.
+  router_.add(Verb::post, "/api/kernels/{id}/hibernate", [this](Call& c) {
+    offload(
+        [this, req = c.req, id = c.param("id")]() {
+          auto model = registry_.hibernate(id);
           return model ? json_response(req, Status::ok, model->to_json())
                        : error_response(req, model.error());
         },

@@ -176,8 +176,13 @@ void Cell::on_turn() {
   kernel_ = k;
   auto conn = k->connection();
   if (!conn) {
+    // The agent API resumes a hibernated kernel before its cell is queued; other callers (MCP,
+    // E2B) do not yet, and say so rather than call it idle.
+    const std::string state = k->state() == kernels::KernelState::kHibernated
+                                  ? "hibernated (a Jupyter client or an agent-API cell resumes it)"
+                                  : k->model().execution_state;
     complete(make_error(ErrorCode::kUnavailable, "kernel_unavailable",
-                        "kernel " + params_.kernel_id + " is " + k->model().execution_state));
+                        "kernel " + params_.kernel_id + " is " + state));
     return;
   }
   connection_ = conn;

@@ -41,6 +41,9 @@ Status status_for(const Error& error) {
   if (error.reason == "no_space") {
     return Status::insufficient_storage;
   }
+  if (error.reason == "checkpoints_unavailable") {
+    return Status::not_implemented;  // no CRIU, rootless, unjailed or behind a broker
+  }
   return status_for(error.code);
 }
 

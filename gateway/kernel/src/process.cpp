@@ -164,6 +164,9 @@ Result<std::unique_ptr<KernelProcess>> KernelProcess::start(LaunchRequest reques
 
   std::string launcher =
       request.launcher_path.empty() ? executable_dir() + "/cellgate-kernel" : request.launcher_path;
+  kp->launcher_path_ = launcher;
+  kp->launcher_env_ = request.launcher_env;
+  kp->die_with_parent_ = request.die_with_parent;
   kp->status_file_ = templ + "/status";
   std::vector<std::string> args = {launcher,
                                    "--status-fd",

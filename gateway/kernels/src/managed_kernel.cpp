@@ -38,11 +38,16 @@ const char* to_string(KernelState state) {
       return "dead";
     case KernelState::kGone:
       return "gone";
+    case KernelState::kHibernated:
+      return "hibernated";
   }
   return "?";
 }
 
 const char* execution_state(KernelState state) {
+  if (state == KernelState::kHibernated) {
+    return "idle";  // it answers as soon as it is touched; the model says `hibernated`
+  }
   return state == KernelState::kGone ? "dead" : to_string(state);
 }
 
@@ -54,6 +59,9 @@ json KernelModel::to_json() const {
             {"connections", connections}};
   if (!reason.empty()) {
     j["reason"] = reason;
+  }
+  if (hibernated) {
+    j["hibernated"] = true;
   }
   return j;
 }
@@ -118,6 +126,7 @@ KernelModel ManagedKernel::model() const {
   m.last_activity = protocol::iso8601(last_activity_wall_);
   m.execution_state = execution_state(state_);
   m.reason = reason_;
+  m.hibernated = state_ == KernelState::kHibernated;
   for (const auto& a : attached_) {
     if (!a.listener.expired()) {
       ++m.connections;
@@ -267,13 +276,22 @@ Result<void> ManagedKernel::post(Channel channel, protocol::EnvelopePtr msg,
   std::shared_ptr<kernel::KernelConnection> conn;
   {
     MutexLock lock(mu_);
-    if (state_ == KernelState::kGone || !running_.connection) {
+    const bool queue = state_ == KernelState::kHibernated;
+    if (!queue && (state_ == KernelState::kGone || !running_.connection)) {
       return unavailable("kernel " + id_ + " is " + to_string(state_));
+    }
+    if (queue && queued_.size() >= kMaxQueuedWhileHibernated) {
+      return unavailable("kernel " + id_ + " is resuming and has " +
+                         std::to_string(queued_.size()) + " messages waiting already");
     }
     if (const std::string& session = msg->header().session; !session.empty() && sender) {
       by_session_[session] = sender;
     }
     touch_locked();
+    if (queue) {
+      queued_.push_back({channel, std::move(msg)});
+      return {};
+    }
     conn = running_.connection;
   }
   conn->post(channel, std::move(msg));
@@ -365,7 +383,9 @@ Result<void> ManagedKernel::begin_restart() {
     case KernelState::kIdle:
     case KernelState::kBusy:
     case KernelState::kDead:
+    case KernelState::kHibernated:  // its image is the registry's to remove
       state_ = KernelState::kRestarting;
+      queued_.clear();
       return {};
     case KernelState::kStarting:
     case KernelState::kRestarting:
@@ -421,6 +441,89 @@ ManagedKernel::Ended ManagedKernel::end() {
   attached_.clear();
   by_session_.clear();
   return ended;
+}
+
+// ---- hibernation ------------------------------------------------------------------------------
+
+Result<ManagedKernel::Running> ManagedKernel::begin_hibernate() {
+  MutexLock lock(mu_);
+  if (state_ == KernelState::kGone) {
+    return make_error(ErrorCode::kNotFound, "no_such_kernel", "Kernel does not exist: " + id_);
+  }
+  if (state_ == KernelState::kHibernated) {
+    return make_error(ErrorCode::kFailedPrecondition, "hibernated",
+                      "kernel " + id_ + " is hibernated already");
+  }
+  if (state_ != KernelState::kIdle || !running_.process || !running_.connection) {
+    // An open input_request is a cell still running: busy.
+    return make_error(ErrorCode::kFailedPrecondition, "kernel_busy",
+                      "kernel " + id_ + " is " + to_string(state_) +
+                          ": only an idle kernel (no cell running, no input_request open) can "
+                          "hibernate");
+  }
+  state_ = KernelState::kHibernated;
+  resume_claimed_ = false;
+  return std::move(running_);
+}
+
+void ManagedKernel::hibernated(std::unique_ptr<kernel::KernelProcessHandle> process) {
+  {
+    MutexLock lock(mu_);
+    if (state_ == KernelState::kHibernated) {
+      running_.process = std::move(process);
+      return;
+    }
+  }
+  process.reset();  // gone meanwhile: its runtime dir goes with it
+}
+
+std::unique_ptr<kernel::KernelProcessHandle> ManagedKernel::take_hibernated() {
+  MutexLock lock(mu_);
+  if (state_ != KernelState::kHibernated) {
+    return nullptr;
+  }
+  return std::move(running_.process);
+}
+
+Result<void> ManagedKernel::resumed(Running running) {
+  {
+    MutexLock lock(mu_);
+    if (state_ == KernelState::kHibernated) {
+      running_ = std::move(running);
+      state_ = KernelState::kIdle;
+      reason_.clear();
+      touch_locked();
+      // Under the lock, so that a message posted now cannot overtake the queued ones; post()
+      // only queues for the connection's I/O thread.
+      for (auto& q : queued_) {
+        running_.connection->post(q.channel, std::move(q.msg));
+      }
+      queued_.clear();
+      return {};
+    }
+  }
+  const KernelState now = state();
+  stop(std::move(running));
+  return make_error(ErrorCode::kFailedPrecondition, "kernel_" + std::string(to_string(now)),
+                    "kernel " + id_ + " is " + to_string(now));
+}
+
+bool ManagedKernel::claim_resume() {
+  MutexLock lock(mu_);
+  if (state_ != KernelState::kHibernated || resume_claimed_) {
+    return false;
+  }
+  resume_claimed_ = true;
+  return true;
+}
+
+void ManagedKernel::resume_failed(const std::string& reason) {
+  MutexLock lock(mu_);
+  if (state_ == KernelState::kHibernated) {
+    state_ = KernelState::kDead;
+    reason_ = reason;
+    queued_.clear();
+  }
 }
 
 }  // namespace cellgate::kernels

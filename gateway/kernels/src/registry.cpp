@@ -284,7 +284,11 @@ Result<ManagedKernel::Running> KernelRegistry::Impl::launch(
   }
   CELLGATE_ASSIGN_OR_RETURN(std::unique_ptr<kernel::KernelProcessHandle> process,
                             backend_.launch(std::move(req)));
+  return connect(k, std::move(process));
+}
 
+Result<ManagedKernel::Running> KernelRegistry::Impl::connect(
+    const std::shared_ptr<ManagedKernel>& k, std::unique_ptr<kernel::KernelProcessHandle> process) {
   CELLGATE_ASSIGN_OR_RETURN(std::unique_ptr<kernel::KernelConnection> connected,
                             backend_.connect(*process, client_options(k, *process)));
   std::shared_ptr<kernel::KernelConnection> connection = std::move(connected);
@@ -491,13 +495,20 @@ std::vector<KernelModel> KernelRegistry::Impl::list() const {
 
 Result<void> KernelRegistry::Impl::interrupt(const std::string& id) {
   CELLGATE_ASSIGN_OR_RETURN(auto k, find(id));
+  CELLGATE_TRY(resume(k));
   return k->interrupt();
 }
 
 Result<KernelModel> KernelRegistry::Impl::restart(const std::string& id) {
   CELLGATE_ASSIGN_OR_RETURN(auto k, find(id));
-  CELLGATE_TRY(k->begin_restart());
-  k->stop_process();
+  {
+    MutexLock life(k->lifecycle());  // not while it hibernates or resumes
+    CELLGATE_TRY(k->begin_restart());
+    k->stop_process();
+    // A hibernated kernel starts afresh, as a restart of a running one would: its image goes.
+    std::error_code ec;
+    fs::remove_all(image_dir(*k), ec);
+  }
   auto launched = [&]() -> Result<void> {
     CELLGATE_ASSIGN_OR_RETURN(auto running, launch(k));
     CELLGATE_TRY(
@@ -539,6 +550,14 @@ Result<void> KernelRegistry::Impl::shutdown(const std::string& id) {
       return no_such_kernel(id);
     }
     k = it->second.kernel;
+  }
+  MutexLock life(k->lifecycle());  // a hibernation under way ends first
+  {
+    MutexLock lock(mu_);
+    auto it = kernels_.find(id);
+    if (it == kernels_.end()) {
+      return no_such_kernel(id);  // shut down meanwhile
+    }
     place = std::move(it->second.place);
     kernels_.erase(it);
   }
@@ -626,6 +645,12 @@ Result<void> KernelRegistry::interrupt(const std::string& id) {
 }
 Result<KernelModel> KernelRegistry::restart(const std::string& id) {
   return impl_->restart(id);
+}
+Result<KernelModel> KernelRegistry::hibernate(const std::string& id) {
+  return impl_->hibernate(id);
+}
+Result<void> KernelRegistry::resume(const std::string& id) {
+  return impl_->resume(id);
 }
 Result<void> KernelRegistry::shutdown(const std::string& id) {
   return impl_->shutdown(id);

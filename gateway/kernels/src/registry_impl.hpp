@@ -42,6 +42,8 @@ class KernelRegistry::Impl {
   Result<void> interrupt(const std::string& id);
   Result<KernelModel> restart(const std::string& id);
   Result<void> shutdown(const std::string& id);
+  Result<KernelModel> hibernate(const std::string& id);  // hibernate.cpp
+  Result<void> resume(const std::string& id);
   void shutdown_all();
   void hand_over();
   void monitor_once();
@@ -88,6 +90,15 @@ class KernelRegistry::Impl {
   kernel::ClientOptions client_options(const std::shared_ptr<ManagedKernel>& k,
                                        const kernel::KernelProcessHandle& process);
   std::vector<std::shared_ptr<ManagedKernel>> snapshot() const;
+
+  // Connects to a started `process` (launched, restored, or running on after a failed dump) and
+  // waits until it answers kernel_info; blocking.
+  Result<ManagedKernel::Running> connect(const std::shared_ptr<ManagedKernel>& k,
+                                         std::unique_ptr<kernel::KernelProcessHandle> process);
+
+  // ---- hibernate.cpp ----
+  Result<void> resume(const std::shared_ptr<ManagedKernel>& k);
+  static std::string image_dir(const ManagedKernel& k) { return k.home() + "/hibernated"; }
 
   // ---- adoption.cpp ----
   // At start(): adopt_or_clean_up (adoption.hpp) with adopt() for each running client kernel.

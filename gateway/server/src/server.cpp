@@ -95,6 +95,7 @@ engine::EngineOptions engine_options(const ServeOptions& o) {
   r.heartbeat_timeout = o.heartbeat_timeout;
   r.max_kernel_message_bytes = o.max_kernel_message_bytes;
   r.no_jail = o.no_jail;
+  r.checkpoints_unavailable = o.checkpoints_unavailable;
   r.uids.base = o.kernel_uid_base;
   r.uids.range_size = o.kernel_uid_range_size;
   r.uids.ranges = o.kernel_uid_ranges;
@@ -164,6 +165,9 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   engine::EngineOptions eo = engine_options(o);
   if (backend) {
     eo.registry.privilege_separated = true;
+    // The broker's jails would have to be checkpointed by the broker, which cannot yet.
+    eo.registry.checkpoints_unavailable =
+        "the privilege-separated mode (serve --user) cannot hibernate kernels yet";
     // The range is the broker's lease (run_serve); this is the gateway's own note of it.
     eo.registry.uids.lease_dir = o.state_dir + "/uid-ranges";
   }
@@ -467,6 +471,8 @@ int run_serve(ServeOptions options) {
   if (!options.no_jail) {
     options.jail.cgroup_parent = prepared->cgroup_parent;
   }
+  options.checkpoints_unavailable =
+      prepared->checkpoints.available ? "" : prepared->checkpoints.reason;
   std::optional<kernels::UidAllocator> broker_uids;
   pid_t broker_pid = -1;
   std::unique_ptr<kernel::KernelBackend> backend;

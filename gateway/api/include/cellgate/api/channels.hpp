@@ -13,6 +13,7 @@
 // Thread-safety: see http::WsHandler and kernels::ChannelListener.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -24,7 +25,11 @@ namespace cellgate::api {
 // Whether the upgrade request offers the v1.kernel.websocket.jupyter.org subprotocol.
 bool offers_v1(const http::Request& req);
 
+// `resume` is called (and must not block: it hands the blocking resume to a worker) when the
+// connection opens or posts a message while the kernel is hibernated; the messages wait in the
+// kernel's queue meanwhile (managed_kernel.hpp).
 std::shared_ptr<http::WsHandler> make_channel_bridge(std::shared_ptr<kernels::ManagedKernel> kernel,
-                                                     std::string session_id, bool v1);
+                                                     std::string session_id, bool v1,
+                                                     std::function<void()> resume);
 
 }  // namespace cellgate::api

@@ -30,8 +30,10 @@ using Field = beast_http::field;
 using Reply = std::function<void(Response)>;
 
 // The HTTP status for an error: the one place error codes map to HTTP (abseil's canonical codes).
-// Two reasons refine a code: "too_large" is 413 and "no_space" 507 (both kResourceExhausted,
-// which is otherwise 403: jupyter's "Resource Limit" for --max-kernels, as its clients expect).
+// Three reasons refine a code: "too_large" is 413 and "no_space" 507 (both kResourceExhausted,
+// which is otherwise 403: jupyter's "Resource Limit" for --max-kernels, as its clients expect),
+// "checkpoints_unavailable" is 501 (hibernate where CRIU cannot work: the host lacks it, rootless,
+// unjailed, or behind a broker).
 Status status_for(const Error& error);
 Status status_for(ErrorCode code);
 

@@ -217,6 +217,29 @@ class KernelProcessHandle {
   // Lets the kernel run on when the handle goes (a gateway handing its kernels over to the next
   // one on its state dir): nothing is killed, unmounted or removed then.
   virtual void detach() {}
+
+  // ---- hibernation (CRIU: kernel-launcher/checkpoint) ----
+  // Why this kernel cannot be checkpointed (reason "not_hibernatable", kFailedPrecondition), or
+  // nothing. A kernel forked from the zygote maps cellgate-zygote from outside its jail's mount
+  // namespace, which CRIU cannot restore.
+  virtual Result<void> checkpointable() const {
+    return make_error(ErrorCode::kFailedPrecondition, "not_hibernatable",
+                      "this kind of kernel process cannot be checkpointed");
+  }
+  // Checkpoints the kernel's jail into `image_dir` (which must not exist; made 0700): its
+  // processes and cgroup are gone after, the handle keeps its runtime dir for restore(). Nobody
+  // may be connected to the kernel's sockets. On failure the kernel runs on as it was. Blocking.
+  virtual Result<void> checkpoint(const std::string& image_dir) {
+    (void)image_dir;
+    return checkpointable();
+  }
+  // Restores the kernel checkpoint() saved, with a new launcher; blocks until it reports the
+  // jail started (or failed). The image stays for the caller to remove.
+  virtual Result<void> restore(const std::string& image_dir, std::chrono::milliseconds timeout) {
+    (void)image_dir;
+    (void)timeout;
+    return checkpointable();
+  }
 };
 
 struct LaunchRequest;  // process.hpp

@@ -116,6 +116,11 @@ class KernelProcess : public KernelProcessHandle {
   std::optional<AdoptionFacts> adoption_facts() const override;
   bool from_zygote() const override { return started_ && started_->zygote; }
   void detach() override;
+  // process_checkpoint.cpp: `cellgate-kernel --checkpoint` and `--restore` on this kernel's
+  // runtime dir (its jail spec, connection dir and work dir are reused as they are).
+  Result<void> checkpointable() const override;
+  Result<void> checkpoint(const std::string& image_dir) override;
+  Result<void> restore(const std::string& image_dir, std::chrono::milliseconds timeout) override;
 
  private:
   KernelProcess() = default;
@@ -125,8 +130,12 @@ class KernelProcess : public KernelProcessHandle {
   void watch_adopted(int timeout_ms);
   void parse_status_lines();
   void end_adopted();
+  std::vector<std::string> launcher_environment() const;  // launcher_env_ as KEY=VALUE
 
   ConnectionInfo connection_;
+  std::string launcher_path_;
+  std::map<std::string, std::string> launcher_env_;
+  bool die_with_parent_ = false;
   std::string runtime_dir_;
   std::string connection_file_;
   std::string work_dir_;

@@ -11,8 +11,13 @@
 //      │                 restarting ──restart_failed()──► dead ──begin_restart()──► restarting
 //      └──────────── end() from any state ──────────────────────────────────────► gone
 //
+//   idle ──begin_hibernate()──► hibernated ──resumed()──► idle
+//                                   │ resume_failed() → dead; begin_restart() → restarting
+//
 // execution_state (the Jupyter model's string) is derived from it: starting, idle, busy,
-// restarting, dead ("gone" reads as dead).
+// restarting, dead ("gone" reads as dead, "hibernated" as idle with the model's `hibernated`).
+// A hibernated kernel has no connection; messages posted to it are queued (in order, up to
+// kMaxQueuedWhileHibernated) and sent once it has resumed.
 //
 //   auto k = registry.find(id).value();
 //   k->attach(listener, session_id);              // a WebSocket receives iopub and its replies
@@ -60,6 +65,7 @@ enum class KernelState {
   kRestarting,  // its process is being replaced (a client's restart, or after it died)
   kDead,        // died past --restart-limit, or a restart failed; `reason` says why
   kGone,        // shut down, culled or discarded: no process, listeners told
+  kHibernated,  // checkpointed to disk (or being): no processes, no connection
 };
 const char* to_string(KernelState state);
 // The Jupyter model's execution_state: "starting", "idle", "busy", "restarting", "dead".
@@ -71,7 +77,8 @@ struct KernelModel {
   std::string last_activity;    // ISO 8601 UTC with microseconds and Z
   std::string execution_state;  // starting | idle | busy | restarting | dead
   int connections = 0;
-  std::string reason;  // why it is dead, when it is
+  std::string reason;       // why it is dead, when it is
+  bool hibernated = false;  // cellgate's addition, in the JSON only when true
   nlohmann::json to_json() const;
 };
 
@@ -103,6 +110,7 @@ class ManagedKernel {
     std::unique_ptr<kernel::KernelProcessHandle> process;
     std::shared_ptr<kernel::KernelConnection> connection;
   };
+  static constexpr std::size_t kMaxQueuedWhileHibernated = 1024;
   enum class AfterDeath {
     kRestart,  // now restarting: the caller replaces the process
     kDead,     // past the restart limit: now dead
@@ -168,6 +176,10 @@ class ManagedKernel {
   void on_iopub(const protocol::EnvelopePtr& msg);
   void on_unrouted(const protocol::EnvelopePtr& msg);
 
+  // Held by whoever hibernates or resumes the kernel (the registry), so that concurrent
+  // touches resume it once.
+  Mutex& lifecycle() { return lifecycle_mu_; }
+
   // ---- transitions (the registry drives them) ----
   // starting | restarting → idle, with this process and connection. A client restart
   // (`client_restart`) also resets the restart count. Fails when the kernel is gone (the
@@ -192,7 +204,29 @@ class ManagedKernel {
   };
   Ended end();
 
+  // ---- hibernation (registry's hibernate.cpp, under lifecycle()) ----
+  // idle → hibernated: takes out the process and connection (the caller closes the connection,
+  // then checkpoints the process). kFailedPrecondition ("kernel_busy") when it is not idle.
+  Result<Running> begin_hibernate();
+  // The checkpointed process (it holds the runtime dir the restore reuses), kept while
+  // hibernated; stopped at once when the kernel went meanwhile.
+  void hibernated(std::unique_ptr<kernel::KernelProcessHandle> process);
+  // The kept process, for its restore; null when not hibernated.
+  std::unique_ptr<kernel::KernelProcessHandle> take_hibernated();
+  // hibernated → idle with this process and connection; the messages queued meanwhile are sent.
+  Result<void> resumed(Running running);
+  // hibernated → dead with `reason` (the restore failed).
+  void resume_failed(const std::string& reason);
+  // True once per hibernation, for the first caller that asks while it is hibernated: that one
+  // has a resume started (a WebSocket's burst of messages asks a worker once, not per message).
+  bool claim_resume();
+
  private:
+  struct Queued {
+    kernel::Channel channel;
+    protocol::EnvelopePtr msg;
+  };
+
   struct Attached {
     std::weak_ptr<ChannelListener> listener;
     std::string session_id;
@@ -211,7 +245,10 @@ class ManagedKernel {
   const std::map<std::string, std::string> env_;
   const Now now_;
 
+  Mutex lifecycle_mu_;  // before mu_
   mutable Mutex mu_;
+  std::vector<Queued> queued_ CELLGATE_GUARDED_BY(mu_);  // posted while hibernated
+  bool resume_claimed_ CELLGATE_GUARDED_BY(mu_) = false;
   KernelState state_ CELLGATE_GUARDED_BY(mu_) = KernelState::kStarting;
   std::string reason_ CELLGATE_GUARDED_BY(mu_);
   int restarts_ CELLGATE_GUARDED_BY(mu_) = 0;

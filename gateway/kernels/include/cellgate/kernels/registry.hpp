@@ -105,6 +105,10 @@ struct RegistryOptions {
   // Paths in the jail where each kernel's work dir is mounted too (E2B's /home/user), so code
   // written for them reads and writes the files the gateway lists. Jailed kernels only.
   std::vector<std::string> work_dir_aliases;
+  // Why kernels cannot hibernate here (501 with this reason), or "" when they can: the composition
+  // root says so from engine::PreparedHost::checkpoints (CRIU found and checked, root, jailed)
+  // and the gateway's mode (not behind a broker yet).
+  std::string checkpoints_unavailable = "this gateway was not set up for checkpoints";
   // The uids kernels run as: this gateway's own range, leased host-wide (uid_allocator.hpp).
   // An empty fallback_lease_dir means <state_dir>/uid-ranges.
   UidRangeOptions uids;
@@ -158,6 +162,18 @@ class KernelRegistry {
   Result<void> interrupt(const std::string& id);
   Result<KernelModel> restart(const std::string& id);  // blocking
   Result<void> shutdown(const std::string& id);        // blocking
+  // Blocking (hibernate.cpp). Checkpoints an idle kernel to <state_dir>/kernels/<id>/hibernated
+  // (0700, its files 0600): its processes and cgroup end, its model stays (idle, hibernated).
+  // 501-mapped "checkpoints_unavailable" where this host or mode cannot; kFailedPrecondition
+  // when it is busy or not hibernatable (forked from the zygote); a failed dump leaves it
+  // running and connected and returns the error.
+  Result<KernelModel> hibernate(const std::string& id);
+  // Blocking. Brings a hibernated kernel back (restore, reconnect, kernel_info) and removes its
+  // image; nothing for a kernel that is not hibernated. Concurrent calls restore it once. A
+  // failed restore leaves it dead with the reason. interrupt() and restart() call it (restart
+  // of a hibernated kernel starts it afresh instead); a WebSocket's or a cell's first touch
+  // does through the API.
+  Result<void> resume(const std::string& id);
   // Ends every kernel, pooled ones included, and stops refilling the pool for good.
   void shutdown_all();
   // For a restart or an upgrade: ends the pooled kernels and stops the pool like shutdown_all(),

@@ -54,6 +54,9 @@ struct ServeOptions {
   // (RegistryOptions::heartbeat_timeout); a kernel busy at its CPU quota is never restarted.
   double heartbeat_timeout = 3;
   bool no_jail = false;  // run kernels unjailed (explicit only)
+  // Not an option: why kernels cannot hibernate here ("" when they can), which run_serve takes
+  // from engine::prepare_host (RegistryOptions::checkpoints_unavailable).
+  std::string checkpoints_unavailable = "this gateway was not set up for checkpoints";
   // SIGTERM and SIGINT leave the client kernels running for the next gateway on the state dir to
   // adopt, as SIGUSR2 always does (a restart or an upgrade under a service manager).
   bool keep_kernels = false;

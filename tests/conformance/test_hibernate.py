@@ -1,0 +1,170 @@
+"""Hibernate and resume through `cellgate serve` (README, "Hibernate"), for real with CRIU.
+
+A kernel started cold (--no-zygote) sets x = 41 and writes a file in its work dir; POST
+/api/kernels/{id}/hibernate checkpoints it: its launcher, its processes and its cgroup are gone,
+its image dir is 0700, and the model stays, idle with "hibernated": true. An agent-API cell then
+resumes it transparently (x + 1 == 42, the file still there); a second hibernate is resumed by a
+WebSocket execute. Refusals: an unknown id is 404, a busy kernel 409 (and it runs on), a kernel
+forked from the zygote 409 naming --no-zygote. Where CRIU cannot work the route answers 501 and
+the test skips with that reason, unless scripts/install-criu's CRIU is installed (as in CI): then a
+501 is a failure, so a broken CRIU cannot turn these tests into skips. Needs root (the jail)."""
+import json
+import os
+import pathlib
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+import gateway_bench as gb  # noqa: E402
+
+BIN_DIR = os.environ.get("CELLGATE_BIN_DIR", "build/bin")
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the jail needs root")
+INSTALLED_CRIU = "/opt/cellgate/criu/sbin/criu"  # scripts/install-criu
+
+
+def unavailable(answer):
+    """A 501: skip where no CRIU was installed; with scripts/install-criu's, fail."""
+    assert not os.path.exists(INSTALLED_CRIU), (
+        f"{INSTALLED_CRIU} is installed but the gateway says checkpoints cannot work: {answer}")
+    pytest.skip(f"checkpoints unavailable here: {answer['message']}")
+
+
+def call(server, method, path, body=None, timeout=120):
+    status, raw = gb.http_request(server, method, path, body, timeout=timeout)
+    return status, (json.loads(raw) if raw else None)
+
+
+def execute(server, kid, code, timeout=60):
+    status, answer = call(server, "POST", f"/api/kernels/{kid}/execute",
+                          {"code": code, "timeout": timeout}, timeout=timeout + 30)
+    assert status == 200, (status, answer, server.log_tail())
+    return answer
+
+
+def hibernate(server, kid):
+    status, answer = call(server, "POST", f"/api/kernels/{kid}/hibernate")
+    if status == 501:
+        unavailable(answer)
+    assert status == 200, (status, answer, server.log_tail())
+    return answer
+
+
+def record(server, kid):
+    return json.loads(pathlib.Path(server.marker, "kernels", kid + ".json").read_text())
+
+
+def alive(pid):
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def assert_hibernated(server, kid, facts):
+    """The model says so; the launcher, the jail and its cgroup are gone; the image is private."""
+    status, model = call(server, "GET", f"/api/kernels/{kid}")
+    assert status == 200 and model["execution_state"] == "idle" and model["hibernated"] is True, \
+        model
+    status, models = call(server, "GET", "/api/kernels")
+    assert [m for m in models if m["id"] == kid][0]["hibernated"] is True
+    assert not alive(facts["kernel_pid"]), "the jail's pid 1 still runs"
+    assert not alive(facts["launcher_pid"]), "the launcher still runs"
+    for path in facts["cgroup_paths"]:
+        assert not os.path.isdir(path), f"the cgroup {path} is still there"
+    image = pathlib.Path(server.marker, "kernels", kid, "hibernated")
+    assert image.stat().st_mode & 0o777 == 0o700, oct(image.stat().st_mode)
+
+
+def test_hibernate_then_resume_by_a_cell_and_by_a_websocket():
+    with tempfile.TemporaryDirectory() as tmp:
+        server = gb.start_cellgate(BIN_DIR, tmp, 4, ("--no-zygote",))
+        try:
+            kid = gb.start_kernel(server)
+            answer = execute(server, kid, "x = 41\nopen('note.txt', 'w').write('kept')")
+            assert answer["status"] == "ok", answer
+            facts = record(server, kid)["process"]
+
+            model = hibernate(server, kid)
+            assert model["id"] == kid and model["hibernated"] is True, model
+            assert_hibernated(server, kid, facts)
+            # Already hibernated: a conflict, and nothing changes.
+            status, answer = call(server, "POST", f"/api/kernels/{kid}/hibernate")
+            assert status == 409 and answer["error"] == "hibernated", answer
+
+            # An agent cell resumes it transparently: variables and files as they were.
+            answer = execute(server, kid, "print(x + 1, open('note.txt').read())")
+            assert answer["status"] == "ok" and answer["stdout"] == "42 kept\n", answer
+            status, model = call(server, "GET", f"/api/kernels/{kid}")
+            assert "hibernated" not in model and model["execution_state"] == "idle", model
+            assert not pathlib.Path(server.marker, "kernels", kid, "hibernated").exists()
+
+            # Again, resumed this time by a WebSocket client's execute_request.
+            facts = record(server, kid)["process"]
+            hibernate(server, kid)
+            assert_hibernated(server, kid, facts)
+            client = gb.KernelClient(server, kid)
+            try:
+                assert client.run_stdout("x += 1\nprint(x)") == "42\n"
+            finally:
+                client.close()
+            assert execute(server, kid, "print(x)")["stdout"] == "42\n"
+
+            # A hibernated kernel shut down: its image goes with it.
+            hibernate(server, kid)
+            status, _ = call(server, "DELETE", f"/api/kernels/{kid}")
+            assert status == 204
+            assert not pathlib.Path(server.marker, "kernels", kid).exists()
+        finally:
+            server.stop()
+            gb.unmount_leftovers(tmp)
+
+
+def test_hibernate_refusals():
+    with tempfile.TemporaryDirectory() as tmp:
+        server = gb.start_cellgate(BIN_DIR, tmp, 4)  # the zygote on, as by default
+        try:
+            status, answer = call(server, "POST", "/api/kernels/no-such-kernel/hibernate")
+            assert status == 404, answer
+
+            # A kernel started before the zygote is ready starts cold: wait for its log line.
+            deadline = time.monotonic() + 60
+            while "zygote: ready" not in pathlib.Path(server.log_path).read_text(errors="replace"):
+                assert time.monotonic() < deadline, "the zygote was not ready within 60 s"
+                time.sleep(0.1)
+            kid = gb.start_kernel(server)
+            # A busy kernel: 409, and the cell runs to its end.
+            started = threading.Event()
+            result = {}
+
+            def long_cell():
+                started.set()
+                result["answer"] = execute(server, kid, "import time\ntime.sleep(3)\nprint('done')")
+
+            cell = threading.Thread(target=long_cell)
+            cell.start()
+            started.wait()
+            deadline = time.monotonic() + 30
+            while call(server, "GET", f"/api/kernels/{kid}")[1]["execution_state"] != "busy":
+                assert time.monotonic() < deadline, "the cell did not make the kernel busy"
+            status, answer = call(server, "POST", f"/api/kernels/{kid}/hibernate")
+            if status == 501:
+                cell.join()
+                unavailable(answer)
+            assert status == 409 and answer["error"] == "kernel_busy", answer
+            cell.join()
+            assert result["answer"]["stdout"] == "done\n", result
+
+            # Forked from the zygote: refused before anything closes, naming the way out.
+            status, answer = call(server, "POST", f"/api/kernels/{kid}/hibernate")
+            assert status == 409 and answer["error"] == "not_hibernatable", answer
+            assert "--no-zygote" in answer["message"], answer
+            assert execute(server, kid, "print(1 + 1)")["stdout"] == "2\n"
+        finally:
+            server.stop()
+            gb.unmount_leftovers(tmp)
