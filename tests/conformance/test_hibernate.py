@@ -4,10 +4,11 @@ A kernel started cold (--no-zygote) sets x = 41 and writes a file in its work di
 /api/kernels/{id}/hibernate checkpoints it: its launcher, its processes and its cgroup are gone,
 its image dir is 0700, and the model stays, idle with "hibernated": true. An agent-API cell then
 resumes it transparently (x + 1 == 42, the file still there); a second hibernate is resumed by a
-WebSocket execute. Refusals: an unknown id is 404, a busy kernel 409 (and it runs on), a kernel
+WebSocket execute; an MCP session's kernel is resumed by its next run_code. Refusals: an unknown id is 404, a busy kernel 409 (and it runs on), a kernel
 forked from the zygote 409 naming --no-zygote. Where CRIU cannot work the route answers 501 and
 the test skips with that reason, unless scripts/install-criu's CRIU is installed (as in CI): then a
 501 is a failure, so a broken CRIU cannot turn these tests into skips. Needs root (the jail)."""
+import http.client
 import json
 import os
 import pathlib
@@ -165,6 +166,69 @@ def test_hibernate_refusals():
             assert status == 409 and answer["error"] == "not_hibernatable", answer
             assert "--no-zygote" in answer["message"], answer
             assert execute(server, kid, "print(1 + 1)")["stdout"] == "2\n"
+        finally:
+            server.stop()
+            gb.unmount_leftovers(tmp)
+
+
+class Mcp:
+    """A Streamable HTTP MCP client of the fewest words: initialize, then tools/call."""
+
+    def __init__(self, server):
+        self.server, self.session, self.ids = server, None, 0
+        self.call("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                 "clientInfo": {"name": "test_hibernate", "version": "1"}})
+        self.call("notifications/initialized", notification=True)
+
+    def call(self, method, params=None, notification=False):
+        msg = {"jsonrpc": "2.0", "method": method, **({"params": params} if params else {})}
+        if not notification:
+            self.ids += 1
+            msg["id"] = self.ids
+        headers = {"Authorization": f"Bearer {self.server.token}", "Accept": "application/json",
+                   "Content-Type": "application/json"}
+        if self.session:
+            headers["Mcp-Session-Id"] = self.session
+        conn = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=120)
+        try:
+            conn.request("POST", "/mcp", body=json.dumps(msg).encode(), headers=headers)
+            resp = conn.getresponse()
+            raw = resp.read()
+        finally:
+            conn.close()
+        if notification:
+            assert resp.status == 202, (resp.status, raw)
+            return None
+        assert resp.status == 200, (resp.status, raw)
+        if method == "initialize":
+            self.session = resp.getheader("Mcp-Session-Id")
+        answer = json.loads(raw)
+        assert "result" in answer, answer
+        return answer["result"]
+
+    def run_code(self, code):
+        result = self.call("tools/call", {"name": "run_code",
+                                          "arguments": {"code": code, "timeout": 60}})
+        return json.dumps(result)
+
+
+def test_an_mcp_cell_resumes_its_sessions_hibernated_kernel():
+    """MCP reaches the executor as the agent API does: its cell resumes the kernel too."""
+    with tempfile.TemporaryDirectory() as tmp:
+        server = gb.start_cellgate(BIN_DIR, tmp, 4, ("--no-zygote",))
+        try:
+            mcp = Mcp(server)
+            assert "ok" in mcp.run_code("y = 5\nprint('ok')")
+            status, models = call(server, "GET", "/api/kernels")
+            assert status == 200 and len(models) == 1, models
+            kid = models[0]["id"]
+            facts = record(server, kid)["process"]
+            hibernate(server, kid)
+            assert_hibernated(server, kid, facts)
+            out = mcp.run_code("print(y * 2)")
+            assert "10" in out, out
+            status, model = call(server, "GET", f"/api/kernels/{kid}")
+            assert "hibernated" not in model, model
         finally:
             server.stop()
             gb.unmount_leftovers(tmp)

@@ -53,29 +53,16 @@ void Api::add_agent_routes() {
       return c.fail(request.error());
     }
     const std::string id = c.param("id");
-    auto k = registry_.find(id);
-    if (!k) {
+    if (auto k = registry_.find(id); !k) {
       return c.fail(k.error());
     }
-    auto answer = [this, req = c.req, ex = c.exchange, id,
-                   request = std::move(request).value()]() mutable {
-      detail::answer_cell(req, ex, detail::encoder_for(req), keepalive_interval(),
-                          [this, id, request = std::move(request)](execute::RunOptions run,
-                                                                   execute::Done done) mutable {
-                            return executor_.run(id, std::move(request), std::move(run),
-                                                 std::move(done));
-                          });
-    };
-    if ((*k)->state() != kernels::KernelState::kHibernated) {
-      return answer();
-    }
-    // A hibernated kernel is resumed first, on a worker (blocking), and the cell then runs.
-    offload_([this, id, req = c.req, ex = c.exchange, answer = std::move(answer)]() mutable {
-      if (auto resumed = registry_.resume(id); !resumed) {
-        return ex->reply(error_response(req, resumed.error()));
-      }
-      answer();
-    });
+    // A hibernated kernel is resumed by its cell (execute/src/cell.cpp).
+    detail::answer_cell(c.req, c.exchange, detail::encoder_for(c.req), keepalive_interval(),
+                        [this, id, request = std::move(request).value()](
+                            execute::RunOptions run, execute::Done done) mutable {
+                          return executor_.run(id, std::move(request), std::move(run),
+                                               std::move(done));
+                        });
   });
 
   router_.add(Verb::post, "/api/execute", [this](Call& c) {

@@ -175,14 +175,28 @@ void Cell::on_turn() {
   const auto& k = *found;
   kernel_ = k;
   auto conn = k->connection();
+  if (!conn && k->state() == kernels::KernelState::kHibernated && !resume_tried_) {
+    // Hibernated: resumed first (registry.resume blocks: on the offload pool), whoever sent the
+    // cell (agent API, MCP, E2B, the CLI); the turn is kept meanwhile and the deadline runs.
+    resume_tried_ = true;
+    context_->offload([cell = shared_from_this()] {
+      auto resumed = cell->context_->registry.resume(cell->params_.kernel_id);
+      cell->strand_->post([cell, resumed = std::move(resumed)] {
+        if (cell->state_ != State::kQueued) {
+          return;  // its deadline or a cancel ended it meanwhile
+        }
+        if (!resumed) {
+          cell->complete(resumed.error());
+          return;
+        }
+        cell->on_turn();
+      });
+    });
+    return;
+  }
   if (!conn) {
-    // The agent API resumes a hibernated kernel before its cell is queued; other callers (MCP,
-    // E2B) do not yet, and say so rather than call it idle.
-    const std::string state = k->state() == kernels::KernelState::kHibernated
-                                  ? "hibernated (a Jupyter client or an agent-API cell resumes it)"
-                                  : k->model().execution_state;
     complete(make_error(ErrorCode::kUnavailable, "kernel_unavailable",
-                        "kernel " + params_.kernel_id + " is " + state));
+                        "kernel " + params_.kernel_id + " is " + k->model().execution_state));
     return;
   }
   connection_ = conn;

@@ -14,6 +14,8 @@
 //       │   ──cancel────▶ done "aborted" (did not run)
 //       │   ──its turn, kernel gone──────▶ done "dead" (did not run)
 //       │   ──its turn, no connection────▶ done (error 503: the kernel is restarting)
+//       │ its turn, kernel hibernated: resumed on the offload pool (once), then its turn again;
+//       │   a failed resume ends it with the registry's error
 //       │ its turn: cgroup stats and work-dir snapshot taken
 //       ▼
 //   kSetup (only with setup_code: sent silently) ──reply not ok──▶ done (error setup_failed)
@@ -223,6 +225,7 @@ class Cell : public std::enable_shared_from_this<Cell> {
   // published busy), and the cell then runs past its grace: the interrupt waits for this.
   bool kernel_began_ = false;
   bool interrupt_deferred_ = false;
+  bool resume_tried_ = false;  // a hibernated kernel is resumed once per cell
   // The kernel cgroup's CPU time when the grace period began (unknown without a cgroup), and
   // how many times it was extended because the kernel kept working.
   std::optional<std::uint64_t> grace_cpu_usec_;

@@ -69,6 +69,20 @@ std::map<std::string, std::string> default_kernel_env(const std::string& work_di
   return env;
 }
 
+Result<std::pair<UniqueFd, UniqueFd>> status_pipe() {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    return errno_error(ErrorCode::kInternal, "spawn", "pipe2()", errno);
+  }
+  UniqueFd read_end(fds[0]);
+  UniqueFd write_end(::fcntl(fds[1], F_DUPFD_CLOEXEC, 10));
+  ::close(fds[1]);
+  if (!write_end) {
+    return errno_error(ErrorCode::kInternal, "spawn", "fcntl(F_DUPFD_CLOEXEC)", errno);
+  }
+  return std::pair<UniqueFd, UniqueFd>(std::move(read_end), std::move(write_end));
+}
+
 Result<pid_t> spawn_with_status_fd(std::vector<std::string> argv, std::vector<std::string> env,
                                    int status_write_fd, const std::string& log_file) {
   posix_spawn_file_actions_t actions;
@@ -219,18 +233,8 @@ Result<std::unique_ptr<KernelProcess>> KernelProcess::start(LaunchRequest reques
     env_strings.push_back(k + "=" + v);
   }
 
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) {
-    return errno_error(ErrorCode::kInternal, "spawn", "pipe2()", errno);
-  }
-  UniqueFd read_end(fds[0]);
-  // dup2 onto fd 3 must not be a no-op (a no-op would keep FD_CLOEXEC), so move the write end
-  // above it first.
-  UniqueFd write_end(::fcntl(fds[1], F_DUPFD_CLOEXEC, 10));
-  ::close(fds[1]);
-  if (!write_end) {
-    return errno_error(ErrorCode::kInternal, "spawn", "fcntl(F_DUPFD_CLOEXEC)", errno);
-  }
+  CELLGATE_ASSIGN_OR_RETURN(auto pipe, status_pipe());
+  auto& [read_end, write_end] = pipe;
 
   kp->log_file_ = templ + "/kernel.log";
   // Nothing else of the gateway's reaches the launcher or its kernel: not its listening socket

@@ -32,22 +32,6 @@ int reap(pid_t pid) {
   return status;
 }
 
-// A pipe for a launcher's status lines: the write end above fd 3 (spawn_with_status_fd dup2()s
-// it there, which must not be a no-op), both close-on-exec.
-Result<std::pair<UniqueFd, UniqueFd>> status_pipe() {
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) {
-    return errno_error(ErrorCode::kInternal, "spawn", "pipe2()", errno);
-  }
-  UniqueFd read_end(fds[0]);
-  UniqueFd write_end(::fcntl(fds[1], F_DUPFD_CLOEXEC, 10));
-  ::close(fds[1]);
-  if (!write_end) {
-    return errno_error(ErrorCode::kInternal, "spawn", "fcntl(F_DUPFD_CLOEXEC)", errno);
-  }
-  return std::pair<UniqueFd, UniqueFd>(std::move(read_end), std::move(write_end));
-}
-
 // The launcher's last "cellgate-kernel: …" line in the log (what a failed dump said), or "".
 std::string last_launcher_line(const std::string& tail) {
   std::istringstream in(tail);

@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cellgate/jail/cgroup.hpp"
@@ -80,6 +81,10 @@ std::string executable_dir();
 // caller reads the pipe's other end and reaps the child. Used for launchers and the zygote.
 Result<pid_t> spawn_with_status_fd(std::vector<std::string> argv, std::vector<std::string> env,
                                    int status_write_fd, const std::string& log_file);
+
+// A pipe for spawn_with_status_fd: {read end, write end}, both close-on-exec, the write end above
+// fd 3 (its dup2 onto fd 3 must not be a no-op, which would keep FD_CLOEXEC).
+Result<std::pair<UniqueFd, UniqueFd>> status_pipe();
 
 class KernelProcess : public KernelProcessHandle {
  public:
