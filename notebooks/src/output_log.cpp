@@ -90,7 +90,8 @@ void OutputLog::write_all() {
     lock.lock();
   }
   if (dropped_ > 0) {
-    std::fprintf(stderr, "cellgate run: --log-output dropped %zu bytes of output (stderr was slow)\n",
+    std::fprintf(stderr,
+                 "cellgate run: --log-output dropped %zu bytes of output (stderr was slow)\n",
                  dropped_);
   }
 }
