@@ -254,7 +254,12 @@ Result<CellAnswer> ClientSession::execute(const std::string& code, double timeou
   CellEvents events;
   std::shared_ptr<client::Cell> cell;
   client::WaitOptions wait;
-  wait.on_event = [&events](const json& event) { events.add(event); };
+  wait.on_event = [this, &events](const json& event) {
+    if (event_watch()) {
+      event_watch()(event);
+    }
+    events.add(event);
+  };
   wait.started = [this, &cell](std::shared_ptr<client::Cell> c) {
     cell = c;
     backend_.track(c);

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <iostream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "files.hpp"
@@ -19,7 +21,9 @@ Result<std::vector<std::string>> expand_inputs(const std::vector<std::string>& i
   std::vector<std::string> paths;
   for (const auto& input : inputs) {
     std::error_code ec;
-    if (fs::is_directory(input, ec)) {
+    if (input == "-") {
+      paths.push_back(input);  // stdin
+    } else if (fs::is_directory(input, ec)) {
       std::vector<std::string> found;
       for (const auto& entry : fs::directory_iterator(input, ec)) {
         std::error_code type_ec;
@@ -64,9 +68,18 @@ std::string output_of(const NotebookRunOptions& options, const std::string& path
   return {};
 }
 
+Result<std::string> read_stdin() {
+  std::ostringstream text;
+  text << std::cin.rdbuf();
+  if (std::cin.bad()) {
+    return make_error(ErrorCode::kInvalidArgument, "unreadable", "cannot read stdin");
+  }
+  return text.str();
+}
+
 // Reads and validates the notebook, or says why it cannot be run.
 void load(Job& job) {
-  auto text = read_file(job.path);
+  auto text = job.path == "-" ? read_stdin() : read_file(job.path);
   if (!text) {
     job.invalid = text.error().message;
   } else if (auto nb = notebook::parse(*text); !nb) {
@@ -97,6 +110,12 @@ Result<std::vector<Job>> plan_jobs(const NotebookRunOptions& options) {
     job.dir = fs::path(path).parent_path().string();
     if (job.dir.empty()) {
       job.dir = ".";
+    }
+    if (path == "-") {
+      job.dir.clear();  // stdin: no directory beside it
+    }
+    if (!options.cwd.empty()) {
+      job.dir = options.cwd;
     }
     job.output = output_of(options, path);
     if (!job.output.empty() && !options.inplace && same_file(job.output, path)) {
@@ -142,6 +161,7 @@ void run_jobs(const std::vector<Job>& jobs, Backend& backend, const NotebookRun&
         run.files_from = job.dir;
         run.artifacts_dir = job.artifacts_dir;
         run.output = job.output;
+        run.input_path = job.path;
         const std::string name = fs::path(job.path).filename().string();
         run.on_cell = [&progress, i, &name](std::size_t cell, std::size_t cells) {
           if (cell == 0) {

@@ -19,8 +19,9 @@
 namespace cellgate::notebooks {
 
 struct Job {
-  std::string path;                        // as given, or found in a directory
-  std::string dir;                         // the notebook's directory ("." for a bare name)
+  std::string path;  // as given, or found in a directory
+  std::string dir;   // its files go to the work dir: --cwd, else the notebook's directory ("." for
+                     // a bare name; "" for stdin: none)
   std::optional<nlohmann::json> notebook;  // parsed and valid
   std::string invalid;                     // why it is not, when it is not
   std::string output;                      // where the executed notebook goes; "" nowhere

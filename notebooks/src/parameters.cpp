@@ -17,6 +17,7 @@
 namespace cellgate::notebooks::parameters {
 namespace {
 
+using nlohmann::json;
 using notebook::Parameter;
 
 Error bad(std::string message) {
@@ -450,6 +451,48 @@ std::string render(const Node& n) {
       break;
   }
   return python_str(n.text);
+}
+
+// A decimal int as JSON: exact within 64 bits, else the nearest double (past its range, null).
+json int_json(const std::string& decimal) {
+  json v = json::parse(decimal, nullptr, false);
+  if (v.is_discarded() || !v.is_number()) {
+    const double d = std::strtod(decimal.c_str(), nullptr);
+    return std::isfinite(d) ? json(d) : json();
+  }
+  return v;
+}
+
+// The value as JSON, for metadata.papermill.parameters (Python's json.dumps of the dict papermill
+// keeps). An int past 64 bits becomes a float, NaN and the infinities null.
+json to_json(const Node& n) {
+  if (n.kind == Node::Kind::kSequence) {
+    json out = json::array();
+    for (const auto& item : n.items) {
+      out.push_back(to_json(item));
+    }
+    return out;
+  }
+  if (n.kind == Node::Kind::kMapping) {
+    json out = json::object();
+    for (const auto& [k, v] : dict_of(n)) {
+      out[resolve(*k) == Tag::kString ? k->text : scalar_str(*k)] = to_json(*v);
+    }
+    return out;
+  }
+  switch (resolve(n)) {
+    case Tag::kNull:
+      return json();
+    case Tag::kBool:
+      return scalar_str(n) == "True";
+    case Tag::kInt:
+      return int_json(yaml_int(n.text));
+    case Tag::kFloat:
+      return std::isfinite(yaml_float(n.text)) ? json(yaml_float(n.text)) : json();
+    case Tag::kString:
+      break;
+  }
+  return n.text;
 }
 
 // Reads the subset. Errors name the line.
@@ -960,12 +1003,16 @@ Result<Parameter> typed(std::string_view name, std::string_view value) {
   p.name = std::string(name);
   if (value == "True" || value == "False" || value == "None") {
     p.python = std::string(value);
+    p.value = value == "None" ? json() : json(value == "True");
   } else if (auto i = python_int(value)) {
     p.python = *i;
+    p.value = int_json(*i);
   } else if (auto f = python_float_of(value)) {
     p.python = python_float(*f);
+    p.value = std::isfinite(*f) ? json(*f) : json();
   } else {
     p.python = python_str(value);
+    p.value = std::string(value);
   }
   return p;
 }
@@ -974,7 +1021,7 @@ Result<Parameter> raw(std::string_view name, std::string_view value) {
   if (auto ok = check_name(name); !ok) {
     return bad("-r " + std::string(name) + ": " + ok.error().message);
   }
-  return Parameter{std::string(name), python_str(value)};
+  return Parameter{std::string(name), python_str(value), std::string(value)};
 }
 
 Result<std::vector<Parameter>> yaml(std::string_view text) {
@@ -994,7 +1041,7 @@ Result<std::vector<Parameter>> yaml(std::string_view text) {
     if (auto ok = check_name(k->text); !ok) {
       return bad("-y: " + ok.error().message);
     }
-    out.push_back({k->text, render(*v)});
+    out.push_back({k->text, render(*v), to_json(*v)});
   }
   return out;
 }
@@ -1010,6 +1057,7 @@ std::vector<Parameter> merge(const std::vector<std::vector<Parameter>>& yaml,
       out.push_back(p);
     } else {
       same->python = p.python;
+      same->value = p.value;
     }
   };
   for (const auto& group : yaml) {

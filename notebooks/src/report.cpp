@@ -175,7 +175,8 @@ void report_notebook(const NotebookRunOptions& options, const Job& job, const Ou
     progress.print(tb, stderr);
   }
   if (!options.json) {
-    progress.print(summary_line(job, o), stdout);
+    // With the notebook on stdout (-o -), stdout carries it alone.
+    progress.print(summary_line(job, o), options.output == "-" ? stderr : stdout);
   }
 }
 

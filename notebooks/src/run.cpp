@@ -7,11 +7,13 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <chrono>
 #include <csignal>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <thread>
@@ -21,6 +23,8 @@
 #include "cellgate/notebooks/backend.hpp"
 #include "cellgate/notebooks/parameters.hpp"
 #include "cellgate/notebooks/runner.hpp"
+#include "files.hpp"
+#include "output_log.hpp"
 #include "progress.hpp"
 #include "report.hpp"
 
@@ -73,11 +77,75 @@ void quiet_logging() {
   spdlog::set_default_logger(std::move(logger));
 }
 
-// Checks the options that do not depend on the inputs; returns the -y, -p and -r parameters
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// Whether `path` is a notebook an earlier run wrote (it has metadata.papermill).
+bool is_executed_notebook(const std::string& path) {
+  auto text = read_file(path);
+  if (!text) {
+    return false;
+  }
+  auto nb = notebook::parse(*text);
+  return nb && (*nb)["metadata"].is_object() && (*nb)["metadata"].contains("papermill");
+}
+
+// papermill's `INPUT OUTPUT` (run.hpp): moves the second name to options.output when the two
+// names read as papermill's form.
+Result<void> take_papermill_output(NotebookRunOptions& options) {
+  namespace fs = std::filesystem;
+  if (options.inputs.size() != 2 || !options.output.empty() || !options.output_dir.empty() ||
+      options.inplace) {
+    return ok_result();
+  }
+  const std::string& in = options.inputs[0];
+  const std::string& out = options.inputs[1];
+  std::error_code ec;
+  const bool in_is_file = in == "-" || fs::is_regular_file(in, ec);
+  const bool out_is_notebook =
+      out == "-" || (ends_with(out, ".ipynb") && !fs::is_directory(out, ec));
+  if (!in_is_file || !out_is_notebook) {
+    return ok_result();
+  }
+  if (out != "-" && fs::exists(out, ec) && !is_executed_notebook(out)) {
+    return usage_error(out +
+                       " exists and is not an executed notebook (it has no "
+                       "metadata.papermill), so `cellgate run " +
+                       in + " " + out + "` is ambiguous: to write " + in +
+                       "'s run over it, pass -o " + out +
+                       "; to run both notebooks, pass --output-dir DIR");
+  }
+  options.output = out;
+  options.inputs.pop_back();
+  return ok_result();
+}
+
+// Checks the options that do not depend on the inputs; returns the -f, -y, -p and -r parameters
 // merged as papermill merges them.
 Result<std::vector<notebook::Parameter>> check_options(const NotebookRunOptions& options) {
   if (options.inputs.empty()) {
     return usage_error("name a notebook (or a directory of them)");
+  }
+  if (std::count(options.inputs.begin(), options.inputs.end(), "-") > 1) {
+    return usage_error("- (stdin) can be read once");
+  }
+  if (options.inplace &&
+      std::find(options.inputs.begin(), options.inputs.end(), "-") != options.inputs.end()) {
+    return usage_error("--inplace cannot write over stdin (-): name an output");
+  }
+  if (options.output == "-" && options.json) {
+    return usage_error("the notebook goes to stdout (-), and so would --json: pick one");
+  }
+  if (options.output_dir == "-") {
+    return usage_error("--output-dir takes a directory; - (stdout) is for one notebook (-o -)");
+  }
+  if (options.prepare_only && options.output.empty() && options.output_dir.empty() &&
+      !options.inplace) {
+    return usage_error("--prepare-only writes the prepared notebook: name an output");
+  }
+  if (std::error_code ec; !options.cwd.empty() && !std::filesystem::is_directory(options.cwd, ec)) {
+    return usage_error("--cwd " + options.cwd + ": not a directory");
   }
   if (options.inplace && (!options.output.empty() || !options.output_dir.empty())) {
     return usage_error("--inplace writes over the input: it goes with neither -o nor --output-dir");
@@ -105,6 +173,17 @@ Result<std::vector<notebook::Parameter>> check_options(const NotebookRunOptions&
     raw.push_back(std::move(p));
   }
   std::vector<std::vector<notebook::Parameter>> yaml;
+  for (const auto& file : options.parameter_files) {
+    auto text = read_file(file);
+    if (!text) {
+      return usage_error("-f " + file + ": " + text.error().message);
+    }
+    auto ps = parameters::yaml(*text);
+    if (!ps) {
+      return usage_error("-f " + file + ": " + ps.error().message);
+    }
+    yaml.push_back(std::move(ps).value());
+  }
   for (const auto& text : options.yaml_parameters) {
     CELLGATE_ASSIGN_OR_RETURN(auto ps, parameters::yaml(text));
     yaml.push_back(std::move(ps));
@@ -144,8 +223,16 @@ CLI::App* add_run_command(CLI::App& app, NotebookRunOptions& run) {
       "run",
       "execute notebooks headless in jailed kernels (exit 0 ok, 1 a notebook failed, "
       "2 usage or invalid notebook)");
-  cmd->add_option("notebooks", run.inputs, "notebooks (.ipynb) or directories of them")->required();
-  cmd->add_option("-o,--output", run.output, "write the executed notebook here (one input)");
+  cmd->add_option("notebooks", run.inputs,
+                  "notebooks (.ipynb) or directories of them; or papermill's INPUT OUTPUT: two "
+                  "names, an existing file (or - for stdin) then a name ending in .ipynb that is "
+                  "not a directory (or - for stdout), with none of -o, --output-dir, --inplace. "
+                  "An existing OUTPUT is overwritten only if it is an executed notebook (it has "
+                  "metadata.papermill); else pass -o OUTPUT, or --output-dir DIR to run both")
+      ->required();
+  cmd->add_option("-o,--output", run.output,
+                  "write the executed notebook here (one input; -: stdout, the summary then goes "
+                  "to stderr)");
   cmd->add_option("--output-dir", run.output_dir,
                   "write each executed notebook to DIR/<name>.ipynb");
   cmd->add_flag("--inplace", run.inplace, "write each executed notebook over its input");
@@ -162,9 +249,18 @@ CLI::App* add_run_command(CLI::App& app, NotebookRunOptions& run) {
   cmd->add_option("-y,--parameters_yaml", run.yaml_parameters,
                   "YAML: a mapping of parameters, YAML or JSON ('n: 3' or '{\"n\": 3}'; repeat)")
       ->allow_extra_args(false);
-  cmd->add_option("-t,--timeout", run.timeout_seconds,
+  cmd->add_option("-f,--parameters_file", run.parameter_files,
+                  "FILE.yaml: a mapping of parameters from a file, as -y (repeat; before -y)")
+      ->allow_extra_args(false);
+  cmd->add_option("-t,--timeout,--execution-timeout", run.timeout_seconds,
                   "interrupt a cell after this many seconds; the notebook fails, or with "
                   "--allow-errors the cell is an error and the run goes on (0: never)");
+  cmd->add_option("--cwd", run.cwd,
+                  "the kernel's work dir (its cwd, in the jail) gets DIR's files (DIR/* and "
+                  "DIR/data/, as the notebook's directory's otherwise); DIR itself is not written");
+  cmd->add_flag("--prepare-only", run.prepare_only,
+                "inject the parameters and write the output notebook without running it");
+  cmd->add_flag("--log-output", run.log_output, "write the cells' outputs to stderr as they come");
   cmd->add_flag("--allow-errors", run.allow_errors,
                 "run every cell even after errors and timeouts (a timed-out cell is interrupted)");
   cmd->add_option("--artifacts", run.artifacts_dir,
@@ -185,7 +281,11 @@ CLI::App* add_run_command(CLI::App& app, NotebookRunOptions& run) {
   return cmd;
 }
 
-int run_notebooks(const NotebookRunOptions& options) {
+int run_notebooks(const NotebookRunOptions& given) {
+  NotebookRunOptions options = given;
+  if (auto taken = take_papermill_output(options); !taken) {
+    return usage(taken.error().message);
+  }
   auto parameters = check_options(options);
   if (!parameters) {
     return usage(parameters.error().message);
@@ -211,7 +311,20 @@ int run_notebooks(const NotebookRunOptions& options) {
 
   const auto started = Clock::now();
   bool interrupted = false;
-  if (runnable > 0) {
+  if (runnable > 0 && options.prepare_only) {
+    for (std::size_t i = 0; i < jobs.size(); ++i) {
+      if (jobs[i].notebook) {
+        NotebookRun run;
+        run.parameters = *parameters;
+        run.kernel = options.kernel;
+        run.output = jobs[i].output;
+        run.input_path = jobs[i].path;
+        outcomes[i] = prepare_notebook(*jobs[i].notebook, run);
+        outcomes[i].notebook = nullptr;
+        report_notebook(options, jobs[i], outcomes[i], single, progress);
+      }
+    }
+  } else if (runnable > 0) {
     quiet_logging();
     auto backend = make_backend(options, runnable);
     if (!backend) {
@@ -222,12 +335,18 @@ int run_notebooks(const NotebookRunOptions& options) {
     common.timeout_seconds = options.timeout_seconds;
     common.allow_errors = options.allow_errors;
     common.kernel = options.kernel;
+    OutputLog log;
+    if (options.log_output) {
+      log.start();
+      common.on_event = [&log](const nlohmann::json& event) { log.add(event); };
+    }
     SignalWatch signals([&backend] { (*backend)->cancel(); });
     auto report = [&](std::size_t i) {
       report_notebook(options, jobs[i], outcomes[i], single, progress);
     };
     run_jobs(jobs, **backend, common, static_cast<std::size_t>(options.jobs), progress, outcomes,
              report);
+    log.stop();  // what is queued is written before the summary
     progress.finish();
     interrupted = signals.fired();
     // Leaving this scope stops the signal watch, then the backend: the embedded gateway's

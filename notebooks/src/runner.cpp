@@ -1,11 +1,13 @@
 #include "cellgate/notebooks/runner.hpp"
 
 #include <chrono>
+#include <iostream>
 #include <sstream>
 
 #include "cellgate/cli/artifacts.hpp"
 #include "files.hpp"
 #include "outputs.hpp"
+#include "papermill.hpp"
 #include "work_dir.hpp"
 
 namespace cellgate::notebooks {
@@ -164,14 +166,50 @@ void take_language_info(KernelSession& session, json& nb, Outcome& out) {
   }
 }
 
-// Starts a kernel, copies the files in, and runs the cells until one ends the run.
+// Writes the notebook to run.output as the run goes (papermill's autosave): a file is replaced
+// whole each time (files.hpp's write_file: temp file and rename), so a killed run leaves the
+// last save; "-" is stdout, written once at the end. A failed save before the end is a warning
+// (once); the last one's error is returned.
+class Saver {
+ public:
+  explicit Saver(const NotebookRun& run) : output_(run.output) {}
+  void progress(const json& nb, Outcome& out) {
+    if (output_.empty() || output_ == "-") {
+      return;
+    }
+    if (auto w = write_file(output_, notebook::dump(nb)); !w && !warned_) {
+      warned_ = true;
+      out.warnings.push_back("saving the notebook as it runs: " + w.error().message);
+    }
+  }
+  Result<void> last(const json& nb) {
+    if (output_ == "-") {
+      std::cout << notebook::dump(nb) << std::flush;
+      if (!std::cout) {
+        return make_error(ErrorCode::kInternal, "write_failed", "cannot write to stdout");
+      }
+      return ok_result();
+    }
+    return write_file(output_, notebook::dump(nb));
+  }
+
+ private:
+  const std::string output_;
+  bool warned_ = false;
+};
+
+// Starts a kernel, copies the files in, and runs the cells until one ends the run; each cell's
+// metadata.papermill follows it, and the notebook is saved as each cell starts and ends.
 void run_cells(Backend& backend, const NotebookRun& run, const std::vector<std::size_t>& code,
-               json& nb, Outcome& out) {
+               json& nb, Outcome& out, papermill::Tracker& tracker, Saver& saver) {
   auto session = backend.start(out.kernel);
   if (!session) {
     out.status = session.error().reason == "aborted" ? Status::kAborted : Status::kError;
     out.message = "cannot start a '" + out.kernel + "' kernel: " + session.error().message;
     return;
+  }
+  if (run.on_event) {
+    (*session)->watch_events(run.on_event);
   }
   take_language_info(**session, nb, out);
   json& cells = nb["cells"];
@@ -185,15 +223,21 @@ void run_cells(Backend& backend, const NotebookRun& run, const std::vector<std::
     if (run.on_cell) {
       run.on_cell(k + 1, code.size());
     }
+    tracker.start(i);
+    saver.progress(nb, out);
     auto answer = (*session)->execute(notebook::source_of(cell), run.timeout_seconds);
     if (!answer) {
       fail_at(out, answer.error().reason == "aborted" ? Status::kAborted : Status::kError, i, cell);
       out.message = answer.error().message;
+      tracker.end(i, true);
       return;
     }
-    if (!take_answer(backend, run, *answer, i, cell, outputs, out)) {
+    const bool go_on = take_answer(backend, run, *answer, i, cell, outputs, out);
+    tracker.end(i, !go_on);
+    if (!go_on) {
       return;
     }
+    saver.progress(nb, out);
   }
   // Leaving shuts the kernel down.
 }
@@ -263,20 +307,48 @@ Outcome run_notebook(Backend& backend, json nb, const NotebookRun& run) {
   if (run.on_cell) {
     run.on_cell(0, code.size());
   }
+  papermill::Tracker tracker(nb, run.parameters, run.input_path, run.output);
+  Saver saver(run);
+  saver.progress(nb, out);
   if (!code.empty()) {
-    run_cells(backend, run, code, nb, out);
+    run_cells(backend, run, code, nb, out, tracker, saver);
   }
+  tracker.finish(out.status == Status::kOk);
   out.duration_s = std::chrono::duration<double>(Clock::now() - started).count();
 
   save_artifacts(run, nb, out);
   if (!run.output.empty()) {
-    if (auto written = write_file(run.output, notebook::dump(nb)); written) {
+    if (auto written = saver.last(nb); written) {
       out.output = run.output;
     } else if (out.status == Status::kOk) {
       out.status = Status::kError;
       out.message = written.error().message;
     } else {
       out.warnings.push_back(written.error().message);
+    }
+  }
+  out.notebook = std::move(nb);
+  return out;
+}
+
+Outcome prepare_notebook(json nb, const NotebookRun& run) {
+  Outcome out;
+  notebook::clear_outputs(nb);
+  if (!run.parameters.empty()) {
+    if (!notebook::inject_parameters(nb, run.parameters).after_parameters_cell) {
+      out.warnings.push_back(
+          "no cell is tagged 'parameters': the parameters went in a new first cell");
+    }
+  }
+  out.code_cells = code_cells(nb["cells"]).size();
+  out.kernel = run.kernel.empty() ? notebook::kernel_name(nb) : run.kernel;
+  papermill::describe(nb, run.parameters, run.input_path, run.output);
+  if (!run.output.empty()) {
+    if (auto written = Saver(run).last(nb); written) {
+      out.output = run.output;
+    } else {
+      out.status = Status::kError;
+      out.message = written.error().message;
     }
   }
   out.notebook = std::move(nb);

@@ -247,6 +247,29 @@ TEST(RunNotebook, ParametersMergeAsPapermillsDictUpdates) {
   EXPECT_EQ(merged[2].name + "=" + merged[2].python, "c=3");
 }
 
+// metadata.papermill.parameters holds the values as JSON (what Python's json.dumps writes of the
+// dict papermill keeps), beside the Python text the cell gets.
+TEST(RunNotebook, ParametersCarryTheirJsonValues) {
+  auto y = parameters::yaml(
+      "n: 0x10\nf: 2.5\nb: yes\nz: ~\ns: 'x'\nl: [1, {k: .inf}]\n"
+      "big: 123456789012345678901234567890\n");
+  ASSERT_TRUE(y) << y.error().message;
+  json values = json::object();
+  for (const auto& p : *y) {
+    values[p.name] = p.value;
+  }
+  EXPECT_EQ(values, json::parse(R"({"n": 16, "f": 2.5, "b": true, "z": null, "s": "x",
+                                     "l": [1, {"k": null}], "big": 1.2345678901234568e29})"));
+  EXPECT_EQ(parameters::typed("a", "007")->value, json(7));
+  EXPECT_EQ(parameters::typed("a", "None")->value, json());
+  EXPECT_EQ(parameters::typed("a", "1e3")->value, json(1000.0));
+  EXPECT_EQ(parameters::typed("a", "hi")->value, json("hi"));
+  EXPECT_EQ(parameters::raw("a", "007")->value, json("007"));
+  auto merged = parameters::merge({*y}, {*parameters::typed("n", "3")}, {});
+  EXPECT_EQ(merged[0].name, "n");
+  EXPECT_EQ(merged[0].value, json(3));
+}
+
 TEST(RunNotebook, ParameterNamesMustBePythonNames) {
   EXPECT_FALSE(parameters::typed("", "1"));
   EXPECT_FALSE(parameters::typed("1x", "1"));

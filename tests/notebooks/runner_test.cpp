@@ -184,7 +184,12 @@ TEST(Runner, RunsTheNonBlankCodeCellsInOrderAndFillsThem) {
   EXPECT_EQ(cells[2]["execution_count"], nullptr);  // blank: cleared, not run
   EXPECT_EQ(cells[2]["outputs"], json::array());
   EXPECT_EQ(cells[3]["execution_count"], 2);
-  EXPECT_EQ(cells[0], nb["cells"][0]);  // markdown untouched
+  // Markdown untouched but for metadata.papermill: passed over, completed (papermill's).
+  json markdown = cells[0];
+  EXPECT_EQ(markdown["metadata"]["papermill"]["status"], "completed");
+  EXPECT_EQ(cells[3]["metadata"]["papermill"]["status"], "completed");
+  markdown["metadata"].erase("papermill");
+  EXPECT_EQ(markdown, nb["cells"][0]);
 }
 
 TEST(Runner, StopsAtTheFirstErrorAndNamesTheCell) {

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -50,6 +51,19 @@ class KernelSession {
   // metadata, as nbclient writes it). A remote gateway offers no kernel_info over REST: there it
   // is {"language_info": {"name": <the kernelspec's language>}}.
   virtual Result<nlohmann::json> kernel_info() = 0;
+
+  // Called with each of a cell's events (the executor's, untrimmed) as it arrives, before
+  // execute() returns, on the strand or thread that delivers them (not execute()'s caller): it
+  // must not block. `cellgate run --log-output`. Set it before execute(); empty: none.
+  void watch_events(std::function<void(const nlohmann::json& event)> watch) {
+    watch_ = std::move(watch);
+  }
+
+ protected:
+  const std::function<void(const nlohmann::json& event)>& event_watch() const { return watch_; }
+
+ private:
+  std::function<void(const nlohmann::json& event)> watch_;
 };
 
 class Backend {

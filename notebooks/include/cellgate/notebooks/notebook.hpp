@@ -54,6 +54,8 @@ std::string kernel_name(const nlohmann::json& nb);
 struct Parameter {
   std::string name;
   std::string python;  // the right-hand side, as papermill writes it
+  nlohmann::json value =
+      nullptr;  // the value as JSON, for metadata.papermill.parameters (NaN, inf: null)
 };
 
 // papermill's parameterize_notebook: a new code cell tagged "injected-parameters" whose source

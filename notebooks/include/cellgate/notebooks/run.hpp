@@ -4,6 +4,21 @@
 //   cellgate run report.ipynb -p region South -p threshold 0.5 -o report.South.ipynb
 //   cellgate run notebooks/ --jobs 4 --output-dir out/ --results out/results --artifacts out/img
 //   cellgate run eval.ipynb --url http://127.0.0.1:8888 --token "$TOKEN" --json
+//   cellgate run report.ipynb out/report.ipynb -f params.yaml --log-output   # papermill's form
+//
+// papermill's command line (`papermill INPUT OUTPUT [options]`) is accepted: with neither -o,
+// --output-dir nor --inplace, exactly two names of which the first is `-` or an existing file
+// and the second is `-` or ends in .ipynb and is not a directory are INPUT and OUTPUT. An
+// OUTPUT that exists is overwritten when it is an executed notebook (it has metadata.papermill:
+// an earlier run's output, papermill's or cellgate's); any other existing notebook makes the
+// call ambiguous, a usage error naming the fixes (-o to overwrite it, --output-dir DIR to run
+// both). `-` as OUTPUT writes the notebook to stdout (the summary then goes to stderr); `-` as
+// an input reads the notebook from stdin (no files are copied beside it, unless --cwd). Also
+// papermill's: -f FILE.yaml (parameters from a file), --cwd DIR (the files the kernel finds in
+// its work dir come from DIR instead of the notebook's directory), --prepare-only (inject the
+// parameters, write OUTPUT, run nothing), --log-output (the cells' outputs on stderr as they
+// arrive), --execution-timeout (= --timeout), and metadata.papermill in the output, saved as
+// each cell starts and ends.
 //
 // Each notebook (nbformat 4, validated first) gets a fresh kernel whose work dir (its cwd) holds
 // a copy of the files beside the notebook (that directory and its data/ subfolder, capped), and
@@ -47,11 +62,15 @@ struct NotebookRunOptions {
   std::vector<std::pair<std::string, std::string>> parameters;      // -p NAME VALUE
   std::vector<std::pair<std::string, std::string>> raw_parameters;  // -r NAME VALUE
   std::vector<std::string> yaml_parameters;                         // -y YAML
-  double timeout_seconds = 0;                                       // per cell; 0: none
-  bool allow_errors = false;  // run every cell even after errors
-  std::string artifacts_dir;  // save images and PDFs to DIR/<notebook>/
-  std::string kernel;         // "": the notebook's kernelspec when known, else python3
-  std::string url;            // a running gateway; "": an embedded one
+  std::vector<std::string> parameter_files;                         // -f FILE.yaml
+  std::string cwd;             // --cwd: the directory whose files go to the kernel's work dir
+  bool prepare_only = false;   // inject and write, run nothing
+  bool log_output = false;     // the cells' outputs on stderr as they arrive
+  double timeout_seconds = 0;  // per cell; 0: none
+  bool allow_errors = false;   // run every cell even after errors
+  std::string artifacts_dir;   // save images and PDFs to DIR/<notebook>/
+  std::string kernel;          // "": the notebook's kernelspec when known, else python3
+  std::string url;             // a running gateway; "": an embedded one
   std::string token;
   bool json = false;     // the summary as JSON on stdout
   int jobs = 1;          // notebooks at once

@@ -20,6 +20,9 @@
 // out (unless allow_errors and the interrupt stopped it: nbclient's interrupt_on_timeout), whose
 // kernel dies, or once the backend is cancelled. Then the kernel is shut down, images and PDFs are
 // saved, and the executed notebook is written (also when the run failed, so the error is in it).
+// metadata.papermill records the run and each cell's status and times as papermill writes them
+// (src/papermill.hpp), and the output file is saved as each cell starts and ends (replaced whole
+// each time), so a run that is killed leaves the cells it ran and the one it was running.
 //
 // Thread-safety: run_notebook blocks; many may run at once on one Backend, one per thread. The
 // progress callback runs on the calling thread.
@@ -58,7 +61,10 @@ struct NotebookRun {
   std::string kernel;         // "": the notebook's kernelspec when the backend has it, else python3
   std::string files_from;     // a directory whose files go to the work dir; "": none
   std::string artifacts_dir;  // images and PDFs saved as DIR/cell<i>-<n>.<ext>; "": not saved
-  std::string output;         // the executed notebook is written here; "": not written
+  std::string output;      // the executed notebook is written here ("-": stdout); "": not written
+  std::string input_path;  // the notebook's path as given ("-": stdin), for metadata.papermill
+  // Each of a cell's events as it arrives (KernelSession::watch_events: must not block).
+  std::function<void(const nlohmann::json& event)> on_event;
   // Called with (0, n) once the n code cells to run are known, then (k, n) before the k-th runs.
   std::function<void(std::size_t cell, std::size_t cells)> on_cell;
 };
@@ -86,5 +92,9 @@ struct Outcome {
 
 // `nb` must be valid (notebook::parse or notebook::validate).
 Outcome run_notebook(Backend& backend, nlohmann::json nb, const NotebookRun& run);
+
+// papermill's --prepare-only: the outputs cleared, the parameters injected and metadata.papermill
+// written (without times), then written to run.output; no kernel starts. `executed` is 0.
+Outcome prepare_notebook(nlohmann::json nb, const NotebookRun& run);
 
 }  // namespace cellgate::notebooks
