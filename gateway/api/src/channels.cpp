@@ -107,12 +107,14 @@ class ChannelBridge : public http::WsHandler,
       }
       return;
     }
-    if (auto posted = kernel_->post(channel, std::move(env).value(), shared_from_this()); !posted) {
+    auto posted = kernel_->post(channel, std::move(env).value(), shared_from_this());
+    if (!posted) {
       if (auto suffix = log_limiter_.admit("post")) {
         spdlog::warn("kernel {}: {}{}", kernel_->id(), posted.error().message, *suffix);
       }
+    } else if (*posted) {
+      resume_if_hibernated();  // queued: it is sent once the kernel is back
     }
-    resume_if_hibernated();  // queued: it is sent once the kernel is back
   }
 
   void on_close() override {

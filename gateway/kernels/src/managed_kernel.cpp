@@ -271,7 +271,7 @@ void ManagedKernel::detach(const ChannelListener* listener) {
   });
 }
 
-Result<void> ManagedKernel::post(Channel channel, protocol::EnvelopePtr msg,
+Result<bool> ManagedKernel::post(Channel channel, protocol::EnvelopePtr msg,
                                  const std::shared_ptr<ChannelListener>& sender) {
   std::shared_ptr<kernel::KernelConnection> conn;
   {
@@ -290,12 +290,12 @@ Result<void> ManagedKernel::post(Channel channel, protocol::EnvelopePtr msg,
     touch_locked();
     if (queue) {
       queued_.push_back({channel, std::move(msg)});
-      return {};
+      return true;
     }
     conn = running_.connection;
   }
   conn->post(channel, std::move(msg));
-  return {};
+  return false;
 }
 
 void ManagedKernel::on_iopub(const protocol::EnvelopePtr& msg) {

@@ -153,7 +153,8 @@ class ManagedKernel {
   bool attach(const std::shared_ptr<ChannelListener>& listener, const std::string& session_id);
   void detach(const ChannelListener* listener);
   // Forwards a client's message as it is; replies to it go to `sender` (by header.session).
-  Result<void> post(kernel::Channel channel, protocol::EnvelopePtr msg,
+  // True when it was queued instead because the kernel is hibernated (the caller resumes it).
+  Result<bool> post(kernel::Channel channel, protocol::EnvelopePtr msg,
                     const std::shared_ptr<ChannelListener>& sender);
   // Tells every listener a status the gateway decided ("restarting", "dead"), with the reason.
   void publish_status(const std::string& state, const std::string& reason = "");
