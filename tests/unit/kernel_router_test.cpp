@@ -322,6 +322,31 @@ TEST_F(KernelRouterTest, AnIopubCutUnderALiveKernelIsToldToTheRunningRequest) {
   EXPECT_EQ(iopub_[2]->message().content["text"], "after\n");
 }
 
+// The kernel's last output and idle went out before the new connection was up: the echo of a ping
+// sent after the reopen is the proof of life; an echo of an earlier ping is not.
+TEST_F(KernelRouterTest, AnIopubCutIsToldOnceALaterPingIsEchoed) {
+  Ended e;
+  auto req = request("execute_request", e);
+  status("busy", req);
+  router().tick();
+  const int before = transport_.pings;
+  ASSERT_GE(before, 1);
+  now_ += 10ms;
+  ASSERT_TRUE(router().on_iopub_cut());
+  router().on_iopub_reopened();
+  pong();  // answers the ping sent before the cut
+  EXPECT_EQ(e.types, std::vector<std::string>{"status"}) << "an earlier ping proves nothing";
+  router().tick();
+  EXPECT_EQ(transport_.pings, before + 1)
+      << "the fresh ping goes out at once, not an interval later";
+  pong();
+  ASSERT_EQ(e.types, (std::vector<std::string>{"status", "stream"}));
+  EXPECT_EQ(iopub_.back()->message().content["cellgate_dropped"], true);
+  EXPECT_EQ(iopub_.back()->message().parent_header["msg_id"], req.msg_id());
+  from_kernel(Channel::kIopub, "stream", json{{"name", "stdout"}, {"text", "after\n"}}, req);
+  EXPECT_EQ(e.types, (std::vector<std::string>{"status", "stream", "stream"})) << "told once";
+}
+
 TEST_F(KernelRouterTest, ATransportThatRefusesASendEndsTheRequest) {
   transport_.accept_sends = false;
   Ended e;

@@ -23,6 +23,7 @@ Heartbeat::Tick Heartbeat::tick(Clock::time_point now, bool excused,
   if (!outstanding_ && now >= next_at_) {
     if (ping()) {
       outstanding_ = true;
+      soon_ = false;
       sent_at_ = now;
     } else {
       next_at_ = now + interval;
@@ -33,9 +34,9 @@ Heartbeat::Tick Heartbeat::tick(Clock::time_point now, bool excused,
   return {std::max(wait, std::chrono::milliseconds(1)), std::nullopt};
 }
 
-void Heartbeat::on_pong() {
+std::optional<Heartbeat::Clock::time_point> Heartbeat::on_pong() {
   if (!outstanding_) {
-    return;
+    return std::nullopt;
   }
   outstanding_ = false;
   ever_answered_ = true;
@@ -45,7 +46,8 @@ void Heartbeat::on_pong() {
   misses_ = 0;
   quiet_misses_ = 0;
   busy_logged_ = false;
-  next_at_ = sent_at_ + options_.heartbeat_interval;
+  next_at_ = soon_ ? Clock::time_point{} : sent_at_ + options_.heartbeat_interval;
+  return sent_at_;
 }
 
 std::optional<std::string> Heartbeat::count_miss() {

@@ -37,8 +37,17 @@ class Heartbeat {
   // `clock` is asked again after the progress probe, which reads files.
   Tick tick(Clock::time_point now, bool excused, const std::function<bool()>& ping,
             const std::function<Clock::time_point()>& clock);
-  // An echo of the outstanding ping: the kernel lives. Ignored when no ping is outstanding.
-  void on_pong();
+  // An echo of the outstanding ping: the kernel lives. Returns when that ping was sent; nullopt
+  // (and nothing changes) when no ping is outstanding.
+  std::optional<Clock::time_point> on_pong();
+  // The next ping goes out at the next tick (after the outstanding one's echo or miss, if any):
+  // the router wants fresh proof that the kernel lives.
+  void ping_soon() {
+    soon_ = true;
+    if (!outstanding_) {
+      next_at_ = Clock::time_point{};
+    }
+  }
   // The kernel's iopub status went from busy to idle: pings lost while it ran a cell are not held
   // against a kernel that answers only between requests.
   void forgive() { misses_ = 0; }
@@ -54,6 +63,7 @@ class Heartbeat {
   int misses_ = 0;            // unanswered pings in a row
   int quiet_misses_ = 0;      // of those, the ones in a row the progress probe saw no progress in
   bool busy_logged_ = false;  // this silence was logged as busy, not dead
+  bool soon_ = false;         // ping_soon(): the next ping is due as soon as none is outstanding
   Clock::time_point sent_at_{};
   Clock::time_point next_at_{};
 };

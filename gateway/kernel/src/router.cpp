@@ -132,7 +132,13 @@ void Router::dispatch(Channel channel, const protocol::EnvelopePtr& env) {
 }
 
 void Router::on_pong() {
-  heartbeat_.on_pong();
+  const auto sent = heartbeat_.on_pong();
+  // The echo of a ping sent after iopub was reopened: the kernel lived on after the cut, even when
+  // it published nothing more (its last output and idle may have gone out before the new
+  // connection was up, and a slow machine makes that likely).
+  if (sent && iopub_drop_pending_ && *sent >= reopened_at_) {
+    notify_oversized();
+  }
 }
 
 bool Router::on_iopub_cut() {
@@ -141,8 +147,11 @@ bool Router::on_iopub_cut() {
 
 void Router::on_iopub_reopened() {
   // What the old connection still held was delivered before this: it was published before the
-  // cut and proves nothing; a message on the new connection means the kernel lives on.
+  // cut and proves nothing; a message on the new connection means the kernel lives on, and so
+  // does the echo of a ping sent from now on (asked for at once).
   iopub_drop_pending_ = true;
+  reopened_at_ = clock_();
+  heartbeat_.ping_soon();
 }
 
 void Router::on_peer_gone(const std::string& reason) {

@@ -120,8 +120,10 @@ class Router : public TransportEvents {
   bool kernel_busy_ = false;  // the kernel's last iopub status, whoever's request it was for
   nlohmann::json busy_parent_ = nlohmann::json::object();  // parent_header of the last "busy"
   // iopub was reopened after a cut and the kernel has not been heard from since: the first
-  // message on the new connection proves the kernel lived on, so the cut was a dropped message.
+  // message on the new connection, or the echo of a ping sent after reopened_at_, proves the
+  // kernel lived on, so the cut was a dropped message.
   bool iopub_drop_pending_ = false;
+  Clock::time_point reopened_at_{};
 
   // Read from any thread.
   std::atomic<bool> alive_{true};

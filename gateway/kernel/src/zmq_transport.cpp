@@ -382,7 +382,8 @@ class ZmqTransport : public Transport {
       }
       if (event == ZMQ_EVENT_DISCONNECTED && events.on_iopub_cut()) {
         // A kernel that dies disconnects too: the router's notice waits until the kernel
-        // publishes again on the reopened socket, so a death is never called a drop.
+        // publishes again on the reopened socket or echoes a later ping, so a death is never
+        // called a drop.
         reopen_iopub_pending_ = true;  // after this pass: reopen_iopub()
         return;
       }
@@ -401,8 +402,8 @@ class ZmqTransport : public Transport {
       if (!got) {
         return;
       }
-      // Not a sign of life after an iopub cut: a reply the kernel sent before it died may still
-      // be on its way. Only iopub traffic on the reopened socket is.
+      // REQ_CORRELATE drops echoes of earlier pings: this one answers the last ping sent, which
+      // the router compares with the time iopub was reopened before it counts it as a sign of life.
       events.on_pong();
     }
   }
