@@ -1,18 +1,23 @@
 """What operators' tools read, on a real `cellgate serve`: Debian's `promtool check metrics` on a
 live /metrics scrape after kernel starts and a cell (the standard process_* names, build info,
 requests by route pattern, kernel starts by source, kernels running by kernelspec, with sane
-values); --log-format json with SPDLOG_LEVEL=debug (every log line one JSON object with ts, level
-and msg; debug lines shown); --log-level warn over SPDLOG_LEVEL (nothing below warn); and the
-Grafana dashboard in deploy/ parses and queries only families the gateway exports."""
+values), then scraped by Debian's own Prometheus server (the target up, its series queryable);
+--log-format json with SPDLOG_LEVEL=debug (every log line one JSON object with ts, level and msg;
+debug lines shown; kernel starts, interrupts, restarts, shutdowns and a failed start as
+jupyter_server's kernel_actions events); --log-level warn over SPDLOG_LEVEL (nothing below warn);
+and the Grafana dashboard in deploy/ parses and queries only families the gateway exports."""
 import json
 import os
 import pathlib
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
+import urllib.request
 
 import pytest
 
@@ -25,6 +30,64 @@ DASHBOARD = ROOT / "deploy" / "grafana" / "cellgate-dashboard.json"
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 LEVELS = ("trace", "debug", "info", "warn", "error", "critical")
+KERNEL_ACTION_FIELDS = {"action", "kernel_id", "kernel_name", "status"}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def prometheus_query(port, query):
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    with urllib.request.urlopen(url, timeout=10) as r:
+        body = json.loads(r.read())
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def scrape_with_prometheus(server, tmp):
+    """Debian's Prometheus server scrapes the gateway (Bearer token, as operators configure it)
+    until the target is up; returns what it then holds of cellgate_kernels_running."""
+    tmp = pathlib.Path(tmp)
+    (tmp / "token").write_text(server.token)
+    port = free_port()
+    (tmp / "prometheus.yml").write_text(
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+        "scrape_configs:\n  - job_name: cellgate\n"
+        f"    authorization:\n      credentials_file: {tmp / 'token'}\n"
+        f"    static_configs:\n      - targets: ['127.0.0.1:{server.port}']\n")
+    log = (tmp / "prometheus.log").open("wb")
+    prom = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp / 'prometheus-data'}",
+                             f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert prom.poll() is None, (tmp / "prometheus.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, (
+                "Prometheus never saw the target up:\n" + (tmp / "prometheus.log").read_text()[-3000:])
+            try:
+                up = prometheus_query(port, 'up{job="cellgate"}')
+                running = prometheus_query(port, "cellgate_kernels_running")
+            except OSError:
+                up, running = [], []  # not listening yet
+            if up and up[0]["value"][1] == "1" and running:
+                break
+            if up and up[0]["value"][1] == "0":
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/targets",
+                                            timeout=10) as r:
+                    targets = json.loads(r.read())["data"]["activeTargets"]
+                errors = [t.get("lastError") for t in targets if t.get("lastError")]
+                assert not errors, f"Prometheus could not scrape the gateway: {errors}"
+            time.sleep(0.2)
+        return running
+    finally:
+        prom.terminate()
+        prom.wait(timeout=30)
+        log.close()
 
 
 def parse(text):
@@ -60,7 +123,11 @@ def json_log_lines(server):
     for line in pathlib.Path(server.log_path).read_text(errors="replace").splitlines():
         if line.startswith("{"):
             obj = json.loads(line)
-            assert list(obj) == ["ts", "level", "msg"], obj
+            assert list(obj)[:3] == ["ts", "level", "msg"], obj
+            if len(obj) > 3:  # a kernel lifecycle event: jupyter_server's kernel_actions names
+                assert set(obj) - {"ts", "level", "msg"} <= KERNEL_ACTION_FIELDS, obj
+                assert obj["action"] in ("start", "interrupt", "shutdown", "restart"), obj
+                assert obj["status"] in ("success", "error"), obj
             assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", obj["ts"]), obj
             assert obj["level"] in LEVELS, obj
             lines.append(obj)
@@ -131,10 +198,33 @@ def test_metrics_pass_promtool_and_logs_are_json(monkeypatch):
                          "cellgate_cells_total", "cellgate_kernels"):
                 assert any(n == name for n, _, _ in s), name
 
+            running = scrape_with_prometheus(server, tmp)
+            assert [(r["metric"].get("kernelspec"), r["value"][1]) for r in running] == \
+                [("python3", "2")], running
+
+            # The lifecycle a client drives, and a start that fails.
+            assert gb.http_request(server, "POST", f"/api/kernels/{pooled}/interrupt")[0] == 204
+            assert gb.http_request(server, "POST", f"/api/kernels/{forked}/restart",
+                                   timeout=120)[0] == 200
+            assert gb.http_request(server, "DELETE", f"/api/kernels/{pooled}")[0] == 204
+            assert gb.http_request(server, "POST", "/api/kernels", {"name": "no-such-spec"})[0] \
+                >= 400
+
             logs = json_log_lines(server)
             assert any(line["level"] == "debug" and "kernel pool: miss" in line["msg"]
                        for line in logs), "SPDLOG_LEVEL=debug shows debug lines"
             assert any(line["level"] == "info" and "zygote: ready" in line["msg"] for line in logs)
+            events = [{k: v for k, v in line.items() if k not in ("ts", "msg")}
+                      for line in logs if "action" in line]
+            ok = {"level": "info", "status": "success", "kernel_name": "python3"}
+            for want in ({"action": "start", "kernel_id": forked, **ok},
+                         {"action": "start", "kernel_id": pooled, **ok},
+                         {"action": "interrupt", "kernel_id": pooled, **ok},
+                         {"action": "restart", "kernel_id": forked, **ok},
+                         {"action": "shutdown", "kernel_id": pooled, **ok},
+                         {"action": "start", "kernel_name": "no-such-spec", "status": "error",
+                          "level": "warn"}):
+                assert want in events, f"{want} not in {events}"
         finally:
             server.stop()
             gb.unmount_leftovers(tmp)

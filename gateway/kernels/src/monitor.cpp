@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cellgate/kernels/registry.hpp"
+#include "cellgate/util/log_fields.hpp"
 #include "records.hpp"
 #include "registry_impl.hpp"
 
@@ -131,12 +132,15 @@ void KernelRegistry::Impl::handle_death(const std::shared_ptr<ManagedKernel>& k,
     return k->started(std::move(running));
   }();
   if (!launched) {
-    spdlog::error("kernel {}: restart failed: {}", k->id(), launched.error().message);
+    util::log_kernel_action(
+        "restart", k->id(), k->spec().name, false,
+        fmt::format("kernel {}: restart failed: {}", k->id(), launched.error().message));
     k->restart_failed(reason + "; the restart failed: " + launched.error().message);
     k->publish_status("dead", launched.error().message);
   } else {
     stats_.restarts.add();
-    spdlog::info("kernel {} restarted after: {}", k->id(), reason);
+    util::log_kernel_action("restart", k->id(), k->spec().name, true,
+                            fmt::format("kernel {} restarted after: {}", k->id(), reason));
   }
 }
 

@@ -19,6 +19,7 @@
 #include "cellgate/kernel/progress.hpp"
 #include "cellgate/kernels/display_formatters.hpp"
 #include "cellgate/util/fs.hpp"
+#include "cellgate/util/log_fields.hpp"
 #include "env.hpp"
 #include "kernel_jail.hpp"
 #include "kernelspecs.hpp"
@@ -376,7 +377,9 @@ std::shared_ptr<ManagedKernel> KernelRegistry::Impl::claim_pooled(const std::str
         MutexLock lock(mu_);
         kernels_[k->id()] = Live{k, std::move(taken->ticket)};
       }
-      spdlog::info("kernel {} started ({}), uid {}, from the pool", k->id(), name, k->uid());
+      util::log_kernel_action(
+          "start", k->id(), name, true,
+          fmt::format("kernel {} started ({}), uid {}, from the pool", k->id(), name, k->uid()));
       return k;
     }
     spdlog::warn("kernel pool: dropping pooled kernel {} ({}): {}", k->id(), name,
@@ -438,7 +441,9 @@ Result<KernelModel> KernelRegistry::Impl::start(const std::string& name, const j
   }
   stats_.starts.add();
   stats_.start_seconds.observe({k->spec().name, source}, took());
-  spdlog::info("kernel {} started ({}), uid {}", k->id(), k->spec().name, k->uid());
+  util::log_kernel_action(
+      "start", k->id(), k->spec().name, true,
+      fmt::format("kernel {} started ({}), uid {}", k->id(), k->spec().name, k->uid()));
   return k->model();
 }
 
@@ -578,7 +583,8 @@ Result<void> KernelRegistry::Impl::shutdown(const std::string& id) {
   }
   release(*k);
   remove_record(options_.state_dir, id);
-  spdlog::info("kernel {} shut down", id);
+  util::log_kernel_action("shutdown", id, k->spec().name, true,
+                          fmt::format("kernel {} shut down", id));
   return {};
 }
 
@@ -631,8 +637,39 @@ Result<void> KernelRegistry::claim_state_dir() {
 void KernelRegistry::start() {
   impl_->start();
 }
+namespace {
+
+// A client's interrupt, restart or shutdown of kernel `id` (`name`, its kernelspec), as
+// jupyter_server's kernel_actions event: "kernel ID interrupted", or why it was not.
+template <typename T>
+void log_action(std::string_view action, const std::string& id, const std::string& name,
+                const Result<T>& done, std::string_view past) {
+  if (done.ok()) {
+    util::log_kernel_action(action, id, name, true, fmt::format("kernel {} {}", id, past));
+  } else {
+    util::log_kernel_action(
+        action, id, name, false,
+        fmt::format("kernel {}: {} failed: {}", id, action, done.error().message));
+  }
+}
+
+}  // namespace
+
+// The public calls log what a client asked for as jupyter_server's kernel_actions events
+// (util::log_kernel_action): starts and shutdowns where they succeed, inside, and their failures
+// here; interrupts and restarts here.
+std::string KernelRegistry::spec_name_of(const std::string& id) const {
+  auto k = impl_->find(id);
+  return k ? k.value()->spec().name : std::string();
+}
 Result<KernelModel> KernelRegistry::start(const std::string& name, const json& env) {
-  return impl_->start(name, env);
+  auto started = impl_->start(name, env);
+  if (!started) {
+    util::log_kernel_action("start", "", name, false,
+                            fmt::format("a kernel ({}) did not start: {}",
+                                        name.empty() ? "default" : name, started.error().message));
+  }
+  return started;
 }
 Result<std::shared_ptr<ManagedKernel>> KernelRegistry::find(const std::string& id) const {
   return impl_->find(id);
@@ -641,10 +678,14 @@ std::vector<KernelModel> KernelRegistry::list() const {
   return impl_->list();
 }
 Result<void> KernelRegistry::interrupt(const std::string& id) {
-  return impl_->interrupt(id);
+  auto done = impl_->interrupt(id);
+  log_action("interrupt", id, spec_name_of(id), done, "interrupted");
+  return done;
 }
 Result<KernelModel> KernelRegistry::restart(const std::string& id) {
-  return impl_->restart(id);
+  auto done = impl_->restart(id);
+  log_action("restart", id, spec_name_of(id), done, "restarted");
+  return done;
 }
 Result<KernelModel> KernelRegistry::hibernate(const std::string& id) {
   return impl_->hibernate(id);
@@ -653,7 +694,11 @@ Result<void> KernelRegistry::resume(const std::string& id) {
   return impl_->resume(id);
 }
 Result<void> KernelRegistry::shutdown(const std::string& id) {
-  return impl_->shutdown(id);
+  auto done = impl_->shutdown(id);
+  if (!done) {
+    log_action("shutdown", id, spec_name_of(id), done, "shut down");
+  }
+  return done;
 }
 void KernelRegistry::shutdown_all() {
   impl_->shutdown_all();

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "cellgate/server/server.hpp"
+#include "cellgate/util/log_fields.hpp"
 #include "systemd.hpp"
 
 namespace cellgate::server {
@@ -37,7 +38,8 @@ std::string_view level_name(spdlog::level::level_enum level) {
   }
 }
 
-// One JSON object per line: {"ts": RFC 3339 UTC with milliseconds, "level", "msg"}. The message
+// One JSON object per line: {"ts": RFC 3339 UTC with milliseconds, "level", "msg"}, then the
+// line's structured fields (util::log_with_fields: a kernel's lifecycle event's). The message
 // is escaped by nlohmann (bytes that are not UTF-8 become U+FFFD), so a line is always one
 // valid object whatever a kernel or a client put into a logged string.
 class JsonFormatter : public spdlog::formatter {
@@ -57,6 +59,14 @@ class JsonFormatter : public spdlog::formatter {
         {"ts", ts},
         {"level", level_name(msg.level)},
         {"msg", std::string_view(msg.payload.data(), msg.payload.size())}};
+    if (const nlohmann::json* fields = util::current_log_fields();
+        fields != nullptr && fields->is_object()) {
+      for (const auto& [key, value] : fields->items()) {
+        if (!line.contains(key)) {
+          line[key] = value;
+        }
+      }
+    }
     const std::string text =
         line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
     dest.append(text.data(), text.data() + text.size());

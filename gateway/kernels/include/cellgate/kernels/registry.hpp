@@ -206,6 +206,9 @@ class KernelRegistry {
   const std::string& state_dir() const;
 
  private:
+  // The kernelspec of kernel `id`, for the lifecycle log; "" when there is no such kernel.
+  std::string spec_name_of(const std::string& id) const;
+
   class Impl;  // the parts: gateway/kernels/src/registry_impl.hpp
   std::unique_ptr<Impl> impl_;
 };
