@@ -12,6 +12,7 @@ import http.client
 import json
 import os
 import pathlib
+import signal
 import sys
 import tempfile
 import threading
@@ -229,6 +230,123 @@ def test_an_mcp_cell_resumes_its_sessions_hibernated_kernel():
             assert "10" in out, out
             status, model = call(server, "GET", f"/api/kernels/{kid}")
             assert "hibernated" not in model, model
+        finally:
+            server.stop()
+            gb.unmount_leftovers(tmp)
+
+
+def crash(server):
+    """kill -9 of the gateway alone, as an OOM kill would."""
+    server.remember()
+    os.kill(server.proc.pid, signal.SIGKILL)
+    server.proc.wait()
+
+
+def model(server, kid):
+    status, answer = call(server, "GET", f"/api/kernels/{kid}")
+    assert status == 200, (status, answer, server.log_tail())
+    return answer
+
+
+def test_a_hibernated_kernel_outlives_its_gateway():
+    """kill -9 of the gateway while a kernel is hibernated, then SIGTERM with --hibernate-on-stop:
+    each next gateway on the state dir lists the kernels hibernated and resumes them on first use
+    with their variables and files."""
+    with tempfile.TemporaryDirectory() as tmp:
+        flags = ("--no-zygote", "--pool-size", "0", "--hibernate-on-stop")
+        servers = [gb.start_cellgate(BIN_DIR, tmp, 4, flags)]
+        try:
+            first = servers[0]
+            kid = gb.start_kernel(first)
+            assert execute(first, kid, "x = 41\nopen('note.txt', 'w').write('kept')")["status"] == "ok"
+            hibernate(first, kid)
+            assert record(first, kid)["hibernated"] is True
+            crash(first)
+
+            second = gb.start_cellgate(BIN_DIR, tmp, 4, flags)
+            servers.append(second)
+            assert model(second, kid)["hibernated"] is True, second.log_tail()
+            answer = execute(second, kid, "print(x + 1, open('note.txt').read())")
+            assert answer["status"] == "ok" and answer["stdout"] == "42 kept\n", answer
+            assert record(second, kid)["hibernated"] is False
+            # --hibernate-on-stop: SIGTERM hibernates both kernels instead of ending them.
+            other = gb.start_kernel(second)
+            assert execute(second, other, "y = 'other'")["status"] == "ok"
+            second.stop()
+            assert second.proc.returncode == 0, second.log_tail()
+            for k in (kid, other):
+                assert record(second, k)["hibernated"] is True, k
+                assert pathlib.Path(second.marker, "kernels", k, "hibernated").is_dir()
+
+            third = gb.start_cellgate(BIN_DIR, tmp, 4, ("--no-zygote", "--pool-size", "0"))
+            servers.append(third)
+            assert model(third, kid)["hibernated"] is True and model(third, other)["hibernated"]
+            client = gb.KernelClient(third, other)  # a Jupyter client resumes it
+            try:
+                assert client.run_stdout("print(y)") == "other\n"
+            finally:
+                client.close()
+            assert execute(third, kid, "print(x)")["stdout"] == "41\n"
+            # Without --hibernate-on-stop a stop ends them: records and images go.
+            third.stop()
+            assert not list(pathlib.Path(third.marker, "kernels").glob("*.json"))
+        finally:
+            for s in servers:
+                s.stop()
+            gb.unmount_leftovers(tmp)
+
+
+def test_hibernate_after_an_idle_time():
+    with tempfile.TemporaryDirectory() as tmp:
+        server = gb.start_cellgate(BIN_DIR, tmp, 4, ("--no-zygote", "--pool-size", "0",
+                                                     "--hibernate-after", "1"))
+        try:
+            kid = gb.start_kernel(server)
+            assert execute(server, kid, "x = 5")["status"] == "ok"
+            hibernate(server, kid)  # by hand first: skips where checkpoints cannot work
+            assert execute(server, kid, "x += 1")["status"] == "ok"
+            deadline = time.monotonic() + 120
+            while not model(server, kid).get("hibernated"):
+                assert time.monotonic() < deadline, "not hibernated 120 s after 1 s idle:\n" + \
+                    server.log_tail()
+                time.sleep(0.2)
+            answer = execute(server, kid, "print(x)")
+            assert answer["status"] == "ok" and answer["stdout"] == "6\n", answer
+            assert "hibernated in" in pathlib.Path(server.log_path).read_text()
+        finally:
+            server.stop()
+            gb.unmount_leftovers(tmp)
+
+
+def test_a_corrupt_image_fails_that_kernel_alone():
+    """Images on disk are hostile input: a hibernated kernel whose image was overwritten fails to
+    resume with a clear error and is dead; its neighbour, hibernated too, resumes intact."""
+    with tempfile.TemporaryDirectory() as tmp:
+        server = gb.start_cellgate(BIN_DIR, tmp, 4, ("--no-zygote", "--pool-size", "0"))
+        try:
+            bad, good = gb.start_kernel(server), gb.start_kernel(server)
+            assert execute(server, bad, "x = 1")["status"] == "ok"
+            assert execute(server, good, "x = 2")["status"] == "ok"
+            hibernate(server, bad)
+            hibernate(server, good)
+            images = sorted(pathlib.Path(server.marker, "kernels", bad, "hibernated").iterdir())
+            assert images, "no image files"
+            for path in images:
+                if path.is_file():
+                    size = path.stat().st_size
+                    path.write_bytes(os.urandom(min(size, 4096)) + b"\0" * max(0, size - 4096))
+            status, answer = call(server, "POST", f"/api/kernels/{bad}/execute",
+                                  {"code": "print(x)", "timeout": 60}, timeout=120)
+            text = json.dumps(answer)
+            assert status >= 400 or answer.get("status") != "ok", answer
+            assert "could not be resumed" in text, answer
+            assert model(server, bad)["execution_state"] == "dead"
+            answer = execute(server, good, "print(x)")
+            assert answer["status"] == "ok" and answer["stdout"] == "2\n", answer
+            # The dead one restarts afresh, as a restart of any dead kernel does.
+            status, _ = call(server, "POST", f"/api/kernels/{bad}/restart")
+            assert status == 200
+            assert execute(server, bad, "print('fresh')")["stdout"] == "fresh\n"
         finally:
             server.stop()
             gb.unmount_leftovers(tmp)

@@ -193,6 +193,29 @@ TEST_F(UidAllocatorTest, AllUidsOfTheRangeTakenIsAnErrorUntilOneIsReleased) {
   EXPECT_EQ(*again, *u1);
 }
 
+// A hibernated kernel of an earlier gateway has no process to keep allocate() off its uid: its
+// adoption reserves it, and only a uid of our range that no kernel holds.
+TEST_F(UidAllocatorTest, AReservedUidIsNotAllocatedAndOnlyOurFreeUidsCanBeReserved) {
+  UidAllocator a(options(3, 1));
+  ASSERT_TRUE(a.lease().ok());
+  const auto range = a.range();
+  ASSERT_TRUE(range);
+  ASSERT_TRUE(a.reserve(range->first + 1).ok());
+  auto first = a.allocate();
+  auto second = a.allocate();
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ(*first, range->first);
+  EXPECT_EQ(*second, range->first + 2) << "the reserved uid was handed out";
+  auto taken = a.reserve(range->first);
+  ASSERT_FALSE(taken.ok());
+  EXPECT_EQ(taken.error().reason, "uid_in_use");
+  auto outside = a.reserve(range->last + 1);
+  ASSERT_FALSE(outside.ok());
+  EXPECT_EQ(outside.error().reason, "uid_outside_range");
+  a.release(range->first + 1);
+  EXPECT_TRUE(a.reserve(range->first + 1).ok());
+}
+
 TEST_F(UidAllocatorTest, UnusableLeaseDirFallsBackOrFails) {
   std::ofstream(root_ + "/file") << "not a dir";
   UidRangeOptions o = options();

@@ -60,6 +60,13 @@ CLI::App* add_serve_command(CLI::App& app, ServeCommandLine& serve) {
       ->capture_default_str();
   cmd->add_option("--cull-interval", o.cull_interval, "seconds between cull checks")
       ->capture_default_str();
+  cmd->add_option("--hibernate-after", o.hibernate_after,
+                  "hibernate kernels idle this many seconds (CRIU; 0: never): their processes "
+                  "end, their state waits on disk, the first touch resumes them")
+      ->capture_default_str();
+  cmd->add_flag("--hibernate-on-stop", o.hibernate_on_stop,
+                "on SIGTERM/SIGINT hibernate every kernel that can (the next gateway on this "
+                "--state-dir resumes each on first use); the others end");
   cmd->add_flag("--cull-connected", o.cull_connected, "also cull kernels with open WebSockets");
   cmd->add_flag("--cull-busy", o.cull_busy, "also cull busy kernels");
   cmd->add_option("--allow-origin", o.allow_origins,

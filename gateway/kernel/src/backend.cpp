@@ -47,4 +47,11 @@ Result<std::unique_ptr<KernelProcessHandle>> ProcessBackend::adopt(const Adoptio
   return std::unique_ptr<KernelProcessHandle>(std::move(process));
 }
 
+Result<std::unique_ptr<KernelProcessHandle>> ProcessBackend::adopt_hibernated(
+    const AdoptionFacts& facts) {
+  CELLGATE_ASSIGN_OR_RETURN(auto process,
+                            KernelProcess::hibernated_from(facts, options_.launcher_path));
+  return std::unique_ptr<KernelProcessHandle>(std::move(process));
+}
+
 }  // namespace cellgate::kernel

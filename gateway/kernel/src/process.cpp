@@ -314,6 +314,31 @@ Result<std::unique_ptr<KernelProcess>> KernelProcess::adopt(const AdoptionFacts&
   return kp;
 }
 
+Result<std::unique_ptr<KernelProcess>> KernelProcess::hibernated_from(
+    const AdoptionFacts& facts, const std::string& launcher_path) {
+  if (!facts.jailed || facts.runtime_dir.empty() || facts.connection_file.empty()) {
+    return make_error(ErrorCode::kFailedPrecondition, "not_hibernated",
+                      "the record is not of a hibernated jailed kernel");
+  }
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(facts.runtime_dir + "/jail.json", ec)) {
+    return make_error(ErrorCode::kNotFound, "runtime_dir_gone",
+                      "the kernel's runtime dir " + facts.runtime_dir +
+                          " (its jail spec and connection) is gone");
+  }
+  std::unique_ptr<KernelProcess> kp(new KernelProcess());
+  kp->jailed_ = true;
+  kp->launcher_path_ =
+      launcher_path.empty() ? executable_dir() + "/cellgate-kernel" : launcher_path;
+  kp->runtime_dir_ = facts.runtime_dir;
+  kp->status_file_ = facts.status_file;
+  kp->log_file_ = facts.log_file;
+  kp->work_dir_ = facts.work_dir;
+  kp->connection_ = facts.connection;
+  kp->connection_file_ = facts.connection_file;
+  return kp;
+}
+
 std::optional<AdoptionFacts> KernelProcess::adoption_facts() const {
   AdoptionFacts f;
   f.launcher_pid = launcher_pid_;

@@ -15,6 +15,7 @@
 #include <set>
 
 #include "cellgate/jail/cgroup.hpp"
+#include "cellgate/jail/userns.hpp"
 #include "cellgate/kernels/registry.hpp"
 #include "cellgate/launcher/status.hpp"
 #include "cleanup.hpp"
@@ -71,6 +72,14 @@ AdoptionCounts adopt_or_clean_up(const std::string& state_dir, kernel::KernelBac
         ++adopted;
         continue;
       }
+      if (kept.error().reason == kLeftOnDisk) {
+        // A hibernated kernel this gateway cannot take (its uid is another range's): its image
+        // and record stay for a gateway that can; nothing of it runs.
+        spdlog::error("kernel {}: hibernated, not adopted: {}; its image stays in {}", record.id,
+                      kept.error().message, state_dir);
+        kept_runtime_dirs.insert(record.process->runtime_dir);
+        continue;
+      }
       spdlog::warn("kernel {}: not adopted: {}; cleaning up after it", record.id,
                    kept.error().message);
     }
@@ -104,6 +113,9 @@ Result<void> KernelRegistry::Impl::adopt(const Record& record) {
     named.display_name = record.kernelspec;
     spec = named;
   }
+  if (record.hibernated) {
+    return adopt_hibernated(record, *spec);
+  }
   CELLGATE_ASSIGN_OR_RETURN(std::unique_ptr<kernel::KernelProcessHandle> process,
                             backend_.adopt(*record.process));
   if (auto ended = process->poll_exit()) {
@@ -126,6 +138,12 @@ Result<void> KernelRegistry::Impl::adopt(const Record& record) {
                                   /*wait_for_idle=*/false);
   if (!info && process->poll_exit()) {
     return make_error(ErrorCode::kUnavailable, "kernel_ended", "the kernel ended while adopted");
+  }
+  if (!options_.no_jail && !jail::in_single_uid_user_namespace()) {
+    // Its live processes keep allocate() off the uid; reserved too, for when they are gone.
+    if (auto reserved = uids_.reserve(record.uid); !reserved) {
+      spdlog::warn("kernel {}: {}", record.id, reserved.error().message);
+    }
   }
   CELLGATE_TRY(k->started(ManagedKernel::Running{std::move(process), std::move(connection)}));
   {

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <filesystem>
 
+#include "adoption.hpp"
+#include "cellgate/jail/userns.hpp"
 #include "records.hpp"
 #include "registry_impl.hpp"
 
@@ -16,6 +18,10 @@ namespace fs = std::filesystem;
 using Ms = std::chrono::milliseconds;
 
 constexpr int kDumpAttempts = 3;
+
+std::chrono::milliseconds seconds_to_ms(double s) {
+  return std::chrono::milliseconds(static_cast<long long>(s * 1000));
+}
 
 double ms_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
@@ -71,7 +77,18 @@ Result<KernelModel> KernelRegistry::Impl::hibernate(const std::string& id) {
       return std::move(dumped).error();
     }
     spdlog::info("kernel {} hibernated in {:.0f} ms", id, ms_since(start));
+    // The record says so: a gateway started after this one ends (kill -9, an upgrade) lists it
+    // hibernated again instead of cleaning up after a kernel whose launcher is gone.
+    const ProcessFacts facts = ProcessFacts::of(*process);
     k->hibernated(std::move(process));
+    if (auto recorded = write_record(options_.state_dir, *k, facts, options_.jail,
+                                     /*pooled=*/false, /*hibernated=*/true);
+        !recorded) {
+      spdlog::warn(
+          "kernel {}: its record could not say it is hibernated ({}): a gateway "
+          "restarted before it resumes will not find it",
+          id, recorded.error().message);
+    }
   }
   return k->model();
 }
@@ -108,6 +125,107 @@ Result<void> KernelRegistry::Impl::resume(const std::shared_ptr<ManagedKernel>& 
   std::error_code ec;
   fs::remove_all(image_dir(*k), ec);
   spdlog::info("kernel {} resumed in {:.0f} ms", k->id(), ms_since(start));
+  return {};
+}
+
+void KernelRegistry::Impl::hibernate_idle() {
+  const auto now = now_();
+  const auto after = seconds_to_ms(options_.hibernate_after);
+  for (const auto& k : snapshot()) {
+    if (k->state() != KernelState::kIdle || now - k->last_activity() < after ||
+        not_hibernatable_.count(k->id()) != 0) {
+      continue;
+    }
+    auto slept = hibernate(k->id());
+    if (!slept && slept.error().reason == "not_hibernatable") {
+      not_hibernatable_.insert(k->id());
+      spdlog::info("kernel {} stays up past --hibernate-after: {}", k->id(), slept.error().message);
+    } else if (!slept && slept.error().reason != "kernel_busy") {
+      spdlog::warn("kernel {}: did not hibernate after {} s idle: {}", k->id(),
+                   options_.hibernate_after, slept.error().message);
+    }
+  }
+  // Ids of kernels gone since: the set stays as small as the kernels that are.
+  std::erase_if(not_hibernatable_, [this](const std::string& id) { return !find(id); });
+}
+
+void KernelRegistry::Impl::hibernate_and_stop() {
+  pool_.stop();
+  std::vector<std::string> ids;
+  {
+    MutexLock lock(mu_);
+    for (const auto& [id, live] : kernels_) {
+      ids.push_back(id);
+    }
+  }
+  std::size_t slept = 0;
+  for (const auto& id : ids) {
+    auto k = find(id);
+    if (!k) {
+      continue;
+    }
+    if (k.value()->state() != KernelState::kHibernated) {
+      if (auto done = hibernate(id); !done) {
+        spdlog::warn("kernel {} did not hibernate at stop: {}; it ends", id, done.error().message);
+        (void)shutdown(id);
+        continue;
+      }
+    }
+    // Left as hand_over() leaves a kernel: the process handle detached (its runtime dir, with
+    // the jail spec and connection file the restore needs, stays), the record and image kept.
+    std::shared_ptr<ManagedKernel> kernel;
+    {
+      MutexLock lock(mu_);
+      auto it = kernels_.find(id);
+      if (it == kernels_.end()) {
+        continue;
+      }
+      kernel = it->second.kernel;
+      kernels_.erase(it);
+    }
+    ManagedKernel::Ended ended = kernel->end();
+    if (ended.running.process) {
+      ended.running.process->detach();
+    }
+    for (auto& l : ended.listeners) {
+      l->kernel_gone("the gateway is stopping; the kernel is hibernated and resumes on first use");
+    }
+    ++slept;
+  }
+  spdlog::info("stopping: {} kernel(s) hibernated in {} for the next gateway", slept,
+               options_.state_dir);
+}
+
+Result<void> KernelRegistry::Impl::adopt_hibernated(const Record& record,
+                                                    const kernel::KernelSpec& spec) {
+  auto k = make_kernel(record.id, spec, record.uid, record.env);
+  std::error_code ec;
+  if (!fs::is_directory(image_dir(*k), ec)) {
+    return make_error(ErrorCode::kNotFound, "image_gone",
+                      "its record says hibernated but its image " + image_dir(*k) + " is gone");
+  }
+  if (!options_.no_jail && !jail::in_single_uid_user_namespace()) {
+    // CRIU restores the uid it dumped: the kernel can only come back as that uid, which must be
+    // ours and no other kernel's.
+    if (auto reserved = uids_.reserve(record.uid); !reserved) {
+      return make_error(ErrorCode::kFailedPrecondition, kLeftOnDisk, reserved.error().message);
+    }
+  }
+  auto process = backend_.adopt_hibernated(*record.process);
+  if (!process) {
+    uids_.release(record.uid);
+    return std::move(process).error();
+  }
+  if (auto adopted = k->adopted_hibernated(std::move(process).value()); !adopted) {
+    uids_.release(record.uid);
+    return adopted;
+  }
+  {
+    MutexLock lock(mu_);
+    kernels_[k->id()] = Live{k, admission_.admit_adopted()};
+  }
+  spdlog::info("kernel {} adopted hibernated ({}), uid {}: it resumes on first use", k->id(),
+               k->spec().name, k->uid());
   return {};
 }
 

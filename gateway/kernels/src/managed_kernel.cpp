@@ -477,6 +477,22 @@ void ManagedKernel::hibernated(std::unique_ptr<kernel::KernelProcessHandle> proc
   process.reset();  // gone meanwhile: its runtime dir goes with it
 }
 
+Result<void> ManagedKernel::adopted_hibernated(
+    std::unique_ptr<kernel::KernelProcessHandle> process) {
+  {
+    MutexLock lock(mu_);
+    if (state_ == KernelState::kStarting) {
+      running_.process = std::move(process);
+      state_ = KernelState::kHibernated;
+      resume_claimed_ = false;
+      return {};
+    }
+  }
+  process.reset();
+  return make_error(ErrorCode::kFailedPrecondition, "kernel_" + std::string(to_string(state())),
+                    "kernel " + id_ + " is " + to_string(state()));
+}
+
 std::unique_ptr<kernel::KernelProcessHandle> ManagedKernel::take_hibernated() {
   MutexLock lock(mu_);
   if (state_ != KernelState::kHibernated) {

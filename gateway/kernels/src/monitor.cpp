@@ -105,6 +105,9 @@ void KernelRegistry::Impl::monitor_once() {
     next_cull_ = now_() + from_seconds(options_.cull_interval);
     cull();
   }
+  if (options_.hibernate_after > 0 && options_.checkpoints_unavailable.empty()) {
+    hibernate_idle();
+  }
 }
 
 void KernelRegistry::Impl::handle_death(const std::shared_ptr<ManagedKernel>& k,

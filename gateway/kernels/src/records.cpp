@@ -18,7 +18,8 @@ std::string record_path(const std::string& state_dir, const std::string& id) {
 }
 
 Result<void> write_record(const std::string& state_dir, const ManagedKernel& k,
-                          const ProcessFacts& process, const jail::JailSpec& limits, bool pooled) {
+                          const ProcessFacts& process, const jail::JailSpec& limits, bool pooled,
+                          bool hibernated) {
   nlohmann::json record = {{"id", k.id()},
                            {"kernelspec", k.spec().name},
                            {"connection", process.connection.to_json()},
@@ -32,12 +33,37 @@ Result<void> write_record(const std::string& state_dir, const ManagedKernel& k,
                            {"limits", launcher::spec_to_json(limits)},
                            {"started_at", protocol::iso8601(std::chrono::system_clock::now())},
                            {"pooled", pooled},
+                           {"hibernated", hibernated},
                            {"env", k.env()}};
   if (process.adoption) {
     record["process"] = process.adoption->to_json();
   }
   return atomic_write(record_path(state_dir, k.id()), record.dump(1), 0600);
 }
+
+namespace {
+
+// The fields of a record object; throws json::exception on a field of the wrong type.
+void read_fields(const nlohmann::json& j, Record& r) {
+  r.kernelspec = j.value("kernelspec", "");
+  r.uid = j.value("uid", 0u);
+  r.pooled = j.value("pooled", false);
+  r.hibernated = j.value("hibernated", false);
+  if (j.contains("env") && j["env"].is_object()) {
+    for (const auto& [key, value] : j["env"].items()) {
+      if (value.is_string()) {
+        r.env[key] = value.get<std::string>();
+      }
+    }
+  }
+  if (j.contains("process")) {
+    if (auto facts = kernel::AdoptionFacts::from_json(j["process"]); facts) {
+      r.process = std::move(facts).value();
+    }
+  }
+}
+
+}  // namespace
 
 std::vector<Record> read_records(const std::string& state_dir) {
   std::vector<Record> out;
@@ -53,20 +79,13 @@ std::vector<Record> read_records(const std::string& state_dir) {
     std::ifstream in(r.path);
     const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
     if (j.is_object()) {
-      r.kernelspec = j.value("kernelspec", "");
-      r.uid = j.value("uid", 0u);
-      r.pooled = j.value("pooled", false);
-      if (j.contains("env") && j["env"].is_object()) {
-        for (const auto& [key, value] : j["env"].items()) {
-          if (value.is_string()) {
-            r.env[key] = value.get<std::string>();
-          }
-        }
-      }
-      if (j.contains("process")) {
-        if (auto facts = kernel::AdoptionFacts::from_json(j["process"]); facts) {
-          r.process = std::move(facts).value();
-        }
+      try {
+        read_fields(j, r);
+      } catch (const nlohmann::json::exception&) {
+        Record bare;  // a field of the wrong type: unreadable, cleaned up
+        bare.path = std::move(r.path);
+        bare.id = std::move(r.id);
+        r = std::move(bare);
       }
     }
     out.push_back(std::move(r));

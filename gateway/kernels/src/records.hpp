@@ -18,9 +18,11 @@
 namespace cellgate::kernels {
 
 std::string record_path(const std::string& state_dir, const std::string& id);
+// `hibernated`: the kernel has no process; its image is in <state_dir>/kernels/<id>/hibernated
+// and the process facts say where its runtime dir (jail spec, connection) is kept.
 Result<void> write_record(const std::string& state_dir, const ManagedKernel& k,
                           const ProcessFacts& process, const jail::JailSpec& limits,
-                          bool pooled = false);
+                          bool pooled = false, bool hibernated = false);
 
 // A record as read back.
 struct Record {
@@ -29,6 +31,7 @@ struct Record {
   std::string kernelspec;
   uid_t uid = 0;
   bool pooled = false;
+  bool hibernated = false;
   std::map<std::string, std::string> env;
   std::optional<kernel::AdoptionFacts> process;  // absent in records of older gateways
 };

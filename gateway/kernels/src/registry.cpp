@@ -706,6 +706,9 @@ void KernelRegistry::shutdown_all() {
 void KernelRegistry::hand_over() {
   impl_->hand_over();
 }
+void KernelRegistry::hibernate_and_stop() {
+  impl_->hibernate_and_stop();
+}
 void KernelRegistry::monitor_once() {
   impl_->monitor_once();
 }

@@ -46,6 +46,7 @@ class KernelRegistry::Impl {
   Result<void> resume(const std::string& id);
   void shutdown_all();
   void hand_over();
+  void hibernate_and_stop();  // hibernate.cpp
   void monitor_once();
 
   std::size_t pool_ready_total() const { return pool_.ready_total(); }
@@ -105,6 +106,9 @@ class KernelRegistry::Impl {
   void adopt_kernels();
   // Connects to a previous gateway's running kernel and makes it a live kernel here.
   Result<void> adopt(const Record& record);
+  // hibernate.cpp: a kernel a previous gateway hibernated, listed hibernated again (resumed on
+  // first touch, as if this gateway had hibernated it).
+  Result<void> adopt_hibernated(const Record& record, const kernel::KernelSpec& spec);
 
   // ---- monitor.cpp ----
   void start_monitor();  // its thread, or its first timer on monitor_loop_
@@ -114,6 +118,8 @@ class KernelRegistry::Impl {
   void stop_monitor();
   void handle_death(const std::shared_ptr<ManagedKernel>& k, const std::string& reason);
   void cull();
+  // hibernate.cpp: kernels idle longer than hibernate_after hibernate, one pass's worth.
+  void hibernate_idle();
 
   kernel::KernelBackend& backend_;
   const Now now_;
@@ -125,6 +131,9 @@ class KernelRegistry::Impl {
 
   mutable Mutex mu_;
   std::map<std::string, Live> kernels_ CELLGATE_GUARDED_BY(mu_);
+  // Kernels hibernate_idle() found unable to hibernate for good (a zygote kernel, an adopted
+  // one): said once, not tried again. Monitor passes only (pass_mu_).
+  std::set<std::string> not_hibernatable_;
   UniqueFd state_lock_ CELLGATE_GUARDED_BY(mu_);  // <state_dir>/lock, flock()ed
 
   WarmPool pool_;

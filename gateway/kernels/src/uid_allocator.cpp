@@ -159,6 +159,22 @@ Result<uid_t> UidAllocator::allocate() {
           "end those processes or raise --kernel-uid-range-size");
 }
 
+Result<void> UidAllocator::reserve(uid_t uid) {
+  MutexLock lock(mu_);
+  CELLGATE_TRY(lease_locked());
+  if (uid < range_->first || uid > range_->last) {
+    return make_error(ErrorCode::kFailedPrecondition, "uid_outside_range",
+                      "uid " + std::to_string(uid) + " is outside this gateway's kernel uids " +
+                          std::to_string(range_->first) + "-" + std::to_string(range_->last) +
+                          " (another gateway's range, or another --kernel-uid-range-size)");
+  }
+  if (!in_use_.insert(uid).second) {
+    return make_error(ErrorCode::kFailedPrecondition, "uid_in_use",
+                      "uid " + std::to_string(uid) + " is another kernel's already");
+  }
+  return {};
+}
+
 void UidAllocator::release(uid_t uid) {
   MutexLock lock(mu_);
   in_use_.erase(uid);

@@ -84,6 +84,7 @@ engine::EngineOptions engine_options(const ServeOptions& o) {
   r.state_dir = o.state_dir;
   r.max_kernels = o.max_kernels;
   r.cull_idle_timeout = o.cull_idle_timeout;
+  r.hibernate_after = o.hibernate_after;
   r.cull_interval = o.cull_interval;
   r.cull_connected = o.cull_connected;
   r.cull_busy = o.cull_busy;
@@ -517,7 +518,9 @@ int run_serve(ServeOptions options) {
     systemd::notify("STOPPING=1");
     spdlog::info("signal {}: {}", sig,
                  hand_over ? "stopping, leaving the kernels to the next gateway on the state dir"
-                           : "shutting down");
+                 : server.options().hibernate_on_stop
+                     ? "stopping: hibernating the kernels that can, ending the others"
+                     : "shutting down");
     server.stop();
   });
   std::thread signal_thread([&] { signals_ctx.run(); });
@@ -571,6 +574,8 @@ int run_serve(ServeOptions options) {
   signal_thread.join();
   if (hand_over) {
     server.registry().hand_over();
+  } else if (server.options().hibernate_on_stop) {
+    server.registry().hibernate_and_stop();
   } else {
     server.registry().shutdown_all();
   }

@@ -36,9 +36,8 @@ void log_with_fields(LogLevel level, const nlohmann::json& fields, std::string_v
 
 void log_kernel_action(std::string_view action, std::string_view kernel_id,
                        std::string_view kernel_name, bool success, std::string_view msg) {
-  nlohmann::json fields = {{"action", action},
-                           {"kernel_name", kernel_name},
-                           {"status", success ? "success" : "error"}};
+  nlohmann::json fields = {
+      {"action", action}, {"kernel_name", kernel_name}, {"status", success ? "success" : "error"}};
   if (!kernel_id.empty()) {
     fields["kernel_id"] = kernel_id;
   }

@@ -35,6 +35,8 @@ class ProcessBackend : public KernelBackend {
   bool wait_fast(std::chrono::milliseconds timeout) override;
   Result<std::unique_ptr<KernelProcessHandle>> launch(LaunchRequest request) override;
   Result<std::unique_ptr<KernelProcessHandle>> adopt(const AdoptionFacts& facts) override;
+  Result<std::unique_ptr<KernelProcessHandle>> adopt_hibernated(
+      const AdoptionFacts& facts) override;
 
   // The zygote's handle (null without one, or before start()), for tests.
   Zygote* zygote() { return zygote_.get(); }

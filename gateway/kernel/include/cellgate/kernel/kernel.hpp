@@ -267,6 +267,14 @@ class KernelBackend {
     return make_error(ErrorCode::kFailedPrecondition, "cannot_adopt",
                       "this kernel backend cannot adopt kernels");
   }
+  // A kernel a previous gateway hibernated, from its record: a handle whose restore() brings it
+  // back (KernelProcess::hibernated_from). Backends without checkpoints refuse.
+  virtual Result<std::unique_ptr<KernelProcessHandle>> adopt_hibernated(
+      const AdoptionFacts& facts) {
+    (void)facts;
+    return make_error(ErrorCode::kFailedPrecondition, "cannot_adopt",
+                      "this kernel backend cannot adopt hibernated kernels");
+  }
   // A kernel is gone for good (not restarting): its work dir's tmpfs, which outlives each
   // process so that a restarted kernel finds its files, is unmounted (lazily). The directory
   // itself stays for the caller to remove.

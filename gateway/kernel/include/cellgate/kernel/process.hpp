@@ -93,6 +93,12 @@ class KernelProcess : public KernelProcessHandle {
   // is gone or the pid names another process now. It is then supervised through a pidfd (it is
   // not our child): signals with pidfd_send_signal, its end from the launcher's status file.
   static Result<std::unique_ptr<KernelProcess>> adopt(const AdoptionFacts& facts);
+  // A kernel a previous gateway hibernated (checkpointed, no process left): a handle in the state
+  // checkpoint() leaves, whose restore() brings it back through `launcher_path` ("": the
+  // cellgate-kernel beside the running binary) from its recorded runtime dir. Refused when the
+  // facts are not of a jailed kernel or its runtime dir is gone.
+  static Result<std::unique_ptr<KernelProcess>> hibernated_from(const AdoptionFacts& facts,
+                                                                const std::string& launcher_path);
   ~KernelProcess() override;
   KernelProcess(const KernelProcess&) = delete;
   KernelProcess& operator=(const KernelProcess&) = delete;

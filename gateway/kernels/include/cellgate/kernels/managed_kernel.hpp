@@ -12,7 +12,7 @@
 //      └──────────── end() from any state ──────────────────────────────────────► gone
 //
 //   idle ──begin_hibernate()──► hibernated ──resumed()──► idle
-//                                   │ resume_failed() → dead; begin_restart() → restarting
+//   starting ──adopted_hibernated()──┘ │ resume_failed() → dead; begin_restart() → restarting
 //
 // execution_state (the Jupyter model's string) is derived from it: starting, idle, busy,
 // restarting, dead ("gone" reads as dead, "hibernated" as idle with the model's `hibernated`).
@@ -212,6 +212,9 @@ class ManagedKernel {
   // The checkpointed process (it holds the runtime dir the restore reuses), kept while
   // hibernated; stopped at once when the kernel went meanwhile.
   void hibernated(std::unique_ptr<kernel::KernelProcessHandle> process);
+  // starting → hibernated: a kernel a previous gateway hibernated, adopted with the handle that
+  // restores it. Refused (the handle goes) from any other state.
+  Result<void> adopted_hibernated(std::unique_ptr<kernel::KernelProcessHandle> process);
   // The kept process, for its restore; null when not hibernated.
   std::unique_ptr<kernel::KernelProcessHandle> take_hibernated();
   // hibernated → idle with this process and connection; the messages queued meanwhile are sent.

@@ -71,6 +71,9 @@ struct RegistryOptions {
   std::size_t max_kernels = 64;  // live kernels, pooled ones included
   double cull_idle_timeout = 0;  // seconds; 0: never cull
   double cull_interval = 300;
+  // Seconds an idle kernel (no cell running, no input_request open) waits before it hibernates
+  // on its own (hibernate()); 0: never. Kernels that cannot hibernate are skipped, said once.
+  double hibernate_after = 0;
   bool cull_connected = false;
   bool cull_busy = false;
   std::set<std::string> env_allowlist;  // client env names passed besides KERNEL_*
@@ -180,6 +183,11 @@ class KernelRegistry {
   // but leaves every client kernel running with its state record, for the next gateway on this
   // state dir to adopt. Their listeners are told the gateway is restarting.
   void hand_over();
+  // For a reboot or an upgrade with --hibernate-on-stop: stops the pool, hibernates every kernel
+  // that can (idle, cold-started, checkpoints available), leaves those on disk with their
+  // records for the next gateway on this state dir (hand_over()'s way), and ends the others,
+  // saying why each did not hibernate.
+  void hibernate_and_stop();
 
   // One pass of the monitor: the backend's upkeep, dead kernels restarted (or declared dead),
   // and, when culling is on and cull_interval has passed on the clock, idle kernels culled.

@@ -54,6 +54,10 @@ class UidAllocator {
   Result<void> lease();
   // The lowest uid of our range not allocated and with no live process; leases first if needed.
   Result<uid_t> allocate();
+  // Marks `uid` allocated: a kernel a previous gateway started (adopted, or hibernated with no
+  // process that would keep allocate() off its uid). Refused when it is outside our range or
+  // allocated already.
+  Result<void> reserve(uid_t uid);
   void release(uid_t uid);
 
   struct Range {

@@ -26,6 +26,8 @@ struct ServeOptions {
   std::size_t max_kernels = 64;
   double cull_idle_timeout = 0;  // seconds; 0: never cull
   double cull_interval = 300;
+  double hibernate_after = 0;      // seconds idle before a kernel hibernates; 0: never
+  bool hibernate_on_stop = false;  // SIGTERM/SIGINT hibernate the kernels that can
   bool cull_connected = false;
   bool cull_busy = false;
   std::vector<std::string> allow_origins;  // exact origins, or "*"
