@@ -186,18 +186,53 @@ TEST(RunNotebook, ADeeplyNestedNotebookIsRefusedBeforeParsing) {
   EXPECT_EQ(error_of(dump(nb)), "not a notebook: its JSON nests deeper than 256 levels");
 }
 
-// -y is read by a recursive descent: its nesting is bounded too (a flow collection, or block
-// mappings by indentation).
+// -y's values are copied, rendered and destroyed by recursion: their nesting is bounded as a
+// notebook's is (a flow collection, block mappings by indentation, or through an alias).
 TEST(RunNotebook, DashYRefusesDeepNesting) {
   const std::size_t deep = 100000;
   EXPECT_EQ(y("{a: " + std::string(deep, '[') + std::string(deep, ']') + "}"),
-            "error: -y: line 1: nested deeper than 256 levels");
+            "error: -y: line 1, column 260: nested deeper than 256 levels");
   std::string block;
   for (std::size_t i = 0; i < 1000; ++i) {
     block += std::string(i, ' ') + "k:\n";
   }
-  EXPECT_EQ(y(block), "error: -y: line 257: nested deeper than 256 levels");  // the 257th level
+  // The 257th level.
+  EXPECT_EQ(y(block), "error: -y: line 257, column 257: nested deeper than 256 levels");
   EXPECT_EQ(y("a: " + std::string(200, '[') + std::string(200, ']')).substr(0, 8), "a = [[[[");
+  const std::string tall = "t: &t " + std::string(200, '[') + std::string(200, ']') + "\n";
+  EXPECT_EQ(y(tall + "u: " + std::string(55, '[') + "*t" + std::string(55, ']')).substr(0, 8),
+            "t = [[[[");
+  EXPECT_EQ(y(tall + "u: " + std::string(56, '[') + "*t" + std::string(56, ']')),
+            "error: -y: line 2, column 60: the alias *t nests deeper than 256 levels");
+}
+
+// A hostile -y (issue 30): what aliases copy is bounded, and so are ints past what Python can
+// write. Each ends at once with the error.
+TEST(RunNotebook, DashYBoundsWhatAliasesMake) {
+  std::string laughs = "l0: &l0 lol\n";
+  for (int i = 1; i <= 9; ++i) {
+    laughs += "l" + std::to_string(i) + ": &l" + std::to_string(i) + " [";
+    for (int k = 0; k < 10; ++k) {
+      laughs += (k == 0 ? "*l" : ", *l") + std::to_string(i - 1);
+    }
+    laughs += "]\n";
+  }
+  EXPECT_EQ(y(laughs),
+            "error: -y: line 7, column 10: the document makes more than 250000 values (each copy "
+            "an alias makes counts)");
+  const std::string big(10 << 20, 'x');
+  EXPECT_EQ(y("a: &a " + big + "\nb: [*a, *a, *a, *a, *a, *a, *a]\n"),
+            "error: -y: line 2, column 25: aliases copy more than 64 MiB of text");
+  EXPECT_EQ(y("a: " + big + "\n"), "a = \"" + big + "\"");
+  EXPECT_EQ(y("a: &x [1, *x]\n"),
+            "error: -y: line 1, column 11: the alias *x is inside its own anchor (a recursive "
+            "structure is not supported)");
+  EXPECT_EQ(y("a: 0x" + std::string(100000, 'f') + "\n"),
+            "error: -y: line 1, column 4: '0x" + std::string(38, 'f') +
+                "...': an int of more than 4300 digits (Python cannot write one)");
+  EXPECT_EQ(y("a: 0b_\n"), "error: -y: line 1, column 4: '0b_': no digits after 0b");
+  const std::string digits(4300, '9');
+  EXPECT_EQ(y("a: " + digits + "\n"), "a = " + digits);
 }
 
 TEST(RunNotebook, DashYReadsYamlAndJsonAsPyYamlDoes) {
@@ -224,18 +259,33 @@ TEST(RunNotebook, DashYReadsYamlAndJsonAsPyYamlDoes) {
   EXPECT_EQ(y("a: 1\nb: 2\na: 3\n"), "a = 3; b = 2");
   EXPECT_EQ(y(""), "");
   EXPECT_EQ(y("# only a comment\n"), "");
-  // What the subset leaves out says so.
-  EXPECT_EQ(y("a: &x 1\n"),
-            "error: -y: line 1: '&' (anchors, aliases, tags, block scalars) "
-            "is not supported");
-  EXPECT_EQ(y("a: |\n  text\n"),
-            "error: -y: line 1: '|' (anchors, aliases, tags, block "
-            "scalars) is not supported");
+  // Anchors, aliases and merge keys; block scalars; safe_load's tags.
+  EXPECT_EQ(y("a: &x 1\nb: *x\n"), "a = 1; b = 1");
+  EXPECT_EQ(y("base: &b {x: 1, y: 2}\nd:\n  <<: *b\n  y: 3\n"),
+            R"(base = {"x": 1, "y": 2}; d = {"x": 1, "y": 3})");
+  EXPECT_EQ(y("a: |\n  text\nb: >-\n  folded\n  line\n"), R"(a = "text\n"; b = "folded line")");
+  EXPECT_EQ(y("s: !!str 1\nn: !!int \"3\"\n"), R"(s = "1"; n = 3)");
+  // Errors say where, in libyaml's words or PyYAML's.
   EXPECT_EQ(y("[1, 2]"),
             "error: -y wants a mapping of names to values ('name: value' or "
             "{\"name\": value})");
   EXPECT_EQ(y("1: x"), "error: -y: the key 1 is not a Python variable name");
-  EXPECT_EQ(y("{a: [1, 2}"), "error: -y: line 1: expected ',' or ']' in a flow collection");
+  EXPECT_EQ(y("{a: [1, 2}"),
+            "error: -y: line 1, column 10: did not find expected ',' or ']' (while parsing a "
+            "flow sequence at line 1, column 5)");
+  EXPECT_EQ(y("a: *x\n"), "error: -y: line 1, column 4: found undefined alias *x");
+  EXPECT_EQ(y("a: &x 1\nb: &x 2\n"), "error: -y: line 2, column 4: found duplicate anchor &x");
+  EXPECT_EQ(y("a: 1\n---\nb: 2\n"),
+            "error: -y: line 2, column 1: expected a single document in the stream, but found "
+            "another document");
+  EXPECT_EQ(y("a: !!set {}\n"),
+            "error: -y: line 1, column 4: the tag !!set is not supported "
+            "(safe_load's !!str, !!int, !!float, !!bool, !!null, !!seq and !!map are)");
+  EXPECT_EQ(y("a: {[1]: 2}\n"),
+            "error: -y: line 1, column 5: found unhashable key (a list or mapping cannot be a "
+            "dict key)");
+  EXPECT_EQ(y("a: <<\n"), "error: -y: line 1, column 4: a plain '<<' can only be a mapping key");
+  EXPECT_EQ(y("a: \"\xff\"\n"), "error: -y: byte 4: invalid leading UTF-8 octet (#FF)");
 }
 
 TEST(RunNotebook, ParametersMergeAsPapermillsDictUpdates) {

@@ -12,7 +12,6 @@ notebooks, a batch of ten with --jobs and --results, that the input is never ove
 import csv
 import hashlib
 import json
-import math
 import os
 import pty
 import select
@@ -20,10 +19,9 @@ import subprocess
 import time
 from pathlib import Path
 
-import yaml
-
 from conftest import (CELLGATE, EXAMPLES, NOTEBOOKS, cellgate_run, clean_env, is_valid_png,
                       read_notebook, run_json, tagged, write_notebook)
+from papermill_rules import papermill_cell
 
 
 def digest(path: Path) -> str:
@@ -126,59 +124,6 @@ def test_parameters_are_injected_after_the_tagged_cell(tmp_path):
     assert "region='South' min_units=20 scale=0.5" in stdout_of(nb.cells[3])
 
 
-# papermill's rules, restated from papermill/cli.py (_resolve_type; -y read by PyYAML's
-# SafeLoader without timestamps; the order -y, -p, -r) and papermill/translators.py
-# (PythonTranslator), with the real PyYAML and Python's own int() and float() underneath.
-class _NoDatesLoader(yaml.SafeLoader):
-    yaml_implicit_resolvers = {
-        first: [r for r in resolvers if r[0] != "tag:yaml.org,2002:timestamp"]
-        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-
-
-def _papermill_value(text):
-    if text in ("True", "False", "None"):
-        return {"True": True, "False": False, "None": None}[text]
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def _papermill_str(value):
-    if isinstance(value, str):
-        return '"' + value.encode("unicode_escape").decode("utf-8").replace('"', '\\"') + '"'
-    return '"{}"'.format(value)
-
-
-def _papermill_python(value):
-    if value is None or isinstance(value, bool) or isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        return _papermill_str(value)
-    if isinstance(value, float):
-        if math.isfinite(value):
-            return str(value)
-        return "float('nan')" if math.isnan(value) else (
-            "float('-inf')" if value < 0 else "float('inf')")
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{_papermill_str(k)}: {_papermill_python(v)}"
-                               for k, v in value.items()) + "}"
-    return "[" + ", ".join(_papermill_python(v) for v in value) + "]"
-
-
-def _papermill_cell(p=(), r=(), y=()):
-    values = {}
-    for text in y:
-        values.update(yaml.load(text, Loader=_NoDatesLoader) or {})
-    for name, text in p:
-        values[name] = _papermill_value(text)
-    for name, text in r:
-        values[name] = text
-    return "# Parameters\n" + "".join(f"{k} = {_papermill_python(v)}\n" for k, v in values.items())
-
-
 def test_parameters_are_typed_and_written_as_papermill_does(tmp_path):
     p = [("a", "3"), ("b", "2.5"), ("c", "True"), ("d", "None"), ("e", "hello world"),
          ("f", "'quoted'"), ("g", "007"), ("h", "1e16"), ("i", "nan"), ("j", "true"),
@@ -198,7 +143,7 @@ def test_parameters_are_typed_and_written_as_papermill_does(tmp_path):
     proc = cellgate_run(nb, "-o", out, *args)
     assert proc.returncode == 0, proc.stderr
     cells = read_notebook(out).cells
-    expected = _papermill_cell(p, r, y)
+    expected = papermill_cell(p, r, y)
     assert cells[1].source == expected
     # The kernel saw the values papermill's cell gives.
     namespace = {}
@@ -221,7 +166,7 @@ def test_parameters_without_a_parameters_cell_go_first(tmp_path):
 def test_a_bad_parameter_is_a_usage_error(tmp_path):
     nb = write_notebook(tmp_path / "p.ipynb", ["1"])
     for bad in (["-p", "1x", "2"], ["-p", "class", "3"], ["-r", "a b", "1"],
-                ["-y", "[1, 2]"], ["-y", "a: &anchor 1"], ["-p", "lonely"]):
+                ["-y", "[1, 2]"], ["-y", "a: *undefined"], ["-p", "lonely"]):
         proc = cellgate_run(nb, *bad)
         assert proc.returncode == 2 and bad[0] in proc.stderr.replace("--parameters", "-p"), (
             bad, proc.stderr)

@@ -5,8 +5,8 @@
 //   -p NAME VALUE   typed as papermill's _resolve_type: "True", "False", "None", then what
 //                   Python's int() accepts, then what float() accepts, else the string
 //   -r NAME VALUE   the string as it is
-//   -y YAML         a mapping of names to values (YAML 1.1 as PyYAML's SafeLoader reads it,
-//                   dates left as strings; the subset below)
+//   -y YAML         a mapping of names to values, read as PyYAML's safe_load reads it (YAML 1.1,
+//                   dates left as strings, as papermill's loader does)
 //
 //   CELLGATE_ASSIGN_OR_RETURN(auto p, parameters::typed("n", "007"));   // n = 7
 //   CELLGATE_ASSIGN_OR_RETURN(auto y, parameters::yaml("{a: [1, x], b: .5}"));
@@ -18,14 +18,13 @@
 // written as a string. papermill then passes the cell through black when black is installed;
 // cellgate does not (the same text for short lines).
 //
-// The YAML subset: a flow mapping ({a: 1, "b": [x, 2.5]}, so any JSON object), or a block
-// mapping of `key: value` lines whose values are scalars, flow collections, or nested block
-// mappings and `- item` sequences by indentation; plain, 'single' and "double" quoted scalars;
-// comments; a leading `---`. Not supported (an error says so): anchors and aliases, tags, block
-// scalars (| and >), multi-line plain scalars, complex keys, several documents. Plain scalars
-// resolve as in YAML 1.1: null/~/empty, yes/no/on/off/true/false (any of their three
-// spellings), ints (decimal, 0b, 0x, leading-0 octal, base-60 with colons, underscores), floats
-// (with a dot, .inf, .nan), else strings.
+// -y is read with libyaml, the C parser PyYAML is built on, and composed as safe_load composes:
+// plain scalars resolve as YAML 1.1 (null/~/empty, yes/no/on/off/true/false in their three
+// spellings, ints in decimal, 0b, 0x, leading-0 octal and base 60 with underscores, floats with
+// a dot, .inf, .nan, else strings), anchors, aliases and merge keys, safe_load's tags, one
+// document. It is untrusted: nesting deeper than 256 levels, more than 250,000 values or 64 MiB
+// of text copied by aliases, and ints Python cannot write (over 4300 digits) are errors, which
+// say the line and column (notebooks/src/yaml.hpp).
 //
 // Thread-safety: pure functions on values.
 #pragma once
