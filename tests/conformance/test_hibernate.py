@@ -350,3 +350,23 @@ def test_a_corrupt_image_fails_that_kernel_alone():
         finally:
             server.stop()
             gb.unmount_leftovers(tmp)
+
+
+def test_the_disk_budget_refuses_with_507():
+    with tempfile.TemporaryDirectory() as tmp:
+        server = gb.start_cellgate(BIN_DIR, tmp, 4, ("--no-zygote", "--pool-size", "0",
+                                                     "--hibernate-disk-max", "1M"))
+        try:
+            kid = gb.start_kernel(server)
+            assert execute(server, kid, "x = 3")["status"] == "ok"
+            status, answer = call(server, "POST", f"/api/kernels/{kid}/hibernate")
+            if status == 501:
+                unavailable(answer)
+            assert status == 507 and answer["error"] == "no_space", (status, answer)
+            assert "--hibernate-disk-max" in answer["message"], answer
+            assert "hibernated" not in model(server, kid)
+            assert not pathlib.Path(server.marker, "kernels", kid, "hibernated").exists()
+            assert execute(server, kid, "print(x)")["stdout"] == "3\n"
+        finally:
+            server.stop()
+            gb.unmount_leftovers(tmp)

@@ -22,6 +22,7 @@ std::string env_name(const std::string& long_name) {
 // Options whose values are byte counts: they take units (2G, 512M, 64k; powers of 1024).
 bool is_size(const std::string& long_name) {
   return long_name == "memory" || long_name.ends_with("-bytes") ||
+         long_name == "hibernate-disk-max" ||
          long_name == "artifact-bytes-per-kernel";
 }
 
@@ -63,6 +64,10 @@ CLI::App* add_serve_command(CLI::App& app, ServeCommandLine& serve) {
   cmd->add_option("--hibernate-after", o.hibernate_after,
                   "hibernate kernels idle this many seconds (CRIU; 0: never): their processes "
                   "end, their state waits on disk, the first touch resumes them")
+      ->capture_default_str();
+  cmd->add_option("--hibernate-disk-max", o.hibernate_disk_max,
+                  "bytes the hibernated kernels' images may take together, with units (4G); a "
+                  "hibernation that could pass it is refused with 507 (0: no limit)")
       ->capture_default_str();
   cmd->add_flag("--hibernate-on-stop", o.hibernate_on_stop,
                 "on SIGTERM/SIGINT hibernate every kernel that can (the next gateway on this "

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 
 #include "adoption.hpp"
@@ -28,7 +29,48 @@ double ms_since(std::chrono::steady_clock::time_point start) {
       .count();
 }
 
+// Bytes of every image under <state_dir>/kernels/*/hibernated (a walk over at most the kernels'
+// homes and their images' few dozen files).
+std::uint64_t images_bytes(const std::string& state_dir) {
+  std::uint64_t total = 0;
+  std::error_code ec;
+  for (const auto& home : fs::directory_iterator(state_dir + "/kernels", ec)) {
+    const fs::path images = home.path() / "hibernated";
+    std::error_code ec2;
+    if (!home.is_directory(ec2) || !fs::is_directory(images, ec2)) {
+      continue;
+    }
+    for (const auto& f : fs::recursive_directory_iterator(images, ec2)) {
+      std::error_code ec3;
+      if (f.is_regular_file(ec3)) {
+        total += f.file_size(ec3);
+      }
+    }
+  }
+  return total;
+}
+
 }  // namespace
+
+Result<void> KernelRegistry::Impl::disk_room_for(const kernel::KernelProcessHandle& process) const {
+  const std::uint64_t budget = options_.hibernate_disk_max;
+  if (budget == 0) {
+    return {};
+  }
+  // The kernel's cgroup memory is an upper bound of its image: CRIU writes its anonymous and
+  // shared memory (compressed), not the files it maps, and the work dir stays outside.
+  auto stats = process.cgroup_stats();
+  const std::uint64_t estimate = stats ? stats->memory_current_bytes : 0;
+  const std::uint64_t used = images_bytes(options_.state_dir);
+  if (used + estimate <= budget) {
+    return {};
+  }
+  auto mib = [](std::uint64_t b) { return std::to_string((b + (1u << 20) - 1) >> 20) + " MiB"; };
+  return make_error(ErrorCode::kResourceExhausted, "no_space",
+                    "no room to hibernate the kernel: its image may take up to " + mib(estimate) +
+                        " and hibernated kernels hold " + mib(used) + " of the " + mib(budget) +
+                        " --hibernate-disk-max; the kernel runs on");
+}
 
 Result<KernelModel> KernelRegistry::Impl::hibernate(const std::string& id) {
   CELLGATE_ASSIGN_OR_RETURN(auto k, find(id));
@@ -47,6 +89,10 @@ Result<KernelModel> KernelRegistry::Impl::hibernate(const std::string& id) {
     if (auto can = process->checkpointable(); !can) {
       (void)k->resumed(std::move(*running));
       return std::move(can).error();
+    }
+    if (auto room = disk_room_for(*process); !room) {
+      (void)k->resumed(std::move(*running));
+      return std::move(room).error();
     }
     // CRIU cannot dump a unix stream whose other end is outside the jail: our ZeroMQ sockets
     // close first (the connection's destructor joins its I/O thread).
@@ -132,21 +178,26 @@ void KernelRegistry::Impl::hibernate_idle() {
   const auto now = now_();
   const auto after = seconds_to_ms(options_.hibernate_after);
   for (const auto& k : snapshot()) {
-    if (k->state() != KernelState::kIdle || now - k->last_activity() < after ||
-        not_hibernatable_.count(k->id()) != 0) {
+    if (k->state() != KernelState::kIdle || now - k->last_activity() < after) {
       continue;
     }
-    auto slept = hibernate(k->id());
-    if (!slept && slept.error().reason == "not_hibernatable") {
-      not_hibernatable_.insert(k->id());
-      spdlog::info("kernel {} stays up past --hibernate-after: {}", k->id(), slept.error().message);
-    } else if (!slept && slept.error().reason != "kernel_busy") {
-      spdlog::warn("kernel {}: did not hibernate after {} s idle: {}", k->id(),
-                   options_.hibernate_after, slept.error().message);
+    if (auto it = not_hibernated_.find(k->id()); it != not_hibernated_.end()) {
+      if (!it->second || *it->second == k->last_activity()) {
+        continue;  // said already; tried again once the kernel has been used
+      }
     }
+    auto slept = hibernate(k->id());
+    if (slept || slept.error().reason == "kernel_busy") {
+      continue;  // busy: a cell came in meanwhile
+    }
+    const bool for_good = slept.error().reason == "not_hibernatable";
+    not_hibernated_[k->id()] =
+        for_good ? std::nullopt : std::optional<util::Clock::time_point>(k->last_activity());
+    spdlog::warn("kernel {} stays up after {} s idle ({}): {}", k->id(), options_.hibernate_after,
+                 for_good ? "for good" : "until it is used again", slept.error().message);
   }
-  // Ids of kernels gone since: the set stays as small as the kernels that are.
-  std::erase_if(not_hibernatable_, [this](const std::string& id) { return !find(id); });
+  // Ids of kernels gone since: the map stays as small as the kernels that are.
+  std::erase_if(not_hibernated_, [this](const auto& entry) { return !find(entry.first); });
 }
 
 void KernelRegistry::Impl::hibernate_and_stop() {

@@ -109,6 +109,8 @@ class KernelRegistry::Impl {
   // hibernate.cpp: a kernel a previous gateway hibernated, listed hibernated again (resumed on
   // first touch, as if this gateway had hibernated it).
   Result<void> adopt_hibernated(const Record& record, const kernel::KernelSpec& spec);
+  // hibernate.cpp: refused ("no_space", 507) when the images would pass hibernate_disk_max.
+  Result<void> disk_room_for(const kernel::KernelProcessHandle& process) const;
 
   // ---- monitor.cpp ----
   void start_monitor();  // its thread, or its first timer on monitor_loop_
@@ -131,9 +133,10 @@ class KernelRegistry::Impl {
 
   mutable Mutex mu_;
   std::map<std::string, Live> kernels_ CELLGATE_GUARDED_BY(mu_);
-  // Kernels hibernate_idle() found unable to hibernate for good (a zygote kernel, an adopted
-  // one): said once, not tried again. Monitor passes only (pass_mu_).
-  std::set<std::string> not_hibernatable_;
+  // Kernels hibernate_idle() did not hibernate, said once: for good (nullopt: a zygote kernel,
+  // an adopted one), or until they are active again (their last activity then: no room on
+  // disk, a failed dump). Monitor passes only (pass_mu_).
+  std::map<std::string, std::optional<util::Clock::time_point>> not_hibernated_;
   UniqueFd state_lock_ CELLGATE_GUARDED_BY(mu_);  // <state_dir>/lock, flock()ed
 
   WarmPool pool_;

@@ -85,6 +85,7 @@ engine::EngineOptions engine_options(const ServeOptions& o) {
   r.max_kernels = o.max_kernels;
   r.cull_idle_timeout = o.cull_idle_timeout;
   r.hibernate_after = o.hibernate_after;
+  r.hibernate_disk_max = o.hibernate_disk_max;
   r.cull_interval = o.cull_interval;
   r.cull_connected = o.cull_connected;
   r.cull_busy = o.cull_busy;

@@ -43,6 +43,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -74,6 +75,9 @@ struct RegistryOptions {
   // Seconds an idle kernel (no cell running, no input_request open) waits before it hibernates
   // on its own (hibernate()); 0: never. Kernels that cannot hibernate are skipped, said once.
   double hibernate_after = 0;
+  // Bytes every hibernated kernel's image may take together; 0: no limit. A hibernation that
+  // could pass it is refused ("no_space"), the kernel running on.
+  std::uint64_t hibernate_disk_max = 0;
   bool cull_connected = false;
   bool cull_busy = false;
   std::set<std::string> env_allowlist;  // client env names passed besides KERNEL_*

@@ -28,6 +28,7 @@ struct ServeOptions {
   double cull_interval = 300;
   double hibernate_after = 0;      // seconds idle before a kernel hibernates; 0: never
   bool hibernate_on_stop = false;  // SIGTERM/SIGINT hibernate the kernels that can
+  std::uint64_t hibernate_disk_max = 0;  // bytes of images in all; 0: no limit
   bool cull_connected = false;
   bool cull_busy = false;
   std::vector<std::string> allow_origins;  // exact origins, or "*"
