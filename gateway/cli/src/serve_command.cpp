@@ -22,8 +22,7 @@ std::string env_name(const std::string& long_name) {
 // Options whose values are byte counts: they take units (2G, 512M, 64k; powers of 1024).
 bool is_size(const std::string& long_name) {
   return long_name == "memory" || long_name.ends_with("-bytes") ||
-         long_name == "hibernate-disk-max" ||
-         long_name == "artifact-bytes-per-kernel";
+         long_name == "hibernate-disk-max" || long_name == "artifact-bytes-per-kernel";
 }
 
 }  // namespace
