@@ -298,12 +298,7 @@ Result<std::unique_ptr<KernelProcess>> KernelProcess::adopt(const AdoptionFacts&
   kp->launcher_pid_ = facts.launcher_pid;
   kp->kernel_pid_ = facts.kernel_pid;
   kp->jailed_ = facts.jailed;
-  kp->runtime_dir_ = facts.runtime_dir;
-  kp->status_file_ = facts.status_file;
-  kp->log_file_ = facts.log_file;
-  kp->work_dir_ = facts.work_dir;
-  kp->connection_ = facts.connection;
-  kp->connection_file_ = facts.connection_file;
+  kp->take_files(facts);
   launcher::StatusEvent started;
   started.kind = launcher::StatusEvent::Kind::kStarted;
   started.pid = facts.kernel_pid;
@@ -312,6 +307,15 @@ Result<std::unique_ptr<KernelProcess>> KernelProcess::adopt(const AdoptionFacts&
   kp->started_ = started;
   kp->parse_status_lines();  // an exit reported while no gateway listened
   return kp;
+}
+
+void KernelProcess::take_files(const AdoptionFacts& facts) {
+  runtime_dir_ = facts.runtime_dir;
+  status_file_ = facts.status_file;
+  log_file_ = facts.log_file;
+  work_dir_ = facts.work_dir;
+  connection_ = facts.connection;
+  connection_file_ = facts.connection_file;
 }
 
 Result<std::unique_ptr<KernelProcess>> KernelProcess::hibernated_from(
@@ -330,12 +334,7 @@ Result<std::unique_ptr<KernelProcess>> KernelProcess::hibernated_from(
   kp->jailed_ = true;
   kp->launcher_path_ =
       launcher_path.empty() ? executable_dir() + "/cellgate-kernel" : launcher_path;
-  kp->runtime_dir_ = facts.runtime_dir;
-  kp->status_file_ = facts.status_file;
-  kp->log_file_ = facts.log_file;
-  kp->work_dir_ = facts.work_dir;
-  kp->connection_ = facts.connection;
-  kp->connection_file_ = facts.connection_file;
+  kp->take_files(facts);
   return kp;
 }
 

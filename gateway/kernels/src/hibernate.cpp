@@ -202,15 +202,8 @@ void KernelRegistry::Impl::hibernate_idle() {
 
 void KernelRegistry::Impl::hibernate_and_stop() {
   pool_.stop();
-  std::vector<std::string> ids;
-  {
-    MutexLock lock(mu_);
-    for (const auto& [id, live] : kernels_) {
-      ids.push_back(id);
-    }
-  }
   std::size_t slept = 0;
-  for (const auto& id : ids) {
+  for (const auto& id : kernel_ids()) {
     auto k = find(id);
     if (!k) {
       continue;

@@ -609,16 +609,18 @@ void KernelRegistry::Impl::hand_over() {
   }
 }
 
+std::vector<std::string> KernelRegistry::Impl::kernel_ids() const {
+  std::vector<std::string> ids;
+  MutexLock lock(mu_);
+  for (const auto& [id, k] : kernels_) {
+    ids.push_back(id);
+  }
+  return ids;
+}
+
 void KernelRegistry::Impl::shutdown_all() {
   pool_.stop();
-  std::vector<std::string> ids;
-  {
-    MutexLock lock(mu_);
-    for (const auto& [id, k] : kernels_) {
-      ids.push_back(id);
-    }
-  }
-  for (const auto& id : ids) {
+  for (const auto& id : kernel_ids()) {
     (void)shutdown(id);
   }
 }

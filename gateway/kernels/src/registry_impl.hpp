@@ -44,6 +44,7 @@ class KernelRegistry::Impl {
   Result<void> shutdown(const std::string& id);
   Result<KernelModel> hibernate(const std::string& id);  // hibernate.cpp
   Result<void> resume(const std::string& id);
+  std::vector<std::string> kernel_ids() const;  // the client kernels' now
   void shutdown_all();
   void hand_over();
   void hibernate_and_stop();  // hibernate.cpp

@@ -139,6 +139,8 @@ class KernelProcess : public KernelProcessHandle {
   // Adopted: waits up to `timeout_ms` for the launcher to end, then takes its report from the
   // status file.
   void watch_adopted(int timeout_ms);
+  // The runtime dir, status file, log, work dir and connection a previous gateway recorded.
+  void take_files(const AdoptionFacts& facts);
   void parse_status_lines();
   void end_adopted();
   std::vector<std::string> launcher_environment() const;  // launcher_env_ as KEY=VALUE
