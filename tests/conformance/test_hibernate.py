@@ -146,7 +146,10 @@ def test_hibernate_refusals():
 
             def long_cell():
                 started.set()
-                result["answer"] = execute(server, kid, "import time\ntime.sleep(10)\nprint('done')")
+                # Busy until the test puts `go` in its work dir: no guess at how long is enough.
+                result["answer"] = execute(
+                    server, kid, "import os, time\nwhile not os.path.exists('go'):\n"
+                    "    time.sleep(0.05)\nprint('done')", timeout=300)
 
             cell = threading.Thread(target=long_cell)
             cell.start()
@@ -156,9 +159,12 @@ def test_hibernate_refusals():
                 assert time.monotonic() < deadline, "the cell did not make the kernel busy"
             status, answer = call(server, "POST", f"/api/kernels/{kid}/hibernate")
             if status == 501:
+                gb.http_request(server, "PUT", f"/api/kernels/{kid}/files/go", "go")
                 cell.join()
                 unavailable(answer)
             assert status == 409 and answer["error"] == "kernel_busy", answer
+            status, _ = gb.http_request(server, "PUT", f"/api/kernels/{kid}/files/go", "go")
+            assert status in (200, 201), status
             cell.join()
             assert result["answer"]["stdout"] == "done\n", result
 
