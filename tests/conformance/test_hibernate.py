@@ -13,6 +13,7 @@ import json
 import os
 import pathlib
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -27,6 +28,8 @@ BIN_DIR = os.environ.get("CELLGATE_BIN_DIR", "build/bin")
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the jail needs root")
 INSTALLED_CRIU = "/opt/cellgate/criu/sbin/criu"  # scripts/install-criu
+# Checkpoints drop the kernel's Landlock layer (CRIU cannot save it): off unless accepted.
+ACCEPT = "--checkpoint-without-landlock"
 
 
 def unavailable(answer):
@@ -85,7 +88,7 @@ def assert_hibernated(server, kid, facts):
 
 def test_hibernate_then_resume_by_a_cell_and_by_a_websocket():
     with tempfile.TemporaryDirectory() as tmp:
-        server = gb.start_cellgate(BIN_DIR, tmp, 4, ("--no-zygote",))
+        server = gb.start_cellgate(BIN_DIR, tmp, 4, ("--no-zygote", ACCEPT))
         try:
             kid = gb.start_kernel(server)
             answer = execute(server, kid, "x = 41\nopen('note.txt', 'w').write('kept')")
@@ -129,7 +132,7 @@ def test_hibernate_then_resume_by_a_cell_and_by_a_websocket():
 
 def test_hibernate_refusals():
     with tempfile.TemporaryDirectory() as tmp:
-        server = gb.start_cellgate(BIN_DIR, tmp, 4)  # the zygote on, as by default
+        server = gb.start_cellgate(BIN_DIR, tmp, 4, (ACCEPT,))  # the zygote on, as by default
         try:
             status, answer = call(server, "POST", "/api/kernels/no-such-kernel/hibernate")
             assert status == 404, answer
@@ -222,7 +225,7 @@ class Mcp:
 def test_an_mcp_cell_resumes_its_sessions_hibernated_kernel():
     """MCP reaches the executor as the agent API does: its cell resumes the kernel too."""
     with tempfile.TemporaryDirectory() as tmp:
-        server = gb.start_cellgate(BIN_DIR, tmp, 4, ("--no-zygote",))
+        server = gb.start_cellgate(BIN_DIR, tmp, 4, ("--no-zygote", ACCEPT))
         try:
             mcp = Mcp(server)
             assert "ok" in mcp.run_code("y = 5\nprint('ok')")
@@ -259,7 +262,7 @@ def test_a_hibernated_kernel_outlives_its_gateway():
     each next gateway on the state dir lists the kernels hibernated and resumes them on first use
     with their variables and files."""
     with tempfile.TemporaryDirectory() as tmp:
-        flags = ("--no-zygote", "--pool-size", "0", "--hibernate-on-stop")
+        flags = ("--no-zygote", ACCEPT, "--pool-size", "0", "--hibernate-on-stop")
         servers = [gb.start_cellgate(BIN_DIR, tmp, 4, flags)]
         try:
             first = servers[0]
@@ -284,7 +287,7 @@ def test_a_hibernated_kernel_outlives_its_gateway():
                 assert record(second, k)["hibernated"] is True, k
                 assert pathlib.Path(second.marker, "kernels", k, "hibernated").is_dir()
 
-            third = gb.start_cellgate(BIN_DIR, tmp, 4, ("--no-zygote", "--pool-size", "0"))
+            third = gb.start_cellgate(BIN_DIR, tmp, 4, ("--no-zygote", ACCEPT, "--pool-size", "0"))
             servers.append(third)
             assert model(third, kid)["hibernated"] is True and model(third, other)["hibernated"]
             client = gb.KernelClient(third, other)  # a Jupyter client resumes it
@@ -304,7 +307,7 @@ def test_a_hibernated_kernel_outlives_its_gateway():
 
 def test_hibernate_after_an_idle_time():
     with tempfile.TemporaryDirectory() as tmp:
-        server = gb.start_cellgate(BIN_DIR, tmp, 4, ("--no-zygote", "--pool-size", "0",
+        server = gb.start_cellgate(BIN_DIR, tmp, 4, ("--no-zygote", ACCEPT, "--pool-size", "0",
                                                      "--hibernate-after", "1"))
         try:
             kid = gb.start_kernel(server)
@@ -328,7 +331,7 @@ def test_a_corrupt_image_fails_that_kernel_alone():
     """Images on disk are hostile input: a hibernated kernel whose image was overwritten fails to
     resume with a clear error and is dead; its neighbour, hibernated too, resumes intact."""
     with tempfile.TemporaryDirectory() as tmp:
-        server = gb.start_cellgate(BIN_DIR, tmp, 4, ("--no-zygote", "--pool-size", "0"))
+        server = gb.start_cellgate(BIN_DIR, tmp, 4, ("--no-zygote", ACCEPT, "--pool-size", "0"))
         try:
             bad, good = gb.start_kernel(server), gb.start_kernel(server)
             assert execute(server, bad, "x = 1")["status"] == "ok"
@@ -360,7 +363,7 @@ def test_a_corrupt_image_fails_that_kernel_alone():
 
 def test_the_disk_budget_refuses_with_507():
     with tempfile.TemporaryDirectory() as tmp:
-        server = gb.start_cellgate(BIN_DIR, tmp, 4, ("--no-zygote", "--pool-size", "0",
+        server = gb.start_cellgate(BIN_DIR, tmp, 4, ("--no-zygote", ACCEPT, "--pool-size", "0",
                                                      "--hibernate-disk-max", "1M"))
         try:
             kid = gb.start_kernel(server)
@@ -373,6 +376,77 @@ def test_the_disk_budget_refuses_with_507():
             assert "hibernated" not in model(server, kid)
             assert not pathlib.Path(server.marker, "kernels", kid, "hibernated").exists()
             assert execute(server, kid, "print(x)")["stdout"] == "3\n"
+        finally:
+            server.stop()
+            gb.unmount_leftovers(tmp)
+
+
+LAYERS = """import json, os, socket
+def refused(f):
+    try:
+        f()
+        return False
+    except OSError:
+        return True
+status = dict(l.split(':\\t', 1) for l in open('/proc/self/status').read().splitlines()
+              if ':\\t' in l)
+print(json.dumps({'uid': os.getuid(), 'no_new_privs': status['NoNewPrivs'].strip(),
+                  'seccomp': status['Seccomp'].strip(),
+                  'inet_refused': refused(lambda: socket.socket(socket.AF_INET)),
+                  'root_listing_refused': refused(lambda: os.listdir('/'))}))
+"""
+
+
+def layers(server, kid):
+    answer = execute(server, kid, LAYERS)
+    assert answer["status"] == "ok", answer
+    return json.loads(answer["stdout"])
+
+
+def test_without_the_landlock_opt_in_checkpoints_fail_closed():
+    """CRIU saves no Landlock domain. Without --checkpoint-without-landlock a hibernate is a 501
+    naming the flag and the kernel runs on; asking for hibernation at start stops the gateway."""
+    with tempfile.TemporaryDirectory() as tmp:
+        server = gb.start_cellgate(BIN_DIR, tmp, 4, ("--no-zygote", "--pool-size", "0"))
+        try:
+            kid = gb.start_kernel(server)
+            assert execute(server, kid, "x = 7")["status"] == "ok"
+            status, answer = call(server, "POST", f"/api/kernels/{kid}/hibernate")
+            assert status == 501, (status, answer)
+            if "Landlock" not in answer["message"]:
+                unavailable(answer)  # no CRIU at all here: the other reason
+            assert ACCEPT in answer["message"], answer
+            assert "hibernated" not in model(server, kid)
+            assert execute(server, kid, "print(x)")["stdout"] == "7\n"
+        finally:
+            server.stop()
+            gb.unmount_leftovers(tmp)
+        for flags in (("--hibernate-after", "60"), ("--hibernate-on-stop",)):
+            done = subprocess.run(
+                [os.path.join(BIN_DIR, "cellgate"), "serve", "--ip", "127.0.0.1", "--port", "0",
+                 "--token", "t" * 32, "--state-dir", os.path.join(tmp, "refused"), *flags],
+                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+            assert done.returncode == 2, (flags, done.returncode, done.stdout, done.stderr)
+            assert ACCEPT in done.stderr and "Landlock" in done.stderr, done.stderr
+
+
+def test_a_resumed_kernel_keeps_every_layer_but_landlock():
+    """What the opt-in accepts, exactly: after a resume the uid, no_new_privs, the seccomp filter
+    (AF_INET refused) are as before; the Landlock layer (listing / refused) is gone. Should CRIU
+    learn to save Landlock, the last assertion fails and jail/README's Checkpoints must change."""
+    with tempfile.TemporaryDirectory() as tmp:
+        server = gb.start_cellgate(BIN_DIR, tmp, 4, ("--no-zygote", ACCEPT, "--pool-size", "0"))
+        try:
+            kid = gb.start_kernel(server)
+            before = layers(server, kid)
+            assert before["root_listing_refused"] and before["inet_refused"], before
+            assert before["no_new_privs"] == "1" and before["seccomp"] == "2", before
+            hibernate(server, kid)
+            after = layers(server, kid)
+            assert after["root_listing_refused"] is False, after
+            assert {k: v for k, v in after.items() if k != "root_listing_refused"} == \
+                {k: v for k, v in before.items() if k != "root_listing_refused"}, (before, after)
+            assert "without its Landlock layer" in pathlib.Path(server.log_path).read_text()
         finally:
             server.stop()
             gb.unmount_leftovers(tmp)

@@ -71,6 +71,10 @@ CLI::App* add_serve_command(CLI::App& app, ServeCommandLine& serve) {
   cmd->add_flag("--hibernate-on-stop", o.hibernate_on_stop,
                 "on SIGTERM/SIGINT hibernate every kernel that can (the next gateway on this "
                 "--state-dir resumes each on first use); the others end");
+  cmd->add_flag("--checkpoint-without-landlock", o.checkpoint_without_landlock,
+                "allow hibernate, snapshots and fork although CRIU cannot save Landlock: a "
+                "restored kernel keeps its namespaces, seccomp, uid and cgroup but runs without "
+                "its Landlock layer (without this flag checkpoints answer 501)");
   cmd->add_flag("--cull-connected", o.cull_connected, "also cull kernels with open WebSockets");
   cmd->add_flag("--cull-busy", o.cull_busy, "also cull busy kernels");
   cmd->add_option("--allow-origin", o.allow_origins,

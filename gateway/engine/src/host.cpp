@@ -4,6 +4,12 @@
 #include "cellgate/jail/userns.hpp"
 
 namespace cellgate::engine {
+
+const char* const kLandlockNotCheckpointed =
+    "CRIU cannot save a kernel's Landlock layer, so a resumed or forked kernel would run without "
+    "it; start the gateway with --checkpoint-without-landlock to accept that (jail/README.md, "
+    "Checkpoints)";
+
 namespace {
 
 void report(const HostOptions& o, HostStep step, const std::string& line) {
@@ -38,6 +44,10 @@ Result<void> probe_checkpoints(const HostOptions& o, PreparedHost& host) {
     return ok_result();
   }
   host.checkpoints = checkpoint::probe_criu();
+  if (host.checkpoints.available && !o.checkpoint_without_landlock) {
+    host.checkpoints.available = false;
+    host.checkpoints.reason = kLandlockNotCheckpointed;
+  }
   report(o, HostStep::kCheckpoints, host.checkpoints.describe());
   return ok_result();
 }

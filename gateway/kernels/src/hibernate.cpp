@@ -170,7 +170,11 @@ Result<void> KernelRegistry::Impl::resume(const std::shared_ptr<ManagedKernel>& 
   CELLGATE_TRY(k->resumed(std::move(restored).value()));
   std::error_code ec;
   fs::remove_all(image_dir(*k), ec);
-  spdlog::info("kernel {} resumed in {:.0f} ms", k->id(), ms_since(start));
+  // Said each time: the operator accepted it once, at the gateway's start.
+  spdlog::warn(
+      "kernel {} resumed in {:.0f} ms, without its Landlock layer (CRIU cannot save it; "
+      "--checkpoint-without-landlock)",
+      k->id(), ms_since(start));
   return {};
 }
 

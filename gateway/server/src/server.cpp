@@ -453,6 +453,7 @@ int run_serve(ServeOptions options) {
   engine::HostOptions host;
   host.jailed = !options.no_jail;
   host.cgroup_parent = options.cgroup_parent;
+  host.checkpoint_without_landlock = options.checkpoint_without_landlock;
   host.report = [](engine::HostStep step, const std::string& line) {
     switch (step) {
       case engine::HostStep::kProbe:
@@ -475,6 +476,14 @@ int run_serve(ServeOptions options) {
   }
   options.checkpoints_unavailable =
       prepared->checkpoints.available ? "" : prepared->checkpoints.reason;
+  if ((options.hibernate_after > 0 || options.hibernate_on_stop) &&
+      options.checkpoints_unavailable == engine::kLandlockNotCheckpointed) {
+    // Hibernation was asked for and would drop a layer of the jail: the operator decides.
+    std::cerr << "cellgate serve: --hibernate-after and --hibernate-on-stop need "
+                 "--checkpoint-without-landlock: "
+              << engine::kLandlockNotCheckpointed << "\n";
+    return 2;
+  }
   std::optional<kernels::UidAllocator> broker_uids;
   pid_t broker_pid = -1;
   std::unique_ptr<kernel::KernelBackend> backend;

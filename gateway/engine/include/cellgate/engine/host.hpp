@@ -43,6 +43,11 @@ struct HostOptions {
   // false: the caller names the cgroup parent itself (`exec --jail-spec` with one) and the
   // placement step is skipped.
   bool place_cgroups = true;
+  // CRIU (4.2) saves no Landlock domain: a restored kernel runs without its Landlock layer, its
+  // namespaces, seccomp filter, uid, no_new_privs and cgroup restored as they were. Checkpoints
+  // are therefore off unless the operator accepts that (serve's --checkpoint-without-landlock):
+  // a layer that cannot be kept fails closed.
+  bool checkpoint_without_landlock = false;
   // Called after each step taken with its one line for the start-up log (the host; where the
   // cgroups are; what checkpoints can do; the user namespace, only when one was entered).
   // null: nothing is said.
@@ -59,5 +64,9 @@ struct PreparedHost {
 };
 
 Result<PreparedHost> prepare_host(const HostOptions& options);
+
+// PreparedHost::checkpoints.reason when CRIU works but HostOptions::checkpoint_without_landlock
+// was not given.
+extern const char* const kLandlockNotCheckpointed;
 
 }  // namespace cellgate::engine

@@ -28,6 +28,9 @@ struct ServeOptions {
   double cull_interval = 300;
   double hibernate_after = 0;            // seconds idle before a kernel hibernates; 0: never
   bool hibernate_on_stop = false;        // SIGTERM/SIGINT hibernate the kernels that can
+  // Checkpoints (hibernate, snapshots, fork) even though a restored kernel loses its Landlock
+  // layer (engine::HostOptions::checkpoint_without_landlock); without it they answer 501.
+  bool checkpoint_without_landlock = false;
   std::uint64_t hibernate_disk_max = 0;  // bytes of images in all; 0: no limit
   bool cull_connected = false;
   bool cull_busy = false;
