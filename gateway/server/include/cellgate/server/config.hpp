@@ -26,8 +26,8 @@ struct ServeOptions {
   std::size_t max_kernels = 64;
   double cull_idle_timeout = 0;  // seconds; 0: never cull
   double cull_interval = 300;
-  double hibernate_after = 0;            // seconds idle before a kernel hibernates; 0: never
-  bool hibernate_on_stop = false;        // SIGTERM/SIGINT hibernate the kernels that can
+  double hibernate_after = 0;      // seconds idle before a kernel hibernates; 0: never
+  bool hibernate_on_stop = false;  // SIGTERM/SIGINT hibernate the kernels that can
   // Checkpoints (hibernate, snapshots, fork) even though a restored kernel loses its Landlock
   // layer (engine::HostOptions::checkpoint_without_landlock); without it they answer 501.
   bool checkpoint_without_landlock = false;
