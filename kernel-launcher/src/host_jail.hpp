@@ -59,6 +59,8 @@ class HostJail {
   uid_t uid() const { return uid_; }
   gid_t gid() const { return gid_; }
   const jail::RootPaths& paths() const { return paths_; }
+  // The kernel cgroup's leaf name.
+  const std::string& cgroup_name() const { return name_; }
   // The kernel's argv, the host connection file's path replaced by the jail's.
   const std::vector<std::string>& argv() const { return argv_; }
   const std::vector<std::string>& env() const { return env_; }

@@ -55,8 +55,16 @@ int run_restore_mode(const LaunchOptions& options) {
   }
   UniqueFd rep_read(rep[0]);
   UniqueFd rep_write(rep[1]);
-  auto restored = checkpoint::restore_jail(
-      {*criu, options.restore_dir, j.paths().conn_dir, j.paths().work_dir, rep_write.get()});
+  checkpoint::RestoreRequest request;
+  request.criu = *criu;
+  request.image_dir = options.restore_dir;
+  request.conn_dir = j.paths().conn_dir;
+  request.work_dir = j.paths().work_dir;
+  request.report_fd = rep_write.get();
+  request.uid = j.uid();
+  request.gid = j.gid();
+  request.cgroup_name = j.cgroup_name();
+  auto restored = checkpoint::restore_jail(request);
   rep_write.reset();
   if (!restored) {
     return j.fail(restored.error().message);
@@ -79,6 +87,7 @@ int run_checkpoint(pid_t init_pid, const std::string& image_dir, const LaunchOpt
   request.criu = *criu;
   request.init_pid = init_pid;
   request.image_dir = image_dir;
+  request.leave_running = options.leave_running;
   // Only whether the jail has these binds matters to the dump (their keys); the restore names
   // where they are then.
   if (!options.connection_file.empty()) {
@@ -93,6 +102,11 @@ int run_checkpoint(pid_t init_pid, const std::string& image_dir, const LaunchOpt
     if (!spec->work_dir.empty()) {
       request.work_dir = spec->work_dir;
     }
+    // The identity a copy's restore rebases from (HostJail::choose_identity() as the gateway
+    // launches: the spec names the uid).
+    request.uid = spec->uid.value_or(0);
+    request.gid = spec->access_gid ? *spec->access_gid : spec->gid.value_or(request.uid);
+    request.cgroup_name = spec->name;
   }
   auto dumped = checkpoint::dump_jail(request);
   if (!dumped) {

@@ -247,3 +247,100 @@ def test_kernel_state_survives_checkpoint_and_restore(runtime):
               f"{restore_ms:.0f} ms, to a connected client {reply_ms:.0f} ms ({restored_line})")
     finally:
         first.end()
+
+
+def jail_files(base, name, uid, key):
+    """A kernel's runtime dir as the gateway makes one: conn dir, connection file, spec."""
+    os.makedirs(base, 0o711, exist_ok=True)
+    work, conn_dir = os.path.join(base, "work"), os.path.join(base, "conn")
+    os.mkdir(work, 0o700)
+    os.mkdir(conn_dir, 0o700)
+    conn_file = os.path.join(conn_dir, "connection.json")
+    with open(conn_file, "w") as f:
+        json.dump({"transport": "ipc", "ip": os.path.join(conn_dir, "k"), "shell_port": 1,
+                   "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5,
+                   "key": key, "signature_scheme": "hmac-sha256"}, f)
+    spec_file = os.path.join(base, "jail.json")
+    with open(spec_file, "w") as f:
+        json.dump({"name": name, "uid": uid, "gid": uid, "work_dir": work,
+                   "env": {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}}, f)
+    return ["--status-file", os.path.join(base, "status"), "--spec", spec_file,
+            "--connection-file", conn_file], conn_file, work
+
+
+def cgroup_of(pid):
+    with open(f"/proc/{pid}/cgroup") as f:
+        return f.read()
+
+
+def test_a_snapshot_leaves_the_kernel_running_and_copies_start_under_their_own_identity(runtime):
+    """--checkpoint --leave-running: the source runs on. Two copies restored from the image at
+    once, each with its own uid, cgroup, work dir and connection dir: the source's variables, its
+    work-dir file and its /tmp file (re-owned), and nothing shared: a copy's change stays its own,
+    a copy sees no other kernel's processes, and every process of a copy is its uid's and in its
+    cgroup."""
+    key = uuid.uuid4().hex  # the copies' kernels hold their source's key in memory
+    base_uid = 2_000_100_000 + (os.getpid() % 10_000) * 3
+    src_common, src_conn, src_work = jail_files(os.path.join(runtime, "src"),
+                                                f"snap-{os.getpid()}-0", base_uid, key)
+    log = os.path.join(runtime, "kernel.log")
+    source = Launcher([*src_common, "--", "/usr/bin/python3", "-m", "ipykernel_launcher", "-f",
+                       src_conn], log)
+    copies = []
+    try:
+        init = read_event(source.status, "started")["pid"]
+        client, context = connect(src_conn)
+        assert execute(client, "x = 41\nimport numpy as np\na = np.arange(1e6)\n"
+                               "open('/tmp/t.txt', 'w').write('tmp')\n"
+                               "open('/home/kernel/note.txt', 'w').write('kept')")[1] == "ok"
+        disconnect(client, context)
+        images = os.path.join(runtime, "snapshot")
+        dumped = subprocess.run([LAUNCHER, "--checkpoint", str(init), "--images", images,
+                                 "--leave-running", *src_common],
+                                capture_output=True, text=True, timeout=120)
+        assert dumped.returncode == 0, dumped.stderr
+        # The source runs on and answers.
+        client, context = connect(src_conn)
+        assert execute(client, "x") == ("41", "ok")
+
+        made = []
+        for i in (1, 2):
+            common, conn, work = jail_files(os.path.join(runtime, f"copy{i}"),
+                                            f"snap-{os.getpid()}-{i}", base_uid + i, key)
+            made.append((common, conn, work, base_uid + i, f"snap-{os.getpid()}-{i}"))
+        for common, *_ in made:  # both restores run at once, from the one image
+            copies.append(Launcher(["--restore", images, *common], log))
+        for launcher, (common, conn, work, uid, name) in zip(copies, made):
+            started = read_event(launcher.status, "started")
+            copy, copy_context = connect(conn)
+            assert execute(copy, "x + 1") == ("42", "ok")
+            assert execute(copy, "a.sum()") == ("499999500000.0", "ok")
+            assert execute(copy, "open('/home/kernel/note.txt').read()") == ("'kept'", "ok")
+            assert execute(copy, "import os; os.getuid(), os.stat('/tmp/t.txt').st_uid, "
+                                 "os.stat('/home/kernel/note.txt').st_uid") == \
+                (f"({uid}, {uid}, {uid})", "ok")
+            # Its pid namespace holds its own processes only (pid 1 and the kernel).
+            pids, _ = execute(copy, "sorted(int(p) for p in os.listdir('/proc') if p.isdigit())")
+            assert pids is not None and len(eval(pids)) <= 3, pids
+            assert execute(copy, "x = 1000; x") == ("1000", "ok")
+            disconnect(copy, copy_context)
+            for pid in processes_of_uid(uid):
+                assert name in cgroup_of(pid), (pid, cgroup_of(pid))
+            assert name in cgroup_of(started["pid"])
+            assert os.stat(os.path.join(work, "note.txt")).st_uid == uid
+        # The copies' changes stayed theirs.
+        assert execute(client, "x") == ("41", "ok")
+        for pid in processes_of_uid(base_uid):
+            assert f"snap-{os.getpid()}-0" in cgroup_of(pid)
+        client.shutdown()
+        disconnect(client, context)
+        assert read_event(source.status, "exited")["reason"] == "ok"
+    finally:
+        for launcher in copies:
+            launcher.end()
+        source.end()
+        for i in (1, 2):
+            subprocess.run(["umount", "-l", os.path.join(runtime, f"copy{i}", "work")],
+                           stderr=subprocess.DEVNULL, check=False)
+        subprocess.run(["umount", "-l", os.path.join(runtime, "src", "work")],
+                       stderr=subprocess.DEVNULL, check=False)

@@ -12,6 +12,7 @@
 
 #include "cellgate/checkpoint/criu.hpp"
 #include "cellgate/checkpoint/images.hpp"
+#include "cellgate/checkpoint/rebase.hpp"
 
 namespace cellgate {
 namespace {
@@ -170,6 +171,91 @@ TEST_F(ImageStoreTest, AStoreOthersCanOpenIsRefused) {
   struct stat st {};
   ASSERT_EQ(::stat((dir_ + "/made").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0700u);
+}
+
+// Protobuf wire bytes, as CRIU's images hold them.
+std::string varint(std::uint64_t v) {
+  std::string out;
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+  return out;
+}
+std::string num(std::uint32_t field, std::uint64_t v) {
+  return varint(field << 3) + varint(v);
+}
+std::string bytes(std::uint32_t field, const std::string& payload) {
+  return varint((field << 3) | 2) + varint(payload.size()) + payload;
+}
+// An image file: the common magic, the image's, then [u32 size][record]s.
+std::string image(const std::vector<std::string>& records) {
+  std::string out("\x19\x43\x56\x54\x47\x38\x05\x55", 8);
+  for (const auto& r : records) {
+    const auto n = static_cast<std::uint32_t>(r.size());
+    out.append(reinterpret_cast<const char*>(&n), 4);
+    out.append(r);
+  }
+  return out;
+}
+
+const checkpoint::Rebase kCopy{2000002, 2000007, 2000002, 2000007, "k-1", "k-2"};
+
+TEST(RebaseTest, CredentialsOfTheSourceBecomeTheCopys) {
+  // creds: uid euid suid fsuid of the source, gid 0 (root's group stays), groups packed.
+  const std::string creds = num(1, 2000002) + num(2, 0) + num(3, 2000002) + num(4, 2000002) +
+                            num(5, 2000002) + num(6, 2000002) + num(7, 2000002) + num(8, 2000002) +
+                            num(13, 0) + bytes(14, varint(2000002) + varint(5));
+  const std::string core = num(1, 1) + bytes(5, num(1, 99) + bytes(10, creds));
+  auto out = checkpoint::rebase_records("core-3.img", image({core}), kCopy);
+  ASSERT_TRUE(out) << out.error().message;
+  const std::string want_creds = num(1, 2000007) + num(2, 0) + num(3, 2000007) + num(4, 2000007) +
+                                 num(5, 2000007) + num(6, 2000007) + num(7, 2000007) +
+                                 num(8, 2000007) + num(13, 0) +
+                                 bytes(14, varint(2000007) + varint(5));
+  EXPECT_EQ(*out, image({num(1, 1) + bytes(5, num(1, 99) + bytes(10, want_creds))}));
+}
+
+TEST(RebaseTest, CgroupPathsChangeOnlyTheKernelsOwnComponent) {
+  const std::string member =
+      num(1, 1) + bytes(2, bytes(1, "memory") + bytes(2, "/parent/cellgate/k-1"));
+  const std::string other = num(1, 2) + bytes(2, bytes(1, "pids") + bytes(2, "/cellgate/k-10"));
+  const std::string dir = bytes(1, "parent/cellgate/k-1") + bytes(2, bytes(1, "k-1")) +
+                          bytes(4, num(1, 0755) + num(2, 2000002) + num(3, 0));
+  const std::string cg =
+      bytes(1, member) + bytes(1, other) + bytes(2, bytes(1, "memory") + bytes(2, dir));
+  auto out = checkpoint::rebase_records("cgroup.img", image({cg}), kCopy);
+  ASSERT_TRUE(out) << out.error().message;
+  const std::string want_member =
+      num(1, 1) + bytes(2, bytes(1, "memory") + bytes(2, "/parent/cellgate/k-2"));
+  const std::string want_dir = bytes(1, "parent/cellgate/k-2") + bytes(2, bytes(1, "k-2")) +
+                               bytes(4, num(1, 0755) + num(2, 2000007) + num(3, 0));
+  EXPECT_EQ(*out, image({bytes(1, want_member) + bytes(1, other) +
+                         bytes(2, bytes(1, "memory") + bytes(2, want_dir))}));
+}
+
+TEST(RebaseTest, MalformedRecordsAreRefusedNotFollowed) {
+  // A length past the record's end, a record past the file's end, an unknown wire type, and
+  // nesting past the bound: each an error naming the file.
+  const std::vector<std::string> bad = {
+      image({num(1, 1) + varint((5 << 3) | 2) + varint(1000) + "xx"}),
+      image({"abc"}).substr(0, 14),
+      image({varint((1 << 3) | 3)}),
+  };
+  for (const auto& b : bad) {
+    auto out = checkpoint::rebase_records("core-1.img", b, kCopy);
+    ASSERT_FALSE(out);
+    EXPECT_EQ(out.error().reason, "checkpoint_image");
+    EXPECT_NE(out.error().message.find("core-1.img"), std::string::npos) << out.error().message;
+  }
+  std::string deep = bytes(1, "x");
+  for (int i = 0; i < 40; ++i) {
+    deep = bytes(2, deep);  // cgroup dirs: children in children
+  }
+  auto out = checkpoint::rebase_records("cgroup.img", image({bytes(2, deep)}), kCopy);
+  ASSERT_FALSE(out);
+  EXPECT_NE(out.error().message.find("nest"), std::string::npos) << out.error().message;
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cellgate/checkpoint/criu.hpp"
+#include "cellgate/checkpoint/rebase.hpp"
 #include "cellgate/sys/dir_stream.hpp"
 #include "cellgate/sys/file.hpp"
 #include "cellgate/sys/text.hpp"
@@ -216,6 +217,56 @@ Result<void> run_zstd(const std::vector<std::string>& args) {
   return {};
 }
 
+// `from`'s contents into the existing dir `to`, as they are: modes, owners, links not followed,
+// one file system.
+Result<void> copy_tree_into(const std::string& from, const std::string& to) {
+  std::string out;
+  CELLGATE_ASSIGN_OR_RETURN(
+      int status,
+      run_program("/bin/cp", {"-a", "--one-file-system", "--no-target-directory", from + "/.", to},
+                  {}, &out));
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return make_error(ErrorCode::kInternal, "checkpoint_work",
+                      "copying the work dir " + from + ": " + std::string(sys::trim(out)));
+  }
+  return {};
+}
+
+Result<void> copy_tree(const std::string& from, const std::string& to) {
+  if (::mkdir(to.c_str(), 0700) != 0) {
+    return errno_error(ErrorCode::kInternal, "checkpoint_image", "mkdir('" + to + "')", errno);
+  }
+  return copy_tree_into(from, to);
+}
+
+// Gives `root` and whatever is under it owned by the source's uid or gid to the copy's; links
+// are changed, not followed.
+Result<void> reown_tree(const std::string& root, const Rebase& r) {
+  auto reown = [&](const std::string& path) -> Result<void> {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0) {
+      return {};
+    }
+    const uid_t uid = st.st_uid == r.from_uid ? r.to_uid : st.st_uid;
+    const gid_t gid = st.st_gid == r.from_gid ? r.to_gid : st.st_gid;
+    if ((uid != st.st_uid || gid != st.st_gid) && ::lchown(path.c_str(), uid, gid) != 0) {
+      return errno_error(ErrorCode::kInternal, "checkpoint_work", "lchown('" + path + "')", errno);
+    }
+    return {};
+  };
+  CELLGATE_TRY(reown(root));
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(root, ec); !ec && it != fs::end(it);
+       it.increment(ec)) {
+    CELLGATE_TRY(reown(it->path().string()));
+  }
+  if (ec) {
+    return make_error(ErrorCode::kInternal, "checkpoint_work",
+                      "walking " + root + ": " + ec.message());
+  }
+  return {};
+}
+
 }  // namespace
 
 Result<DumpFigures> dump_jail(const DumpRequest& request) {
@@ -231,6 +282,13 @@ Result<DumpFigures> dump_jail(const DumpRequest& request) {
     }
   }
   CELLGATE_TRY(copy_skeleton("/proc/" + std::to_string(request.init_pid) + "/root", skeleton));
+  const bool save_work =
+      request.leave_running && !request.work_dir.empty() && request.work_dir.front() == '/';
+  if (save_work) {
+    // The work dir is a bind CRIU leaves outside the image; a copy started from a snapshot needs
+    // its files as they are now (the kernel is idle: the caller refuses a busy one).
+    CELLGATE_TRY(copy_tree(request.work_dir, request.image_dir + "/work"));
+  }
   CELLGATE_ASSIGN_OR_RETURN(Externals ext, find_externals(request.init_pid));
 
   std::vector<std::string> args = {"dump", "-t", std::to_string(request.init_pid), "-D", images,
@@ -244,7 +302,14 @@ Result<DumpFigures> dump_jail(const DumpRequest& request) {
                {"work", !request.work_dir.empty()},
                {"files", json::object()},
                {"report_pipe", ext.report_pipe},
-               {"compressed", false}};
+               {"compressed", false},
+               {"uid", request.uid},
+               {"gid", request.gid},
+               {"cgroup", request.cgroup_name},
+               {"work_saved", save_work}};
+  if (request.leave_running) {
+    args.emplace_back("--leave-running");
+  }
   if (!request.conn_dir.empty()) {
     args.insert(args.end(), {"--external", std::string("mnt[") + kConnMount + "]:conn"});
   }
@@ -292,7 +357,7 @@ Result<Restored> restore_jail(const RestoreRequest& request) {
                       request.image_dir + " holds no checkpoint this version can read");
   }
   const std::string images = request.image_dir + "/criu";
-  std::vector<std::string> args = {"restore", "-D", images, "-o", "restore.log", "-d",
+  std::vector<std::string> args = {"restore", "-o", "restore.log", "-d",
                                    // The restored pid 1 becomes our child, to wait for.
                                    "--restore-sibling", "--network-lock", "skip", "--external",
                                    "mnt[]"};
@@ -327,24 +392,60 @@ Result<Restored> restore_jail(const RestoreRequest& request) {
     keep.push_back(request.report_fd);
   }
 
-  // The page images back as CRIU reads them; the compressed ones stay (the image is kept).
-  std::vector<std::string> unpacked;
+  // The restore's own scratch dir in the image dir: the image's files linked in, the page images
+  // unpacked, the rebased records written; CRIU's log and pidfile. Several restores of one image
+  // (a fork of 16) run at once, each in its own; the image itself is never written.
+  std::string scratch = request.image_dir + "/run.XXXXXX";
+  if (::mkdtemp(scratch.data()) == nullptr) {
+    return errno_error(ErrorCode::kInternal, "checkpoint_restore", "mkdtemp('" + scratch + "')",
+                       errno);
+  }
+  struct Scratch {
+    std::string path;
+    ~Scratch() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  } scratch_guard{scratch};
+  Rebase rebase;
+  rebase.from_uid = rebase.to_uid = meta.value("uid", 0u);
+  rebase.from_gid = rebase.to_gid = meta.value("gid", 0u);
+  rebase.from_cgroup = rebase.to_cgroup = meta.value("cgroup", std::string());
+  if (request.uid != 0 && rebase.from_uid != 0) {
+    rebase.to_uid = request.uid;
+    rebase.to_gid = request.gid;
+  }
+  if (!request.cgroup_name.empty() && !rebase.from_cgroup.empty()) {
+    rebase.to_cgroup = request.cgroup_name;
+  }
   double unpack_ms = 0;
-  struct Unpacked {
-    std::vector<std::string>& files;
-    ~Unpacked() {
-      for (const auto& f : files) {
-        ::unlink(f.c_str());
+  {
+    const auto unpack_start = std::chrono::steady_clock::now();
+    CELLGATE_ASSIGN_OR_RETURN(sys::DirStream files, sys::DirStream::open(images));
+    while (auto e = files.next()) {
+      const std::string from = images + "/" + e->name;
+      const std::string to = scratch + "/" + e->name;
+      if (e->name == "." || e->name == ".." || e->name == "dump.log" || e->name == "restore.log") {
+        continue;
+      }
+      const std::string zst = ".img.zst";
+      if (e->name.size() > zst.size() &&
+          e->name.compare(e->name.size() - zst.size(), zst.size(), zst) == 0) {
+        CELLGATE_TRY(run_zstd({"-d", "-q", "-f", from, "-o", to.substr(0, to.size() - 4)}));
+        continue;
+      }
+      CELLGATE_ASSIGN_OR_RETURN(bool rebased, rebase_image(e->name, from, to, rebase));
+      if (!rebased && ::link(from.c_str(), to.c_str()) != 0) {
+        return errno_error(ErrorCode::kInternal, "checkpoint_restore",
+                           "link('" + from + "', '" + to + "')", errno);
       }
     }
-  } unpacked_guard{unpacked};
-  if (meta.value("compressed", false)) {
-    const auto unpack_start = std::chrono::steady_clock::now();
-    CELLGATE_TRY(for_each_page_image(images, ".img.zst", [&](const std::string& image) {
-      unpacked.push_back(image.substr(0, image.size() - 4));
-      return run_zstd({"-d", "-q", "-f", image, "-o", unpacked.back()});
-    }));
     unpack_ms = ms_since(unpack_start);
+  }
+  if (meta.value("work_saved", false)) {
+    CELLGATE_TRY(need("work dir", request.work_dir));
+    CELLGATE_TRY(copy_tree_into(request.image_dir + "/work", request.work_dir));
+    CELLGATE_TRY(reown_tree(request.work_dir, rebase));
   }
 
   // The root CRIU mounts everything onto: a fresh tmpfs with the skeleton, as build_root() made.
@@ -379,9 +480,10 @@ Result<Restored> restore_jail(const RestoreRequest& request) {
                        "mount('" + root + "', MS_PRIVATE)", errno);
   }
   CELLGATE_TRY(copy_skeleton(request.image_dir + "/root", root));
-  args.insert(args.end(), {"--root", root});
-  const std::string pidfile = request.image_dir + "/restore.pid";
-  ::unlink(pidfile.c_str());  // CRIU refuses to restore onto a stale one
+  // Its mount points for the work dir belong to the kernel's uid.
+  CELLGATE_TRY(reown_tree(root, rebase));
+  args.insert(args.end(), {"--root", root, "-D", scratch});
+  const std::string pidfile = scratch + "/restore.pid";
   args.insert(args.end(), {"--pidfile", pidfile});
 
   Restored restored;
@@ -391,9 +493,9 @@ Result<Restored> restore_jail(const RestoreRequest& request) {
   CELLGATE_ASSIGN_OR_RETURN(int status, run_program(request.criu, args, keep));
   restored.restore_ms = ms_since(start);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return make_error(
-        ErrorCode::kFailedPrecondition, "restore_failed",
-        "criu restore of " + request.image_dir + " failed: " + criu_error(images + "/restore.log"));
+    return make_error(ErrorCode::kFailedPrecondition, "restore_failed",
+                      "criu restore of " + request.image_dir +
+                          " failed: " + criu_error(scratch + "/restore.log"));
   }
   const std::string pid_text = sys::read_trimmed(pidfile);
   ::unlink(pidfile.c_str());

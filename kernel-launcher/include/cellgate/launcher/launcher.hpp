@@ -36,6 +36,9 @@ struct LaunchOptions {
   std::string zygote_socket;
   // run_restore_mode() only: the image dir a checkpoint was dumped to (checkpoint.hpp).
   std::string restore_dir;
+  // run_checkpoint() only (--leave-running): a snapshot; the jail runs on after the dump and
+  // its work dir's files are saved in the image.
+  bool leave_running = false;
 };
 
 // Runs the kernel to completion. Returns the launcher's exit code: the kernel's exit code,
@@ -50,8 +53,9 @@ int run_jailed_mode(const LaunchOptions& options);
 
 // Restores the jail checkpointed in options.restore_dir (src/restore_mode.cpp) and supervises it
 // as run_jailed_mode() does a launched one: the same status events, the same exit codes. The
-// spec must be the one the jail was launched with (its name is its cgroup's) and the connection
-// file the same; the kernel's argv is not needed.
+// spec is the one the jail was launched with (its name is its cgroup's) and the connection file
+// the same, or (a copy: a fork, a start from a snapshot) a new kernel's, whose uid, gid and
+// cgroup the image is rebased onto (checkpoint/rebase.hpp); the kernel's argv is not needed.
 int run_restore_mode(const LaunchOptions& options);
 
 // Checkpoints the running jail whose pid 1 is `init_pid` into `image_dir` (which must not

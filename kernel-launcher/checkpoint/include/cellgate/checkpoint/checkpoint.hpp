@@ -49,6 +49,14 @@ struct DumpRequest {
   std::string conn_dir;   // host dir bound at kJailConnDir; "" when none
   std::string work_dir;   // host dir bound at kJailWorkDir; "" when the jail made its own tmpfs
   bool compress = true;   // zstd -1 on the page images, when zstd is on the PATH
+  // A snapshot: the jail runs on after the dump (CRIU's --leave-running), and the work dir's
+  // files are copied into the image (work/) first, so that a copy started from it finds them.
+  bool leave_running = false;
+  // The jail's identity, recorded for a restore under another one (rebase.hpp): the kernel's
+  // uid and gid and its cgroup's leaf name. 0 / "": not recorded (no copies of this image).
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::string cgroup_name;
 };
 
 struct DumpFigures {
@@ -69,6 +77,12 @@ struct RestoreRequest {
   std::string conn_dir;   // where the connection dir is now (required when dumped with one)
   std::string work_dir;   // where the work dir is now (required when dumped with one)
   int report_fd = -1;     // becomes pid 1's report pipe (required when dumped with one)
+  // The restoring jail's identity. When it differs from the one the image recorded (a fork, a
+  // start from a snapshot), the image is rebased onto it in a scratch copy (rebase.hpp) and the
+  // image's saved work files are copied into work_dir, owned by `uid`. 0 / "": as dumped.
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::string cgroup_name;
 };
 
 struct Restored {
@@ -78,8 +92,9 @@ struct Restored {
 };
 
 // Restores the jail as a child of the calling process, into the cgroups it was dumped from
-// (which must exist). The image stays as it was: it may be restored again (snapshots) or removed
-// by its maker.
+// (which must exist), or their rebased names. The image stays as it was: it may be restored
+// again, by several restores at once (snapshots, fork: each works in a scratch dir of its own
+// inside the image dir), or removed by its maker.
 Result<Restored> restore_jail(const RestoreRequest& request);
 
 }  // namespace cellgate::checkpoint
