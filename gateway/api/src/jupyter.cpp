@@ -384,11 +384,17 @@ void Api::add_jupyter_routes() {
     if (body->contains("name") && !(*body)["name"].is_string()) {
       return c.fail(bad_request("'name' must be a string"));
     }
+    if (body->contains("snapshot") && !(*body)["snapshot"].is_string()) {
+      return c.fail(bad_request("'snapshot' must be a snapshot id"));
+    }
     std::string name = body->value("name", "");
     json env = body->value("env", json());
+    std::string snapshot = body->value("snapshot", "");
     offload(
-        [this, req = c.req, name, env]() {
-          auto model = registry_.start(name, env);
+        [this, req = c.req, name, env, snapshot]() {
+          // cellgate's addition: {"snapshot": id} starts a copy of the snapshot's kernel.
+          auto model = snapshot.empty() ? registry_.start(name, env)
+                                        : registry_.start_from_snapshot(snapshot, name, env);
           if (!model) {
             return error_response(req, model.error());
           }
@@ -445,6 +451,60 @@ void Api::add_jupyter_routes() {
           auto model = registry_.hibernate(id);
           return model ? json_response(req, Status::ok, model->to_json())
                        : error_response(req, model.error());
+        },
+        [ex = c.exchange](Response r) { ex->reply(std::move(r)); });
+  });
+  // cellgate's additions (README, "Snapshots and fork"): a running kernel's state kept while it
+  // runs on, started again as new kernels; a fork is a snapshot started `count` times at once.
+  router_.add(Verb::post, "/api/kernels/{id}/snapshots", [this](Call& c) {
+    offload(
+        [this, req = c.req, id = c.param("id")]() {
+          auto snap = registry_.snapshot(id);
+          if (!snap) {
+            return error_response(req, snap.error());
+          }
+          Response res = json_response(req, Status::created, snap->to_json());
+          res.set(http::Field::location, base_ + "/api/snapshots/" + snap->id);
+          return res;
+        },
+        [ex = c.exchange](Response r) { ex->reply(std::move(r)); });
+  });
+  router_.add(Verb::get, "/api/snapshots", [this](Call& c) {
+    json all = json::array();
+    for (const auto& s : registry_.snapshots()) {
+      all.push_back(s.to_json());
+    }
+    c.reply(json_response(c.req, Status::ok, all));
+  });
+  router_.add(Verb::delete_, "/api/snapshots/{id}", [this](Call& c) {
+    auto r = registry_.delete_snapshot(c.param("id"));
+    c.reply(r ? json_response(c.req, Status::no_content, json())
+              : error_response(c.req, r.error()));
+  });
+  router_.add(Verb::post, "/api/kernels/{id}/fork", [this](Call& c) {
+    json body = json::object();
+    if (!c.req.body().empty()) {
+      auto parsed = body_object(c.req);
+      if (!parsed) {
+        return c.fail(parsed.error());
+      }
+      body = *parsed;
+    }
+    if (body.contains("count") && !body["count"].is_number_integer()) {
+      return c.fail(bad_request("'count' must be an integer from 1 to 16"));
+    }
+    const int count = body.value("count", 1);
+    offload(
+        [this, req = c.req, id = c.param("id"), count]() {
+          auto copies = registry_.fork(id, count);
+          if (!copies) {
+            return error_response(req, copies.error());
+          }
+          json models = json::array();
+          for (const auto& m : *copies) {
+            models.push_back(m.to_json());
+          }
+          return json_response(req, Status::created, models);
         },
         [ex = c.exchange](Response r) { ex->reply(std::move(r)); });
   });

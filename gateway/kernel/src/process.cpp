@@ -165,6 +165,13 @@ Result<std::unique_ptr<KernelProcess>> KernelProcess::start(LaunchRequest reques
     kp->connection_ = ConnectionInfo::make_ipc(conn_dir + "/k");
   }
   kp->connection_.kernel_name = request.spec.name;
+  if (!request.restore_image.empty()) {
+    if (!request.jail || request.key.empty()) {
+      return make_error(ErrorCode::kInvalidArgument, "restore_image",
+                        "a copy of a kernel is restored into a jail, with its source's key");
+    }
+    kp->connection_.key = request.key;
+  }
   kp->connection_file_ = conn_dir + "/connection.json";
   CELLGATE_TRY(kp->connection_.save(kp->connection_file_));
   for (const auto& [name, content] : request.conn_files) {
@@ -211,7 +218,9 @@ Result<std::unique_ptr<KernelProcess>> KernelProcess::start(LaunchRequest reques
       }
     }
     args.insert(args.end(), {"--spec", spec_file});
-    if (!request.zygote_socket.empty()) {
+    if (!request.restore_image.empty()) {
+      args.insert(args.end(), {"--restore", request.restore_image});
+    } else if (!request.zygote_socket.empty()) {
       args.insert(args.end(), {"--zygote-socket", request.zygote_socket});
     }
     kp->work_mounted_ = request.work_dir.empty();  // ours to unmount only when we made it
@@ -223,9 +232,11 @@ Result<std::unique_ptr<KernelProcess>> KernelProcess::start(LaunchRequest reques
   if (request.die_with_parent) {
     args.emplace_back("--die-with-parent");
   }
-  args.emplace_back("--");
-  for (auto& a : request.spec.expand_argv(kp->connection_file_)) {
-    args.push_back(std::move(a));
+  if (request.restore_image.empty()) {
+    args.emplace_back("--");
+    for (auto& a : request.spec.expand_argv(kp->connection_file_)) {
+      args.push_back(std::move(a));
+    }
   }
 
   std::vector<std::string> env_strings;

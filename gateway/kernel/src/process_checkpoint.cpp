@@ -82,12 +82,16 @@ Result<void> KernelProcess::checkpointable() const {
   return {};
 }
 
-Result<void> KernelProcess::checkpoint(const std::string& image_dir) {
+// `cellgate-kernel --checkpoint` on this kernel's jail; a snapshot (`leave_running`) keeps it.
+Result<void> KernelProcess::dump(const std::string& image_dir, bool leave_running) {
   CELLGATE_TRY(checkpointable());
   std::vector<std::string> args = {
       launcher_path_,  "--checkpoint", std::to_string(kernel_pid_), "--images",
       image_dir,       "--spec",       runtime_dir_ + "/jail.json", "--connection-file",
       connection_file_};
+  if (leave_running) {
+    args.emplace_back("--leave-running");
+  }
   CELLGATE_ASSIGN_OR_RETURN(auto pipe, status_pipe());
   auto& [read_end, write_end] = pipe;
   CELLGATE_ASSIGN_OR_RETURN(
@@ -98,9 +102,19 @@ Result<void> KernelProcess::checkpoint(const std::string& image_dir) {
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     std::string why = last_launcher_line(log_tail(4000));
     return make_error(ErrorCode::kInternal, "checkpoint_failed",
-                      "the checkpoint of the kernel's jail failed; the kernel runs on: " +
+                      std::string("the ") + (leave_running ? "snapshot" : "checkpoint") +
+                          " of the kernel's jail failed; the kernel runs on: " +
                           (why.empty() ? "see " + log_file_ : why));
   }
+  return {};
+}
+
+Result<void> KernelProcess::snapshot(const std::string& image_dir) {
+  return dump(image_dir, /*leave_running=*/true);
+}
+
+Result<void> KernelProcess::checkpoint(const std::string& image_dir) {
+  CELLGATE_TRY(dump(image_dir, /*leave_running=*/false));
   // The jail's pid 1 was killed by the dump: its launcher reports so and removes the cgroup.
   wait_exit(std::chrono::seconds(10));
   if (!exited_) {

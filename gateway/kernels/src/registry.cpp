@@ -254,8 +254,8 @@ kernel::ClientOptions KernelRegistry::Impl::client_options(
   return co;
 }
 
-Result<ManagedKernel::Running> KernelRegistry::Impl::launch(
-    const std::shared_ptr<ManagedKernel>& k) {
+Result<ManagedKernel::Running> KernelRegistry::Impl::launch(const std::shared_ptr<ManagedKernel>& k,
+                                                            const Copy* copy) {
   if (options_.state_dir.empty()) {
     return make_error(ErrorCode::kFailedPrecondition, "no_state_dir",
                       "the gateway has no state dir configured");
@@ -282,6 +282,10 @@ Result<ManagedKernel::Running> KernelRegistry::Impl::launch(
   }
   if (options_.display_formatters) {
     add_display_formatters(req);
+  }
+  if (copy != nullptr) {
+    req.restore_image = copy->image_dir;
+    req.key = copy->key;
   }
   CELLGATE_ASSIGN_OR_RETURN(std::unique_ptr<kernel::KernelProcessHandle> process,
                             backend_.launch(std::move(req)));
@@ -412,16 +416,25 @@ Result<KernelModel> KernelRegistry::Impl::start(const std::string& name, const j
                   client_env.empty() ? "none ready" : "the client sets env");
   }
   CELLGATE_ASSIGN_OR_RETURN(kernel::KernelSpec spec, kernelspec(spec_name));
+  return start_new(std::move(spec), std::move(client_env), nullptr, began);
+}
+
+Result<KernelModel> KernelRegistry::Impl::start_new(kernel::KernelSpec spec,
+                                                    std::map<std::string, std::string> env,
+                                                    const Copy* copy,
+                                                    std::chrono::steady_clock::time_point began) {
   // Pooled kernels count towards max_kernels, but never cost a client its kernel: ready ones
   // make room below.
   CELLGATE_ASSIGN_OR_RETURN(Admission::Ticket place, admission_.admit_client());
-  CELLGATE_ASSIGN_OR_RETURN(auto k, new_kernel(std::move(spec), std::move(client_env)));
+  CELLGATE_ASSIGN_OR_RETURN(auto k, new_kernel(std::move(spec), std::move(env)));
   pool_.evict_excess();
-  const char* source = "cold";
+  const char* source = copy != nullptr ? "snapshot" : "cold";
   auto launched = [&]() -> Result<void> {
     CELLGATE_TRY(make_home(*k));
-    CELLGATE_ASSIGN_OR_RETURN(auto running, launch(k));
-    source = running.process->from_zygote() ? "zygote" : "cold";
+    CELLGATE_ASSIGN_OR_RETURN(auto running, launch(k, copy));
+    if (copy == nullptr) {
+      source = running.process->from_zygote() ? "zygote" : "cold";
+    }
     CELLGATE_TRY(
         write_record(options_.state_dir, *k, ProcessFacts::of(*running.process), options_.jail));
     return k->started(std::move(running));
@@ -440,10 +453,12 @@ Result<KernelModel> KernelRegistry::Impl::start(const std::string& name, const j
     return std::move(launched).error();
   }
   stats_.starts.add();
-  stats_.start_seconds.observe({k->spec().name, source}, took());
-  util::log_kernel_action(
-      "start", k->id(), k->spec().name, true,
-      fmt::format("kernel {} started ({}), uid {}", k->id(), k->spec().name, k->uid()));
+  stats_.start_seconds.observe(
+      {k->spec().name, source},
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
+  util::log_kernel_action("start", k->id(), k->spec().name, true,
+                          fmt::format("kernel {} started ({}{}), uid {}", k->id(), k->spec().name,
+                                      copy ? ", from a snapshot" : "", k->uid()));
   return k->model();
 }
 

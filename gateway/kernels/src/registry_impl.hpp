@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "admission.hpp"
+#include "cellgate/checkpoint/images.hpp"
 #include "cellgate/kernel/client.hpp"
 #include "cellgate/kernels/registry.hpp"
 #include "cellgate/mutex.hpp"
@@ -44,6 +45,12 @@ class KernelRegistry::Impl {
   Result<void> shutdown(const std::string& id);
   Result<KernelModel> hibernate(const std::string& id);  // hibernate.cpp
   Result<void> resume(const std::string& id);
+  Result<SnapshotModel> snapshot(const std::string& kernel_id);  // snapshots.cpp
+  std::vector<SnapshotModel> snapshots() const;
+  Result<void> delete_snapshot(const std::string& snapshot_id);
+  Result<KernelModel> start_from_snapshot(const std::string& snapshot_id, const std::string& name,
+                                          const nlohmann::json& env);
+  Result<std::vector<KernelModel>> fork(const std::string& kernel_id, int count);
   std::vector<std::string> kernel_ids() const;  // the client kernels' now
   void shutdown_all();
   void hand_over();
@@ -71,7 +78,18 @@ class KernelRegistry::Impl {
 
   // ---- registry.cpp ----
   // Starts a process for `k` through the backend and waits until it answers; blocking.
-  Result<ManagedKernel::Running> launch(const std::shared_ptr<ManagedKernel>& k);
+  // `copy`: restore this snapshot image (with its kernel's key) instead of running the
+  // kernelspec's argv (snapshots.cpp).
+  struct Copy {
+    std::string image_dir;
+    std::string key;
+  };
+  Result<ManagedKernel::Running> launch(const std::shared_ptr<ManagedKernel>& k,
+                                        const Copy* copy = nullptr);
+  // A client kernel started (from `copy` when given), recorded and made live; start()'s path
+  // past the pool.
+  Result<KernelModel> start_new(kernel::KernelSpec spec, std::map<std::string, std::string> env,
+                                const Copy* copy, std::chrono::steady_clock::time_point began);
   // Makes the work dir, launches, and moves `k` to idle (a pooled state record).
   Result<void> start_fresh(const std::shared_ptr<ManagedKernel>& k);
   Result<void> make_home(const ManagedKernel& k) const;
@@ -97,6 +115,9 @@ class KernelRegistry::Impl {
   // waits until it answers kernel_info; blocking.
   Result<ManagedKernel::Running> connect(const std::shared_ptr<ManagedKernel>& k,
                                          std::unique_ptr<kernel::KernelProcessHandle> process);
+
+  // ---- snapshots.cpp ----
+  Result<checkpoint::ImageStore> snapshot_store() const;
 
   // ---- hibernate.cpp ----
   Result<void> resume(const std::shared_ptr<ManagedKernel>& k);

@@ -233,6 +233,12 @@ class KernelProcessHandle {
     (void)image_dir;
     return checkpointable();
   }
+  // A snapshot: the jail is checkpointed into `image_dir` with its work files and runs on, this
+  // handle unchanged. The caller has closed its connection first, as for checkpoint().
+  virtual Result<void> snapshot(const std::string& image_dir) {
+    (void)image_dir;
+    return checkpointable();
+  }
   // Restores the kernel checkpoint() saved, with a new launcher; blocks until it reports the
   // jail started (or failed). The image stays for the caller to remove.
   virtual Result<void> restore(const std::string& image_dir, std::chrono::milliseconds timeout) {

@@ -64,6 +64,12 @@ struct LaunchRequest {
   std::map<std::string, std::string> conn_files;
   // "ipc" (sockets in the runtime dir; what jailed kernels use) or "tcp" (loopback ports).
   std::string transport = "ipc";
+  // Jailed only: a copy of a kernel (a fork, a start from a snapshot). The launcher restores
+  // this image (a snapshot's, made by KernelProcess::snapshot) under this kernel's own uid,
+  // cgroup and dirs instead of running the kernelspec's argv; `key` is the connection key the
+  // image's kernel holds in memory.
+  std::string restore_image;
+  std::string key;
   std::chrono::milliseconds start_timeout{10000};
 };
 
@@ -131,10 +137,12 @@ class KernelProcess : public KernelProcessHandle {
   // runtime dir (its jail spec, connection dir and work dir are reused as they are).
   Result<void> checkpointable() const override;
   Result<void> checkpoint(const std::string& image_dir) override;
+  Result<void> snapshot(const std::string& image_dir) override;
   Result<void> restore(const std::string& image_dir, std::chrono::milliseconds timeout) override;
 
  private:
   KernelProcess() = default;
+  Result<void> dump(const std::string& image_dir, bool leave_running);
   void read_status(int timeout_ms);
   // Adopted: waits up to `timeout_ms` for the launcher to end, then takes its report from the
   // status file.

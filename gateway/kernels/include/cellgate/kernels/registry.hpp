@@ -136,6 +136,16 @@ struct RegistryStats {
                                    {0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120}};
 };
 
+// A snapshot as GET /api/snapshots shows it.
+struct SnapshotModel {
+  std::string id;           // 32 lowercase hex digits
+  std::string kernel_id;    // the kernel it was taken of
+  std::string kernel_name;  // its kernelspec: a start from it is one of these
+  std::string created;      // ISO 8601 UTC
+  std::uint64_t bytes = 0;  // on disk
+  nlohmann::json to_json() const;
+};
+
 class KernelRegistry {
  public:
   // Makes the state dir; starts nothing (see start()). `backend` must outlive the registry.
@@ -181,6 +191,25 @@ class KernelRegistry {
   // of a hibernated kernel starts it afresh instead); a WebSocket's or a cell's first touch
   // does through the API.
   Result<void> resume(const std::string& id);
+
+  // ---- snapshots and fork (snapshots.cpp; README, "Snapshots and fork") ----
+  // Blocking. Checkpoints an idle kernel into <state_dir>/snapshots/<id> (an ImageStore: 0700,
+  // 32-hex ids) with its work files; the kernel runs on, its clients stay connected (their
+  // messages wait out the dump). Refusals as hibernate(); "no_space" (507) past
+  // hibernate_disk_max, which bounds the snapshots together.
+  Result<SnapshotModel> snapshot(const std::string& kernel_id);
+  std::vector<SnapshotModel> snapshots() const;
+  Result<void> delete_snapshot(const std::string& snapshot_id);  // kNotFound "no_snapshot"
+  // Blocking. A new kernel restored from a snapshot: its source's variables and work files, its
+  // own id, uid, cgroup, work dir and namespaces (the image rebased: checkpoint/rebase.hpp).
+  // `name` "" or the snapshot's kernelspec; no client env (the copy keeps its source's).
+  Result<KernelModel> start_from_snapshot(const std::string& snapshot_id, const std::string& name,
+                                          const nlohmann::json& env);
+  // Blocking. `count` (1..16) copies of a running kernel at once: a snapshot, the copies
+  // restored from it together, the snapshot removed. All or none: a copy that fails ends the
+  // others.
+  Result<std::vector<KernelModel>> fork(const std::string& kernel_id, int count);
+
   // Ends every kernel, pooled ones included, and stops refilling the pool for good.
   void shutdown_all();
   // For a restart or an upgrade: ends the pooled kernels and stops the pool like shutdown_all(),

@@ -1,0 +1,270 @@
+// Snapshots and fork (registry.hpp; README, "Snapshots and fork"): a running kernel's jail
+// checkpointed with its work files while it runs on (KernelProcess::snapshot), kept in an
+// ImageStore under <state_dir>/snapshots, and restored as new kernels, each under its own uid,
+// cgroup, dirs and namespaces (the launcher rebases the image: checkpoint/rebase.hpp).
+//
+// A snapshot dir: CRIU's image (criu/, root/, work/, cellgate.json, made by the launcher) and
+// snapshot.json, ours: {id, kernel_id, kernel_name, created, key}. `key` is the connection key
+// the image's kernel holds in memory; a copy's connection file must carry it. The dir is 0700
+// and root's, as the image holds the kernel's whole memory.
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cellgate/checkpoint/images.hpp"
+#include "cellgate/protocol/message.hpp"
+#include "cellgate/sys/file.hpp"
+#include "registry_impl.hpp"
+
+namespace cellgate::kernels {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kRecord = "snapshot.json";
+constexpr int kMaxForks = 16;
+constexpr int kSnapshotAttempts = 3;
+
+Error snapshots_unavailable(const std::string& why) {
+  return make_error(ErrorCode::kFailedPrecondition, "checkpoints_unavailable",
+                    "kernels cannot be snapshotted or forked here: " + why);
+}
+
+double pause_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+std::uint64_t dir_bytes(const std::string& dir) {
+  std::uint64_t bytes = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
+       it.increment(ec)) {
+    if (it->is_regular_file(ec) && !it->is_symlink(ec)) {
+      bytes += it->file_size(ec);
+    }
+  }
+  return bytes;
+}
+
+struct Stored {
+  SnapshotModel model;
+  std::string key;
+  std::string dir;
+};
+
+Result<Stored> read_snapshot(const checkpoint::ImageStore& store, const std::string& id) {
+  auto dir = store.find(id);
+  if (!dir) {
+    return make_error(ErrorCode::kNotFound, "no_snapshot", "no snapshot " + id);
+  }
+  auto text = sys::read_file(*dir + "/" + kRecord, 64 << 10, "snapshot");
+  const json j = text ? json::parse(*text, nullptr, false) : json();
+  if (!j.is_object() || !j.value("id", json()).is_string() ||
+      !j.value("kernel_name", json()).is_string() || !j.value("key", json()).is_string()) {
+    // A dump that never finished, or a record made unreadable: not a snapshot to start from.
+    return make_error(ErrorCode::kNotFound, "no_snapshot", "snapshot " + id + " is incomplete");
+  }
+  Stored s;
+  s.dir = *dir;
+  s.key = j["key"].get<std::string>();
+  s.model.id = id;
+  s.model.kernel_id = j.value("kernel_id", "");
+  s.model.kernel_name = j["kernel_name"].get<std::string>();
+  s.model.created = j.value("created", "");
+  s.model.bytes = j.value("bytes", std::uint64_t{0});
+  return s;
+}
+
+}  // namespace
+
+json SnapshotModel::to_json() const {
+  return {{"id", id},
+          {"kernel_id", kernel_id},
+          {"kernel_name", kernel_name},
+          {"created", created},
+          {"bytes", bytes}};
+}
+
+Result<checkpoint::ImageStore> KernelRegistry::Impl::snapshot_store() const {
+  return checkpoint::ImageStore::open(options_.state_dir + "/snapshots",
+                                      options_.hibernate_disk_max);
+}
+
+Result<SnapshotModel> KernelRegistry::Impl::snapshot(const std::string& kernel_id) {
+  CELLGATE_ASSIGN_OR_RETURN(auto k, find(kernel_id));
+  if (!options_.checkpoints_unavailable.empty()) {
+    return snapshots_unavailable(options_.checkpoints_unavailable);
+  }
+  CELLGATE_ASSIGN_OR_RETURN(checkpoint::ImageStore store, snapshot_store());
+  CELLGATE_TRY(resume(k));  // a hibernated kernel comes back first: its image is not a snapshot's
+  MutexLock life(k->lifecycle());
+  auto running = k->begin_hibernate();
+  if (!running) {
+    return std::move(running).error();
+  }
+  auto& [process, connection] = *running;
+  if (auto can = process->checkpointable(); !can) {
+    (void)k->resumed(std::move(*running));
+    return std::move(can).error();
+  }
+  auto sid = store.reserve();
+  if (!sid) {
+    (void)k->resumed(std::move(*running));
+    return std::move(sid).error();
+  }
+  const std::string dir = store.dir_of(*sid);
+  const std::string key = process->connection().key;
+  // As for hibernate: CRIU cannot dump a unix stream whose other end is ours.
+  connection.reset();
+  const auto start = std::chrono::steady_clock::now();
+  auto dumped = process->snapshot(dir);
+  for (int attempt = 1; !dumped && attempt < kSnapshotAttempts &&
+                        dumped.error().message.find("socket") != std::string::npos;
+       ++attempt) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    dumped = process->snapshot(dir);
+  }
+  const double pause_ms = pause_since(start);
+  auto again = connect(k, std::move(process));
+  if (!again) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    k->resume_failed("the kernel was unreachable after a snapshot: " + again.error().message);
+    return std::move(again).error();
+  }
+  (void)k->resumed(std::move(again).value());
+  if (!dumped) {
+    spdlog::warn("kernel {}: {}", kernel_id, dumped.error().message);
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    return std::move(dumped).error();
+  }
+  SnapshotModel model;
+  model.id = *sid;
+  model.kernel_id = kernel_id;
+  model.kernel_name = k->spec().name;
+  model.created = protocol::iso8601(std::chrono::system_clock::now());
+  model.bytes = dir_bytes(dir);
+  json record = model.to_json();
+  record["key"] = key;
+  if (auto written = sys::atomic_write(dir + "/" + kRecord, record.dump(), 0600,
+                                       sys::Durability::kFsync, "snapshot");
+      !written) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    return std::move(written).error();
+  }
+  spdlog::info("kernel {}: snapshot {} in {:.0f} ms (the kernel paused that long), {} MiB",
+               kernel_id, model.id, pause_ms, model.bytes >> 20);
+  return model;
+}
+
+std::vector<SnapshotModel> KernelRegistry::Impl::snapshots() const {
+  std::vector<SnapshotModel> out;
+  auto store = snapshot_store();
+  if (!store) {
+    return out;
+  }
+  for (const auto& id : store->list()) {
+    if (auto s = read_snapshot(*store, id)) {
+      out.push_back(std::move(s->model));
+    }
+  }
+  return out;
+}
+
+Result<void> KernelRegistry::Impl::delete_snapshot(const std::string& snapshot_id) {
+  CELLGATE_ASSIGN_OR_RETURN(checkpoint::ImageStore store, snapshot_store());
+  if (!store.find(snapshot_id)) {
+    return make_error(ErrorCode::kNotFound, "no_snapshot", "no snapshot " + snapshot_id);
+  }
+  return store.remove(snapshot_id);
+}
+
+Result<KernelModel> KernelRegistry::Impl::start_from_snapshot(const std::string& snapshot_id,
+                                                              const std::string& name,
+                                                              const json& env) {
+  const auto began = std::chrono::steady_clock::now();
+  if (!options_.checkpoints_unavailable.empty()) {
+    return snapshots_unavailable(options_.checkpoints_unavailable);
+  }
+  CELLGATE_ASSIGN_OR_RETURN(checkpoint::ImageStore store, snapshot_store());
+  CELLGATE_ASSIGN_OR_RETURN(Stored s, read_snapshot(store, snapshot_id));
+  if (!name.empty() && name != s.model.kernel_name) {
+    return make_error(
+        ErrorCode::kInvalidArgument, "snapshot_kernel",
+        "snapshot " + snapshot_id + " is of a " + s.model.kernel_name + " kernel, not " + name);
+  }
+  if (env.is_object() && !env.empty()) {
+    return make_error(ErrorCode::kInvalidArgument, "snapshot_env",
+                      "a kernel started from a snapshot keeps its source's environment; 'env' "
+                      "cannot change it");
+  }
+  CELLGATE_ASSIGN_OR_RETURN(kernel::KernelSpec spec, kernelspec(s.model.kernel_name));
+  const Copy copy{s.dir, s.key};
+  return start_new(std::move(spec), {}, &copy, began);
+}
+
+Result<std::vector<KernelModel>> KernelRegistry::Impl::fork(const std::string& kernel_id,
+                                                            int count) {
+  if (count < 1 || count > kMaxForks) {
+    return make_error(ErrorCode::kInvalidArgument, "fork_count",
+                      "'count' must be 1 to " + std::to_string(kMaxForks));
+  }
+  CELLGATE_ASSIGN_OR_RETURN(SnapshotModel snap, snapshot(kernel_id));
+  std::vector<Result<KernelModel>> made(static_cast<std::size_t>(count),
+                                        make_error(ErrorCode::kInternal, "fork", "not started"));
+  {
+    // The copies restore at once, each in its own scratch dir of the one image.
+    std::vector<std::thread> starts;
+    for (int i = 0; i < count; ++i) {
+      starts.emplace_back([this, &made, &snap, i] {
+        made[static_cast<std::size_t>(i)] = start_from_snapshot(snap.id, "", json());
+      });
+    }
+    for (auto& t : starts) {
+      t.join();
+    }
+  }
+  (void)delete_snapshot(snap.id);
+  std::vector<KernelModel> out;
+  for (auto& m : made) {
+    if (!m) {
+      for (const auto& other : made) {  // all or none
+        if (other) {
+          (void)shutdown(other->id);
+        }
+      }
+      return std::move(m).error();
+    }
+    out.push_back(*m);
+  }
+  return out;
+}
+
+// ---- KernelRegistry's forwarders ----
+
+Result<SnapshotModel> KernelRegistry::snapshot(const std::string& kernel_id) {
+  return impl_->snapshot(kernel_id);
+}
+std::vector<SnapshotModel> KernelRegistry::snapshots() const {
+  return impl_->snapshots();
+}
+Result<void> KernelRegistry::delete_snapshot(const std::string& snapshot_id) {
+  return impl_->delete_snapshot(snapshot_id);
+}
+Result<KernelModel> KernelRegistry::start_from_snapshot(const std::string& snapshot_id,
+                                                        const std::string& name, const json& env) {
+  return impl_->start_from_snapshot(snapshot_id, name, env);
+}
+Result<std::vector<KernelModel>> KernelRegistry::fork(const std::string& kernel_id, int count) {
+  return impl_->fork(kernel_id, count);
+}
+
+}  // namespace cellgate::kernels

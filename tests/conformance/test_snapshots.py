@@ -1,0 +1,124 @@
+"""Snapshots and fork through `cellgate serve` (README, "Snapshots and fork"), for real with CRIU.
+
+A kernel started cold sets x = 41, a numpy array and a work-dir file; a WebSocket client stays
+connected through POST /api/kernels/{id}/snapshots (201, listed by GET /api/snapshots) and runs
+its next cell on the same kernel. POST /api/kernels {"snapshot": id} starts a copy and
+POST /api/kernels/{id}/fork {"count": 2} two more: each has the source's variables and file, and
+is as apart from its source and siblings as two kernels started separately (red team): its own
+uid (so per-uid limits are not shared), a pid namespace holding only its own processes, no path
+to its source's work dir, no signal reaching its source, a change that stays its own. DELETE
+removes a snapshot. Where checkpoints cannot work: skipped, unless scripts/install-criu's CRIU is
+installed (as in CI), when a 501 fails. Needs root (the jail)."""
+import json
+import os
+import sys
+import tempfile
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+import gateway_bench as gb  # noqa: E402
+
+BIN_DIR = os.environ.get("CELLGATE_BIN_DIR", "build/bin")
+INSTALLED_CRIU = "/opt/cellgate/criu/sbin/criu"  # scripts/install-criu
+FLAGS = ("--no-zygote", "--checkpoint-without-landlock", "--pool-size", "0")
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the jail needs root")
+
+
+def call(server, method, path, body=None, timeout=180):
+    status, raw = gb.http_request(server, method, path, body, timeout=timeout)
+    return status, (json.loads(raw) if raw else None)
+
+
+def execute(server, kid, code):
+    status, answer = call(server, "POST", f"/api/kernels/{kid}/execute",
+                          {"code": code, "timeout": 60}, timeout=120)
+    assert status == 200 and answer["status"] == "ok", (status, answer, server.log_tail())
+    return answer["stdout"]
+
+
+FACTS = """import json, os
+print(json.dumps({'uid': os.getuid(), 'pids': sorted(int(p) for p in os.listdir('/proc')
+                                                    if p.isdigit()),
+                  'x': x, 'sum': float(a.sum()), 'note': open('note.txt').read()}))
+"""
+
+
+def test_snapshot_start_and_fork_make_separate_copies():
+    with tempfile.TemporaryDirectory() as tmp:
+        server = gb.start_cellgate(BIN_DIR, tmp, 8, FLAGS)
+        try:
+            source = gb.start_kernel(server)
+            execute(server, source, "import numpy as np, os\nx = 41\na = np.arange(1e5)\n"
+                                    "open('note.txt', 'w').write('kept')")
+            src = json.loads(execute(server, source, FACTS))
+            client = gb.KernelClient(server, source)
+            try:
+                status, snap = call(server, "POST", f"/api/kernels/{source}/snapshots")
+                if status == 501:
+                    assert not os.path.exists(INSTALLED_CRIU), snap
+                    pytest.skip(f"checkpoints unavailable here: {snap['message']}")
+                assert status == 201, (status, snap, server.log_tail())
+                assert len(snap["id"]) == 32 and snap["kernel_id"] == source, snap
+                # The WebSocket client stayed connected: its next cell runs on the kernel.
+                assert client.run_stdout("x += 1\nprint(x)") == "42\n"
+            finally:
+                client.close()
+            status, listed = call(server, "GET", "/api/snapshots")
+            assert status == 200 and [s["id"] for s in listed] == [snap["id"]], listed
+
+            status, copy = call(server, "POST", "/api/kernels", {"snapshot": snap["id"]})
+            assert status == 201, (status, copy, server.log_tail())
+            status, forks = call(server, "POST", f"/api/kernels/{source}/fork", {"count": 2})
+            assert status == 201 and len(forks) == 2, (status, forks, server.log_tail())
+            copies = [copy["id"]] + [f["id"] for f in forks]
+            assert len(set(copies + [source])) == 4, copies
+
+            uids = {src["uid"]}
+            for i, kid in enumerate(copies):
+                facts = json.loads(execute(server, kid, FACTS))
+                # The snapshot was taken at x = 41; the forks after the cell made it 42.
+                assert facts["x"] == (41 if i == 0 else 42), facts
+                assert facts["sum"] == src["sum"] and facts["note"] == "kept", facts
+                uids.add(facts["uid"])
+                assert len(facts["pids"]) <= 3, facts  # pid 1 and the kernel, in its own ns
+                # Red team: the source's work dir is not reachable, nor any of its processes.
+                # Red team: no signal reaches a process outside the copy's own (its threads
+                # included), and neither the source's work dir nor a host pid is visible.
+                probe = json.loads(execute(server, kid, f"""import json, os
+own = {{int(t) for p in os.listdir('/proc') if p.isdigit()
+        for t in os.listdir(f'/proc/{{p}}/task')}}
+reached = []
+for p in range(1, 4096):
+    try:
+        os.kill(p, 0)
+        reached.append(p)
+    except (ProcessLookupError, PermissionError):
+        pass
+print(json.dumps({{'outside': [p for p in reached if p not in own],
+                   'work': os.path.exists({server.marker!r}),
+                   'host_pid': os.path.exists('/proc/{os.getpid()}/status')}}))
+"""))
+                assert probe == {"outside": [], "work": False, "host_pid": False}, probe
+                execute(server, kid, "x = -1\nopen('note.txt', 'w').write('changed')")
+            assert len(uids) == 4, uids  # per-uid limits (RLIMIT_NPROC, inotify) apart
+            # No copy's change reached the source.
+            assert execute(server, source, "print(x, open('note.txt').read())") == "42 kept\n"
+
+            # Refusals: a fork of 17, a snapshot started as another kernelspec, an unknown id.
+            status, answer = call(server, "POST", f"/api/kernels/{source}/fork", {"count": 17})
+            assert status == 400, (status, answer)
+            status, answer = call(server, "POST", "/api/kernels",
+                                  {"snapshot": snap["id"], "name": "ir"})
+            assert status == 400, (status, answer)
+            status, _ = call(server, "DELETE", f"/api/snapshots/{snap['id']}")
+            assert status == 204
+            status, listed = call(server, "GET", "/api/snapshots")
+            assert listed == [], listed
+            status, answer = call(server, "POST", "/api/kernels", {"snapshot": snap["id"]})
+            assert status == 404, (status, answer)
+            assert json.loads(execute(server, copies[0], FACTS))["x"] == -1  # copies live on
+        finally:
+            server.stop()
+            gb.unmount_leftovers(tmp)
