@@ -185,6 +185,13 @@ def test_routes_answer_as_the_openapi_document_says():
                 ("list_work_dir", lambda: (f"/api/kernels/{kernel()}/files", {}), None),
                 ("read_file", lambda: (f"/api/kernels/{kernel()}/files/sub/data.bin", {}), None),
                 ("delete_file", lambda: (f"/api/kernels/{kernel()}/files/sub/data.bin", {}), None),
+                # A snapshot, a copy of it, a fork, the snapshot removed (CRIU; cold kernels).
+                ("snapshot_kernel", lambda: (f"/api/kernels/{kernel()}/snapshots", {}),
+                 remember("snapshot", "id")),
+                ("list_snapshots", lambda: ("/api/snapshots", {}), None),
+                ("fork_kernel", lambda: (f"/api/kernels/{kernel()}/fork",
+                                         {"body": {"count": 1}}), None),
+                ("delete_snapshot", lambda: (f"/api/snapshots/{state['snapshot']}", {}), None),
                 # Hibernated (CRIU; kernels started cold), then resumed by the interrupt.
                 ("hibernate_kernel", lambda: (f"/api/kernels/{kernel()}/hibernate", {}), None),
                 ("interrupt_kernel", lambda: (f"/api/kernels/{kernel()}/interrupt", {}), None),
