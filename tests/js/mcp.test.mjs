@@ -138,8 +138,9 @@ async function scenario(client, label) {
   // tools/list: JSON Schema inputs.
   const { tools } = await client.listTools();
   const names = tools.map(t => t.name).sort();
-  assert.deepEqual(names, ['close_session', 'list_files', 'list_sessions', 'read_file',
-                           'restart_session', 'run_code', 'write_file']);
+  assert.deepEqual(names, ['close_session', 'fork_session', 'list_files', 'list_sessions',
+                           'read_file', 'restart_session', 'restore_snapshot', 'run_code',
+                           'snapshot_session', 'write_file']);
   const run = tools.find(t => t.name === 'run_code');
   assert.equal(run.inputSchema.type, 'object');
   assert.deepEqual(run.inputSchema.required, ['code']);

@@ -57,6 +57,35 @@ class FakeKernels : public client::Kernels {
     return live.erase(id) != 0 ? ok_result()
                                : Result<void>(make_error(ErrorCode::kNotFound, "x", "gone"));
   }
+  // Snapshots: "s-<kernel>"; a copy is a new kernel of the same spec.
+  Result<std::string> snapshot(const std::string& id) override {
+    std::lock_guard lock(mu);
+    if (!live.count(id)) {
+      return make_error(ErrorCode::kNotFound, "no_such_kernel", "gone");
+    }
+    return "s-" + id;
+  }
+  Result<Copy> start_from_snapshot(const std::string& snapshot_id) override {
+    std::string spec;
+    {
+      std::lock_guard lock(mu);
+      auto it = live.find(snapshot_id.substr(2));
+      if (snapshot_id.rfind("s-", 0) != 0 || it == live.end()) {
+        return make_error(ErrorCode::kNotFound, "no_snapshot", "no snapshot " + snapshot_id);
+      }
+      spec = it->second;
+    }
+    CELLGATE_ASSIGN_OR_RETURN(std::string id, start(spec));
+    return Copy{id, spec};
+  }
+  Result<std::vector<std::string>> fork(const std::string& id, int count) override {
+    std::vector<std::string> ids;
+    for (int i = 0; i < count; ++i) {
+      CELLGATE_ASSIGN_OR_RETURN(auto copy, start_from_snapshot("s-" + id));
+      ids.push_back(copy.id);
+    }
+    return ids;
+  }
   std::shared_ptr<client::Cell> execute(const std::string& id, execute::ExecuteRequest typed,
                                         client::CellCallbacks cb) override {
     const json request = client::request_json(typed);
@@ -203,7 +232,7 @@ TEST_F(McpServerTest, ProtocolFaultsAreJsonRpcErrors) {
 
 TEST_F(McpServerTest, ToolsListHasSchemas) {
   json tools = rpc("tools/list")["result"]["tools"];
-  ASSERT_EQ(tools.size(), 7u);
+  ASSERT_EQ(tools.size(), 10u);
   for (const auto& t : tools) {
     EXPECT_EQ(t["inputSchema"]["type"], "object") << t["name"];
     EXPECT_TRUE(t.contains("description")) << t["name"];
@@ -247,6 +276,35 @@ TEST_F(McpServerTest, NamedSessionsStartOnceAndKeepTheirKernel) {
   EXPECT_EQ(kernels.live.size(), 1u);  // only the other conversation's
   r = call("run_code", {{"code", "1"}});
   EXPECT_EQ(r["isError"], true);
+}
+
+TEST_F(McpServerTest, ForkAndSnapshotsMakeSessionsOfTheirOwn) {
+  ASSERT_EQ(call("run_code", {{"code", "x = 1"}, {"session", "a"}, {"language", "r"}})["isError"],
+            false);
+  json r = call("fork_session", {{"session", "a"}, {"into", "b"}});
+  ASSERT_EQ(r["isError"], false) << r;
+  EXPECT_EQ(r["structuredContent"]["session"], "b");
+  EXPECT_EQ(r["structuredContent"]["kernel"], "ir");
+  const std::string b_kernel = r["structuredContent"]["kernel_id"];
+  // The copy is a session with its own kernel, of the source's language.
+  r = call("run_code", {{"code", "x"}, {"session", "b"}, {"language", "r"}});
+  EXPECT_EQ(r["isError"], false) << r;
+  EXPECT_EQ(r["structuredContent"]["kernel_id"], b_kernel);
+  EXPECT_EQ(r["structuredContent"]["new_session"], false);
+  // Names are checked: an open target, a missing source, a bad name.
+  EXPECT_EQ(call("fork_session", {{"session", "a"}, {"into", "b"}})["isError"], true);
+  EXPECT_EQ(call("fork_session", {{"session", "zz"}, {"into", "c"}})["isError"], true);
+  EXPECT_EQ(call("fork_session", {{"session", "a"}, {"into", "../x"}})["isError"], true);
+  EXPECT_EQ(call("fork_session", {{"session", "a"}})["isError"], true);
+
+  r = call("snapshot_session", {{"session", "a"}});
+  ASSERT_EQ(r["isError"], false) << r;
+  const std::string snap = r["structuredContent"]["snapshot"];
+  r = call("restore_snapshot", {{"snapshot", snap}, {"session", "c"}});
+  ASSERT_EQ(r["isError"], false) << r;
+  EXPECT_EQ(r["structuredContent"]["kernel"], "ir");
+  EXPECT_EQ(call("restore_snapshot", {{"snapshot", "s-nope"}, {"session", "d"}})["isError"], true);
+  EXPECT_EQ(call("list_sessions", json::object())["structuredContent"]["sessions"].size(), 3u);
 }
 
 TEST_F(McpServerTest, BadArgumentsAreToolErrors) {

@@ -55,6 +55,26 @@ class LocalKernels : public Kernels {
     return ok_result();
   }
 
+  Result<std::string> snapshot(const std::string& id) override {
+    CELLGATE_ASSIGN_OR_RETURN(auto snap, registry_.snapshot(id));
+    return snap.id;
+  }
+
+  Result<Copy> start_from_snapshot(const std::string& snapshot_id) override {
+    CELLGATE_ASSIGN_OR_RETURN(auto model,
+                              registry_.start_from_snapshot(snapshot_id, "", json::object()));
+    return Copy{model.id, model.name};
+  }
+
+  Result<std::vector<std::string>> fork(const std::string& id, int count) override {
+    CELLGATE_ASSIGN_OR_RETURN(auto models, registry_.fork(id, count));
+    std::vector<std::string> ids;
+    for (const auto& m : models) {
+      ids.push_back(m.id);
+    }
+    return ids;
+  }
+
   Result<void> shutdown(const std::string& id) override {
     auto r = registry_.shutdown(id);
     executor_.artifacts().forget(id);  // the content stays, by SHA-256

@@ -143,6 +143,58 @@ class RemoteKernels : public Kernels {
     return ok_result();
   }
 
+  Result<std::string> snapshot(const std::string& id) override {
+    CELLGATE_ASSIGN_OR_RETURN(
+        auto res, client_.request("POST", "/api/kernels/" + id + "/snapshots", "", kStartTimeout,
+                                  "application/json", kRestAnswerBytes));
+    if (res.status != 201) {
+      return http_error("snapshotting kernel " + id, res);
+    }
+    json snap = parse_bounded(res.body);
+    if (!snap.is_object() || !snap.contains("id") || !snap["id"].is_string()) {
+      return bad_answer("POST /api/kernels/{id}/snapshots: the answer has no snapshot id");
+    }
+    return snap["id"].get<std::string>();
+  }
+
+  Result<Copy> start_from_snapshot(const std::string& snapshot_id) override {
+    CELLGATE_ASSIGN_OR_RETURN(
+        auto res, client_.request("POST", "/api/kernels", json{{"snapshot", snapshot_id}}.dump(),
+                                  kStartTimeout, "application/json", kRestAnswerBytes));
+    if (res.status != 201) {
+      return http_error("starting a kernel from snapshot " + snapshot_id, res);
+    }
+    json model = parse_bounded(res.body);
+    if (!model.is_object() || !model.contains("id") || !model["id"].is_string()) {
+      return bad_answer("POST /api/kernels: the answer has no kernel id");
+    }
+    return Copy{model["id"].get<std::string>(), model.contains("name") && model["name"].is_string()
+                                                    ? model["name"].get<std::string>()
+                                                    : std::string()};
+  }
+
+  Result<std::vector<std::string>> fork(const std::string& id, int count) override {
+    CELLGATE_ASSIGN_OR_RETURN(
+        auto res,
+        client_.request("POST", "/api/kernels/" + id + "/fork", json{{"count", count}}.dump(),
+                        kStartTimeout, "application/json", kRestAnswerBytes));
+    if (res.status != 201) {
+      return http_error("forking kernel " + id, res);
+    }
+    json models = parse_bounded(res.body);
+    std::vector<std::string> ids;
+    for (const auto& m : models.is_array() ? models : json::array()) {
+      if (!m.is_object() || !m.contains("id") || !m["id"].is_string()) {
+        return bad_answer("POST /api/kernels/{id}/fork: a copy without a kernel id");
+      }
+      ids.push_back(m["id"].get<std::string>());
+    }
+    if (ids.empty()) {
+      return bad_answer("POST /api/kernels/{id}/fork: no copies in the answer");
+    }
+    return ids;
+  }
+
   Result<void> shutdown(const std::string& id) override {
     CELLGATE_ASSIGN_OR_RETURN(auto res,
                               client_.request("DELETE", "/api/kernels/" + id, "", kRestTimeout,

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <regex>
 #include <set>
 
@@ -191,6 +192,39 @@ json tool_definitions() {
        {"description", "Shut the session's kernel down; its variables and work dir are gone."},
        {"inputSchema", object_schema({{"session", session_property()}}, json::array())},
        {"annotations", annotations(false, true, true)}});
+  tools.push_back(
+      {{"name", "snapshot_session"},
+       {"title", "Snapshot a session"},
+       {"description",
+        "Save the session's kernel state (variables, imports, work-dir files) while it keeps "
+        "running; restore_snapshot starts a new session from it. Needs an idle session."},
+       {"inputSchema", object_schema({{"session", session_property()}}, json::array())},
+       {"annotations", annotations(false, false, false)}});
+  tools.push_back(
+      {{"name", "fork_session"},
+       {"title", "Fork a session"},
+       {"description",
+        "Copy the session into a new session: the copy starts with the same variables, imports "
+        "and work-dir files, and from then on each changes on its own (try two ideas from one "
+        "state). Needs an idle session."},
+       {"inputSchema",
+        object_schema({{"session", session_property()},
+                       {"into",
+                        {{"type", "string"},
+                         {"description", "Name of the new session (must not exist yet)."},
+                         {"pattern", kSessionPattern}}}},
+                      json::array({"into"}))},
+       {"annotations", annotations(false, false, false)}});
+  tools.push_back(
+      {{"name", "restore_snapshot"},
+       {"title", "Start a session from a snapshot"},
+       {"description",
+        "Start a new session whose kernel is a copy of a snapshot (snapshot_session's id)."},
+       {"inputSchema",
+        object_schema({{"snapshot", {{"type", "string"}, {"description", "The snapshot id."}}},
+                       {"session", session_property()}},
+                      json::array({"snapshot"}))},
+       {"annotations", annotations(false, false, false)}});
   tools.push_back({{"name", "list_sessions"},
                    {"title", "List sessions"},
                    {"description", "The sessions open in this MCP connection, with their kernels."},
@@ -657,6 +691,88 @@ json Tools::session_tool(const std::string& tool, const json& args, Conversation
         json{{"session", name},
              {"kernel_id", named->first.kernel_id},
              {"kernel", named->first.kernelspec}});
+  }
+  if (tool == "snapshot_session") {
+    auto named = ensure(c, name, false, "", "");
+    if (!named) {
+      return tool_error(named.error().message);
+    }
+    auto snap = kernels_.snapshot(named->first.kernel_id);
+    if (!snap) {
+      return tool_error(snap.error().message);
+    }
+    return text_result("snapshot " + *snap + " of session '" + name +
+                           "' saved; restore_snapshot starts a session from it",
+                       false, json{{"session", name}, {"snapshot", *snap}});
+  }
+  if (tool == "fork_session" || tool == "restore_snapshot") {
+    // The new session's name: `into` for a fork, `session` for a restore.
+    std::string target = name;
+    std::string snapshot;
+    if (tool == "fork_session") {
+      target = a.str("into", true);
+      if (!std::regex_match(target, std::regex(kSessionPattern))) {
+        a.fail("'into' must be a session name: 1-64 letters, digits, '_', '-' or '.'");
+      }
+    } else {
+      snapshot = a.str("snapshot", true);
+    }
+    if (!a.ok()) {
+      return tool_error(a.error());
+    }
+    std::optional<Conversation::Named> source;
+    if (tool == "fork_session") {
+      auto named = ensure(c, name, false, "", "");
+      if (!named) {
+        return tool_error(named.error().message);
+      }
+      source = named->first;
+    }
+    MutexLock start_lock(c.start_mu);
+    {
+      MutexLock lock(c.mu);
+      if (c.sessions.count(target) != 0) {
+        return tool_error("a session named '" + target + "' is already open; choose another name");
+      }
+      if (c.sessions.size() >= options_.max_sessions) {
+        return tool_error("at most " + std::to_string(options_.max_sessions) +
+                          " sessions at once; close_session one first");
+      }
+    }
+    Conversation::Named copy;
+    if (source) {
+      auto ids = kernels_.fork(source->kernel_id, 1);
+      if (!ids) {
+        return tool_error(ids.error().message);
+      }
+      copy = Conversation::Named{ids->front(), source->kernelspec, source->language};
+    } else {
+      auto started = kernels_.start_from_snapshot(snapshot);
+      if (!started) {
+        return tool_error(started.error().message);
+      }
+      copy.kernel_id = started->id;
+      copy.kernelspec = started->kernelspec;
+      if (auto specs = kernels_.kernelspecs()) {
+        for (const auto& spec : specs->specs) {
+          if (spec.name == copy.kernelspec) {
+            copy.language = spec.language;
+          }
+        }
+      }
+    }
+    {
+      MutexLock lock(c.mu);
+      c.sessions[target] = copy;
+    }
+    spdlog::info("mcp: session '{}' {} (kernel {})", target,
+                 source ? "forked from '" + name + "'" : "restored from snapshot " + snapshot,
+                 copy.kernel_id);
+    return text_result(
+        source ? "session '" + target + "' is a copy of '" + name + "'"
+               : "session '" + target + "' started from snapshot " + snapshot,
+        false,
+        json{{"session", target}, {"kernel_id", copy.kernel_id}, {"kernel", copy.kernelspec}});
   }
   // close_session: idempotent, so closing twice is not an error.
   std::optional<Conversation::Named> closing;

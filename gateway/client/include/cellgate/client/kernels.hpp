@@ -87,6 +87,17 @@ class Kernels {
   virtual Result<std::string> start(const std::string& kernelspec) = 0;
   virtual Result<void> restart(const std::string& id) = 0;
   virtual Result<void> shutdown(const std::string& id) = 0;
+  // Checkpoints an idle kernel that runs on (POST /api/kernels/{id}/snapshots): the snapshot id.
+  virtual Result<std::string> snapshot(const std::string& id) = 0;
+  // A new kernel restored from a snapshot (POST /api/kernels {"snapshot"}): its id and
+  // kernelspec.
+  struct Copy {
+    std::string id;
+    std::string kernelspec;
+  };
+  virtual Result<Copy> start_from_snapshot(const std::string& snapshot_id) = 0;
+  // `count` copies of an idle kernel (POST /api/kernels/{id}/fork): their ids.
+  virtual Result<std::vector<std::string>> fork(const std::string& id, int count) = 0;
   // One cell in kernel `id` (its timeout clamped to Options::max_timeout). setup_code and
   // teardown_code are the E2B endpoint's and are not sent to a gateway.
   virtual std::shared_ptr<Cell> execute(const std::string& id, execute::ExecuteRequest request,
