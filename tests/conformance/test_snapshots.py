@@ -11,6 +11,7 @@ removes a snapshot. Where checkpoints cannot work: skipped, unless scripts/insta
 installed (as in CI), when a 501 fails. Needs root (the jail)."""
 import json
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -105,6 +106,18 @@ print(json.dumps({{'outside': [p for p in reached if p not in own],
             assert len(uids) == 4, uids  # per-uid limits (RLIMIT_NPROC, inotify) apart
             # No copy's change reached the source.
             assert execute(server, source, "print(x, open('note.txt').read())") == "42 kept\n"
+
+            # The CLI: `cellgate exec --url … --fork` and `--from-snapshot` run a cell in a new
+            # copy, whose id they say.
+            url = ["--url", f"http://127.0.0.1:{server.port}", "--token", server.token]
+            for how, expect in ((["--fork", source], "42 kept\n"),
+                                (["--from-snapshot", snap["id"]], "41 kept\n")):
+                done = subprocess.run(
+                    [os.path.join(BIN_DIR, "cellgate"), "exec", *url, *how,
+                     "print(x, open('note.txt').read())"],
+                    capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+                assert done.returncode == 0 and done.stdout == expect, (how, done)
+                assert "cellgate exec: kernel " in done.stderr, done.stderr
 
             # Refusals: a fork of 17, a snapshot started as another kernelspec, an unknown id.
             status, answer = call(server, "POST", f"/api/kernels/{source}/fork", {"count": 17})

@@ -41,7 +41,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;
   }
   auto again = cellgate::checkpoint::rebase_records(name, *out, r);
-  check(again.has_value(), "a rebased image that does not read back",
+  check(again.ok(), "a rebased image that does not read back",
         again ? std::string() : again.error().message);
   return 0;
 }

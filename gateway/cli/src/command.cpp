@@ -20,6 +20,14 @@ CLI::App* add_exec_command(CLI::App& app, ExecOptions& exec) {
   cmd->add_option("--token", exec.token, "the gateway's token")->envname("CELLGATE_TOKEN");
   cmd->add_option("--kernel-id", exec.kernel_id,
                   "with --url: run in this kernel (state kept) instead of a fresh one");
+  cmd->add_option("--fork", exec.fork,
+                  "with --url: run in a new copy of this kernel (its state at that moment); "
+                  "the copy's id goes to stderr and it stays up")
+      ->excludes("--kernel-id");
+  cmd->add_option("--from-snapshot", exec.snapshot,
+                  "with --url: run in a new kernel started from this snapshot; it stays up")
+      ->excludes("--kernel-id")
+      ->excludes("--fork");
   cmd->add_option("--artifacts", exec.artifacts_dir,
                   "save displayed images and PDFs here (default: a new dir in $TMPDIR)");
   return cmd;

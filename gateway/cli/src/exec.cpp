@@ -149,8 +149,8 @@ int run_exec(const ExecOptions& options) {
   if (!options.url.empty()) {
     return detail::run_remote_exec(options, *code);
   }
-  if (!options.kernel_id.empty()) {
-    return fail("--kernel-id needs --url (a running gateway's kernel)");
+  if (!options.kernel_id.empty() || !options.fork.empty() || !options.snapshot.empty()) {
+    return fail("--kernel-id, --fork and --from-snapshot need --url (a running gateway's kernel)");
   }
   auto spec = kernel::find_kernelspec(options.kernel);
   if (!spec) {

@@ -108,8 +108,26 @@ int run_remote_exec(const ExecOptions& options, const std::string& code) {
   client::WaitOptions wait;
   wait.on_event = [&printer](const json& event) { printer.handle(event); };
   wait.kernelspec = options.kernel;
-  // No --kernel-id: a fresh kernel for this cell (POST /api/execute).
-  auto answer = client::run_and_wait(**kernels, options.kernel_id, std::move(request), wait);
+  // --fork / --from-snapshot: a new kernel (kept, its id said), the cell in it.
+  std::string kernel_id = options.kernel_id;
+  if (!options.fork.empty()) {
+    auto copies = (*kernels)->fork(options.fork, 1);
+    if (!copies) {
+      return exit_code_of(copies.error());
+    }
+    kernel_id = copies->front();
+    std::cerr << "cellgate exec: kernel " << kernel_id << " (a copy of " << options.fork << ")\n";
+  } else if (!options.snapshot.empty()) {
+    auto copy = (*kernels)->start_from_snapshot(options.snapshot);
+    if (!copy) {
+      return exit_code_of(copy.error());
+    }
+    kernel_id = copy->id;
+    std::cerr << "cellgate exec: kernel " << kernel_id << " (from snapshot " << options.snapshot
+              << ")\n";
+  }
+  // No kernel id: a fresh kernel for this cell (POST /api/execute).
+  auto answer = client::run_and_wait(**kernels, kernel_id, std::move(request), wait);
   pool.join();
   return answer ? exit_code_of(*answer) : exit_code_of(answer.error());
 }

@@ -42,6 +42,8 @@ struct ExecOptions {
   std::string url;                 // a running gateway (http[s]://host:port[/base]); "": local
   std::string token;               // its token
   std::string kernel_id;           // run in this kernel of the gateway instead of a fresh one
+  std::string fork;                // run in a new copy of this kernel of the gateway (kept)
+  std::string snapshot;            // run in a new kernel started from this snapshot (kept)
   std::string artifacts_dir;       // where displayed images and PDFs are saved
 };
 
