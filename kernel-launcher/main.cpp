@@ -79,6 +79,8 @@ int run(int argc, char** argv) {
   app.add_option("--checkpoint", checkpoint_pid,
                  "checkpoint the jail whose pid 1 is this into --images, ending it (CRIU)");
   app.add_option("--images", images, "the image dir --checkpoint creates");
+  app.add_flag("--no-compress", options.no_compress,
+               "with --checkpoint: page images as CRIU wrote them (no zstd)");
   app.add_flag("--leave-running", options.leave_running,
                "with --checkpoint: a snapshot; the jail runs on, its work files saved too");
   app.add_option("--restore", options.restore_dir,

@@ -88,6 +88,7 @@ int run_checkpoint(pid_t init_pid, const std::string& image_dir, const LaunchOpt
   request.init_pid = init_pid;
   request.image_dir = image_dir;
   request.leave_running = options.leave_running;
+  request.compress = !options.no_compress;
   // Only whether the jail has these binds matters to the dump (their keys); the restore names
   // where they are then.
   if (!options.connection_file.empty()) {

@@ -83,7 +83,7 @@ Result<void> KernelProcess::checkpointable() const {
 }
 
 // `cellgate-kernel --checkpoint` on this kernel's jail; a snapshot (`leave_running`) keeps it.
-Result<void> KernelProcess::dump(const std::string& image_dir, bool leave_running) {
+Result<void> KernelProcess::dump(const std::string& image_dir, bool leave_running, bool compress) {
   CELLGATE_TRY(checkpointable());
   std::vector<std::string> args = {
       launcher_path_,  "--checkpoint", std::to_string(kernel_pid_), "--images",
@@ -91,6 +91,9 @@ Result<void> KernelProcess::dump(const std::string& image_dir, bool leave_runnin
       connection_file_};
   if (leave_running) {
     args.emplace_back("--leave-running");
+  }
+  if (!compress) {
+    args.emplace_back("--no-compress");
   }
   CELLGATE_ASSIGN_OR_RETURN(auto pipe, status_pipe());
   auto& [read_end, write_end] = pipe;
@@ -109,8 +112,8 @@ Result<void> KernelProcess::dump(const std::string& image_dir, bool leave_runnin
   return {};
 }
 
-Result<void> KernelProcess::snapshot(const std::string& image_dir) {
-  return dump(image_dir, /*leave_running=*/true);
+Result<void> KernelProcess::snapshot(const std::string& image_dir, bool compress) {
+  return dump(image_dir, /*leave_running=*/true, compress);
 }
 
 Result<void> KernelProcess::checkpoint(const std::string& image_dir) {

@@ -45,7 +45,7 @@ class KernelRegistry::Impl {
   Result<void> shutdown(const std::string& id);
   Result<KernelModel> hibernate(const std::string& id);  // hibernate.cpp
   Result<void> resume(const std::string& id);
-  Result<SnapshotModel> snapshot(const std::string& kernel_id);  // snapshots.cpp
+  Result<SnapshotModel> snapshot(const std::string& kernel_id, bool compress);  // snapshots.cpp
   std::vector<SnapshotModel> snapshots() const;
   Result<void> delete_snapshot(const std::string& snapshot_id);
   Result<KernelModel> start_from_snapshot(const std::string& snapshot_id, const std::string& name,

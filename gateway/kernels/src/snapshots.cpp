@@ -95,7 +95,7 @@ Result<checkpoint::ImageStore> KernelRegistry::Impl::snapshot_store() const {
                                       options_.hibernate_disk_max);
 }
 
-Result<SnapshotModel> KernelRegistry::Impl::snapshot(const std::string& kernel_id) {
+Result<SnapshotModel> KernelRegistry::Impl::snapshot(const std::string& kernel_id, bool compress) {
   CELLGATE_ASSIGN_OR_RETURN(auto k, find(kernel_id));
   if (!options_.checkpoints_unavailable.empty()) {
     return snapshots_unavailable(options_.checkpoints_unavailable);
@@ -122,13 +122,13 @@ Result<SnapshotModel> KernelRegistry::Impl::snapshot(const std::string& kernel_i
   // As for hibernate: CRIU cannot dump a unix stream whose other end is ours.
   connection.reset();
   const auto start = std::chrono::steady_clock::now();
-  auto dumped = process->snapshot(dir);
+  auto dumped = process->snapshot(dir, compress);
   for (int attempt = 1; !dumped && attempt < kSnapshotAttempts &&
                         dumped.error().message.find("socket") != std::string::npos;
        ++attempt) {
     std::error_code ec;
     fs::remove_all(dir, ec);
-    dumped = process->snapshot(dir);
+    dumped = process->snapshot(dir, compress);
   }
   const double pause_ms = pause_since(start);
   auto again = connect(k, std::move(process));
@@ -217,7 +217,8 @@ Result<std::vector<KernelModel>> KernelRegistry::Impl::fork(const std::string& k
     return make_error(ErrorCode::kInvalidArgument, "fork_count",
                       "'count' must be 1 to " + std::to_string(kMaxForks));
   }
-  CELLGATE_ASSIGN_OR_RETURN(SnapshotModel snap, snapshot(kernel_id));
+  // Restored at once and removed: zstd would cost more than the disk it saves.
+  CELLGATE_ASSIGN_OR_RETURN(SnapshotModel snap, snapshot(kernel_id, /*compress=*/false));
   std::vector<Result<KernelModel>> made(static_cast<std::size_t>(count),
                                         make_error(ErrorCode::kInternal, "fork", "not started"));
   {
@@ -251,7 +252,7 @@ Result<std::vector<KernelModel>> KernelRegistry::Impl::fork(const std::string& k
 // ---- KernelRegistry's forwarders ----
 
 Result<SnapshotModel> KernelRegistry::snapshot(const std::string& kernel_id) {
-  return impl_->snapshot(kernel_id);
+  return impl_->snapshot(kernel_id, /*compress=*/true);
 }
 std::vector<SnapshotModel> KernelRegistry::snapshots() const {
   return impl_->snapshots();

@@ -39,6 +39,7 @@ struct LaunchOptions {
   // run_checkpoint() only (--leave-running): a snapshot; the jail runs on after the dump and
   // its work dir's files are saved in the image.
   bool leave_running = false;
+  bool no_compress = false;  // run_checkpoint() only (--no-compress): no zstd on the pages
 };
 
 // Runs the kernel to completion. Returns the launcher's exit code: the kernel's exit code,

@@ -235,8 +235,10 @@ class KernelProcessHandle {
   }
   // A snapshot: the jail is checkpointed into `image_dir` with its work files and runs on, this
   // handle unchanged. The caller has closed its connection first, as for checkpoint().
-  virtual Result<void> snapshot(const std::string& image_dir) {
+  // `compress`: zstd on the page images (a kept snapshot); a fork's, restored at once, is not.
+  virtual Result<void> snapshot(const std::string& image_dir, bool compress) {
     (void)image_dir;
+    (void)compress;
     return checkpointable();
   }
   // Restores the kernel checkpoint() saved, with a new launcher; blocks until it reports the

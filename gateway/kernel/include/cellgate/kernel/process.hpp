@@ -137,12 +137,12 @@ class KernelProcess : public KernelProcessHandle {
   // runtime dir (its jail spec, connection dir and work dir are reused as they are).
   Result<void> checkpointable() const override;
   Result<void> checkpoint(const std::string& image_dir) override;
-  Result<void> snapshot(const std::string& image_dir) override;
+  Result<void> snapshot(const std::string& image_dir, bool compress) override;
   Result<void> restore(const std::string& image_dir, std::chrono::milliseconds timeout) override;
 
  private:
   KernelProcess() = default;
-  Result<void> dump(const std::string& image_dir, bool leave_running);
+  Result<void> dump(const std::string& image_dir, bool leave_running, bool compress = true);
   void read_status(int timeout_ms);
   // Adopted: waits up to `timeout_ms` for the launcher to end, then takes its report from the
   // status file.
