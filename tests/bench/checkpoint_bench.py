@@ -64,7 +64,7 @@ def main():
     ap.add_argument("--arrays-mb", type=int, default=None)
     args = ap.parse_args()
     runs = 2 if args.quick else 5
-    arrays_mb = args.arrays_mb or (10 if args.quick else 100)
+    arrays_mb = args.arrays_mb if args.arrays_mb is not None else (10 if args.quick else 100)
     fan = 4 if args.quick else 16
     with tempfile.TemporaryDirectory() as tmp:
         server = gb.start_cellgate(args.bin_dir, tmp, fan + 8, FLAGS)
@@ -80,7 +80,7 @@ def main():
             kid = gb.start_kernel(server)
             setup = (f"import numpy as np, pandas as pd\n"
                      f"arrays = [np.random.rand(1 << 17) for _ in range({arrays_mb})]\n"
-                     f"df = pd.DataFrame({{'a': arrays[0]}})")
+                     f"df = pd.DataFrame({{'a': np.arange(10)}})")
             status, answer = call(server, "POST", f"/api/kernels/{kid}/execute",
                                   {"code": setup, "timeout": 300})
             assert status == 200 and answer["status"] == "ok", answer
