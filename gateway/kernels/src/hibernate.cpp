@@ -72,6 +72,22 @@ Result<void> KernelRegistry::Impl::disk_room_for(const kernel::KernelProcessHand
                         " --hibernate-disk-max; the kernel runs on");
 }
 
+Result<void> KernelRegistry::Impl::dump_retrying(const std::string& dir,
+                                                 const std::function<Result<void>()>& dump) {
+  auto dumped = dump();
+  // zmq_close() returns before libzmq's I/O thread has closed the descriptors: a dump that
+  // started first finds a unix stream still connected to us ("External socket"), and CRIU
+  // resumed the jail. Those close within milliseconds; the next attempt finds them closed.
+  for (int attempt = 1; !dumped && attempt < kDumpAttempts &&
+                        dumped.error().message.find("socket") != std::string::npos;
+       ++attempt) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    dumped = dump();
+  }
+  return dumped;
+}
+
 Result<KernelModel> KernelRegistry::Impl::hibernate(const std::string& id) {
   CELLGATE_ASSIGN_OR_RETURN(auto k, find(id));
   if (!options_.checkpoints_unavailable.empty()) {
@@ -98,17 +114,7 @@ Result<KernelModel> KernelRegistry::Impl::hibernate(const std::string& id) {
     // close first (the connection's destructor joins its I/O thread).
     connection.reset();
     const auto start = std::chrono::steady_clock::now();
-    auto dumped = process->checkpoint(image_dir(*k));
-    // zmq_close() returns before libzmq's I/O thread has closed the descriptors: a dump that
-    // started first finds a unix stream still connected to us ("External socket"), and CRIU
-    // resumed the jail. Those close within milliseconds; the next attempt finds them closed.
-    for (int attempt = 1; !dumped && attempt < kDumpAttempts &&
-                          dumped.error().message.find("socket") != std::string::npos;
-         ++attempt) {
-      std::error_code ec;
-      fs::remove_all(image_dir(*k), ec);
-      dumped = process->checkpoint(image_dir(*k));
-    }
+    auto dumped = dump_retrying(image_dir(*k), [&] { return process->checkpoint(image_dir(*k)); });
     if (!dumped) {
       // CRIU resumed the jail: connect again and carry on as before.
       spdlog::warn("kernel {}: {}", id, dumped.error().message);

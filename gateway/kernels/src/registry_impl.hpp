@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -122,6 +123,10 @@ class KernelRegistry::Impl {
   // ---- hibernate.cpp ----
   Result<void> resume(const std::shared_ptr<ManagedKernel>& k);
   static std::string image_dir(const ManagedKernel& k) { return k.home() + "/hibernated"; }
+  // `dump` into `dir`, tried again (dir cleared) while it fails on a socket of ours libzmq has
+  // not closed yet; the last answer.
+  static Result<void> dump_retrying(const std::string& dir,
+                                    const std::function<Result<void>()>& dump);
 
   // ---- adoption.cpp ----
   // At start(): adopt_or_clean_up (adoption.hpp) with adopt() for each running client kernel.

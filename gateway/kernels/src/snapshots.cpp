@@ -27,7 +27,6 @@ using nlohmann::json;
 
 constexpr const char* kRecord = "snapshot.json";
 constexpr int kMaxForks = 16;
-constexpr int kSnapshotAttempts = 3;
 
 Error snapshots_unavailable(const std::string& why) {
   return make_error(ErrorCode::kFailedPrecondition, "checkpoints_unavailable",
@@ -37,18 +36,6 @@ Error snapshots_unavailable(const std::string& why) {
 double pause_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
       .count();
-}
-
-std::uint64_t dir_bytes(const std::string& dir) {
-  std::uint64_t bytes = 0;
-  std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
-       it.increment(ec)) {
-    if (it->is_regular_file(ec) && !it->is_symlink(ec)) {
-      bytes += it->file_size(ec);
-    }
-  }
-  return bytes;
 }
 
 struct Stored {
@@ -122,14 +109,7 @@ Result<SnapshotModel> KernelRegistry::Impl::snapshot(const std::string& kernel_i
   // As for hibernate: CRIU cannot dump a unix stream whose other end is ours.
   connection.reset();
   const auto start = std::chrono::steady_clock::now();
-  auto dumped = process->snapshot(dir, compress);
-  for (int attempt = 1; !dumped && attempt < kSnapshotAttempts &&
-                        dumped.error().message.find("socket") != std::string::npos;
-       ++attempt) {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-    dumped = process->snapshot(dir, compress);
-  }
+  auto dumped = dump_retrying(dir, [&] { return process->snapshot(dir, compress); });
   const double pause_ms = pause_since(start);
   auto again = connect(k, std::move(process));
   if (!again) {
@@ -150,7 +130,7 @@ Result<SnapshotModel> KernelRegistry::Impl::snapshot(const std::string& kernel_i
   model.kernel_id = kernel_id;
   model.kernel_name = k->spec().name;
   model.created = protocol::iso8601(std::chrono::system_clock::now());
-  model.bytes = dir_bytes(dir);
+  model.bytes = checkpoint::bytes_under(dir);
   json record = model.to_json();
   record["key"] = key;
   if (auto written = sys::atomic_write(dir + "/" + kRecord, record.dump(), 0600,

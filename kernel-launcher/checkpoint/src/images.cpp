@@ -14,7 +14,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::uint64_t size_of(const std::string& dir) {
+}  // namespace
+
+std::uint64_t bytes_under(const std::string& dir) {
   std::uint64_t bytes = 0;
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
@@ -25,6 +27,8 @@ std::uint64_t size_of(const std::string& dir) {
   }
   return bytes;
 }
+
+namespace {
 
 Error no_image(const std::string& id) {
   return make_error(ErrorCode::kNotFound, "no_image", "no checkpoint image '" + id + "'");
@@ -124,7 +128,7 @@ std::vector<std::string> ImageStore::list() const {
 }
 
 std::uint64_t ImageStore::used_bytes() const {
-  return size_of(root_);
+  return bytes_under(root_);
 }
 
 }  // namespace cellgate::checkpoint

@@ -28,6 +28,9 @@
 
 namespace cellgate::checkpoint {
 
+// The bytes of the regular files under `dir` (links not followed).
+std::uint64_t bytes_under(const std::string& dir);
+
 class ImageStore {
  public:
   // Creates `root` (0700) when missing; refuses one that is a symlink, not ours, or open to
