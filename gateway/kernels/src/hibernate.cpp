@@ -72,6 +72,18 @@ Result<void> KernelRegistry::Impl::disk_room_for(const kernel::KernelProcessHand
                         " --hibernate-disk-max; the kernel runs on");
 }
 
+Result<ManagedKernel::Running> KernelRegistry::Impl::begin_checkpoint(ManagedKernel& k) {
+  auto running = k.begin_hibernate();
+  if (!running) {
+    return running;
+  }
+  if (auto can = running->process->checkpointable(); !can) {
+    (void)k.resumed(std::move(*running));
+    return std::move(can).error();
+  }
+  return running;
+}
+
 Result<void> KernelRegistry::Impl::dump_retrying(const std::string& dir,
                                                  const std::function<Result<void>()>& dump) {
   auto dumped = dump();
@@ -97,15 +109,11 @@ Result<KernelModel> KernelRegistry::Impl::hibernate(const std::string& id) {
   MutexLock life(k->lifecycle());
   // Refused before anything is closed: a zygote kernel, an adopted one.
   {
-    auto running = k->begin_hibernate();
+    auto running = begin_checkpoint(*k);
     if (!running) {
       return std::move(running).error();
     }
     auto& [process, connection] = *running;
-    if (auto can = process->checkpointable(); !can) {
-      (void)k->resumed(std::move(*running));
-      return std::move(can).error();
-    }
     if (auto room = disk_room_for(*process); !room) {
       (void)k->resumed(std::move(*running));
       return std::move(room).error();

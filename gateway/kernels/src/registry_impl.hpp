@@ -123,6 +123,10 @@ class KernelRegistry::Impl {
   // ---- hibernate.cpp ----
   Result<void> resume(const std::shared_ptr<ManagedKernel>& k);
   static std::string image_dir(const ManagedKernel& k) { return k.home() + "/hibernated"; }
+  // The kernel's process and connection taken for a dump (ManagedKernel::begin_hibernate), or
+  // why not: busy, hibernated, not checkpointable (then it is running as before). The caller
+  // holds its lifecycle lock.
+  static Result<ManagedKernel::Running> begin_checkpoint(ManagedKernel& k);
   // `dump` into `dir`, tried again (dir cleared) while it fails on a socket of ours libzmq has
   // not closed yet; the last answer.
   static Result<void> dump_retrying(const std::string& dir,

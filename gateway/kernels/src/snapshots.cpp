@@ -90,15 +90,11 @@ Result<SnapshotModel> KernelRegistry::Impl::snapshot(const std::string& kernel_i
   CELLGATE_ASSIGN_OR_RETURN(checkpoint::ImageStore store, snapshot_store());
   CELLGATE_TRY(resume(k));  // a hibernated kernel comes back first: its image is not a snapshot's
   MutexLock life(k->lifecycle());
-  auto running = k->begin_hibernate();
+  auto running = begin_checkpoint(*k);
   if (!running) {
     return std::move(running).error();
   }
   auto& [process, connection] = *running;
-  if (auto can = process->checkpointable(); !can) {
-    (void)k->resumed(std::move(*running));
-    return std::move(can).error();
-  }
   auto sid = store.reserve();
   if (!sid) {
     (void)k->resumed(std::move(*running));
