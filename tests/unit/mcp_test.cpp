@@ -296,6 +296,12 @@ TEST_F(McpServerTest, ForkAndSnapshotsMakeSessionsOfTheirOwn) {
   EXPECT_EQ(call("fork_session", {{"session", "zz"}, {"into", "c"}})["isError"], true);
   EXPECT_EQ(call("fork_session", {{"session", "a"}, {"into", "../x"}})["isError"], true);
   EXPECT_EQ(call("fork_session", {{"session", "a"}})["isError"], true);
+  // A megabyte of name is refused by its length, as any name the client sends.
+  EXPECT_EQ(
+      call("fork_session", {{"session", "a"}, {"into", std::string(1 << 20, 'a')}})["isError"],
+      true);
+  EXPECT_EQ(call("run_code", {{"code", "1"}, {"session", std::string(1 << 20, 'a')}})["isError"],
+            true);
 
   r = call("snapshot_session", {{"session", "a"}});
   ASSERT_EQ(r["isError"], false) << r;

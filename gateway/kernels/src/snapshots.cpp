@@ -51,19 +51,25 @@ Result<Stored> read_snapshot(const checkpoint::ImageStore& store, const std::str
   }
   auto text = sys::read_file(*dir + "/" + kRecord, 64 << 10, "snapshot");
   const json j = text ? json::parse(*text, nullptr, false) : json();
-  if (!j.is_object() || !j.value("id", json()).is_string() ||
-      !j.value("kernel_name", json()).is_string() || !j.value("key", json()).is_string()) {
-    // A dump that never finished, or a record made unreadable: not a snapshot to start from.
+  // A dump that never finished, or a record made unreadable: not a snapshot to start from.
+  auto incomplete = [&] {
     return make_error(ErrorCode::kNotFound, "no_snapshot", "snapshot " + id + " is incomplete");
+  };
+  if (!j.is_object() || !j.contains("kernel_name") || !j.contains("key")) {
+    return incomplete();
   }
   Stored s;
   s.dir = *dir;
-  s.key = j["key"].get<std::string>();
   s.model.id = id;
-  s.model.kernel_id = j.value("kernel_id", "");
-  s.model.kernel_name = j["kernel_name"].get<std::string>();
-  s.model.created = j.value("created", "");
-  s.model.bytes = j.value("bytes", std::uint64_t{0});
+  try {  // json::exception on a field of the wrong type, as records.cpp's reader
+    s.key = j.at("key").get<std::string>();
+    s.model.kernel_name = j.at("kernel_name").get<std::string>();
+    s.model.kernel_id = j.value("kernel_id", "");
+    s.model.created = j.value("created", "");
+    s.model.bytes = j.value("bytes", std::uint64_t{0});
+  } catch (const json::exception&) {
+    return incomplete();
+  }
   return s;
 }
 

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <limits>
 #include <optional>
-#include <regex>
 #include <set>
 
 #include "cellgate/mutex.hpp"
@@ -19,6 +18,19 @@ using nlohmann::json;
 
 constexpr const char* kDefaultSession = "default";
 constexpr const char* kSessionPattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$";
+
+// kSessionPattern, checked by a scan: the name comes from the client, and its length is bounded
+// before a character is looked at (no regex engine on client text).
+bool is_session_name(const std::string& name) {
+  auto alnum = [](char c) {
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+  };
+  if (name.empty() || name.size() > 64 || !alnum(name.front())) {
+    return false;
+  }
+  return std::all_of(name.begin(), name.end(),
+                     [&](char c) { return alnum(c) || c == '_' || c == '.' || c == '-'; });
+}
 
 json session_property() {
   return {{"type", "string"},
@@ -272,8 +284,7 @@ class Args {
   }
   std::string session() {
     std::string name = str("session", false, kDefaultSession);
-    static const std::regex pattern(kSessionPattern);
-    if (!std::regex_match(name, pattern)) {
+    if (!is_session_name(name)) {
       fail(
           "'session' must be 1-64 letters, digits, '_', '-' or '.', starting with a letter or "
           "digit");
@@ -711,7 +722,7 @@ json Tools::session_tool(const std::string& tool, const json& args, Conversation
     std::string snapshot;
     if (tool == "fork_session") {
       target = a.str("into", true);
-      if (!std::regex_match(target, std::regex(kSessionPattern))) {
+      if (!is_session_name(target)) {
         a.fail("'into' must be a session name: 1-64 letters, digits, '_', '-' or '.'");
       }
     } else {

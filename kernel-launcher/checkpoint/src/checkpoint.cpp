@@ -217,6 +217,40 @@ Result<void> run_zstd(const std::vector<std::string>& args) {
   return {};
 }
 
+// cellgate.json as dump_jail() writes it: every field of its type, so that reading one cannot
+// throw (the file comes from disk).
+bool readable_meta(const json& meta) {
+  if (!meta.is_object() || !meta.contains("version") || meta["version"] != 1) {
+    return false;
+  }
+  for (const char* flag : {"conn", "work", "compressed", "work_saved"}) {
+    if (meta.contains(flag) && !meta[flag].is_boolean()) {
+      return false;
+    }
+  }
+  for (const char* id : {"uid", "gid"}) {
+    if (meta.contains(id) && !meta[id].is_number_unsigned()) {
+      return false;
+    }
+  }
+  for (const char* text : {"report_pipe", "cgroup"}) {
+    if (meta.contains(text) && !meta[text].is_string()) {
+      return false;
+    }
+  }
+  if (meta.contains("files")) {
+    if (!meta["files"].is_object()) {
+      return false;
+    }
+    for (const auto& [fd, key] : meta["files"].items()) {
+      if (!key.is_string()) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 // `from`'s contents into the existing dir `to`, as they are: modes, owners, links not followed,
 // one file system.
 Result<void> copy_tree_into(const std::string& from, const std::string& to) {
@@ -352,7 +386,7 @@ Result<Restored> restore_jail(const RestoreRequest& request) {
   CELLGATE_ASSIGN_OR_RETURN(std::string meta_text, sys::read_file(request.image_dir + "/" + kMeta,
                                                                   1 << 20, "checkpoint_image"));
   const json meta = json::parse(meta_text, nullptr, false);
-  if (!meta.is_object() || meta.value("version", 0) != 1) {
+  if (!readable_meta(meta)) {
     return make_error(ErrorCode::kFailedPrecondition, "checkpoint_image",
                       request.image_dir + " holds no checkpoint this version can read");
   }
@@ -378,7 +412,7 @@ Result<Restored> restore_jail(const RestoreRequest& request) {
     CELLGATE_TRY(need("work dir", request.work_dir));
     args.insert(args.end(), {"--external", "mnt[work]:" + request.work_dir});
   }
-  if (meta.contains("files") && meta["files"].is_object()) {
+  if (meta.contains("files")) {
     for (const auto& [fd, key] : meta["files"].items()) {
       args.insert(args.end(), {"--inherit-fd", "fd[" + fd + "]:" + key.get<std::string>()});
       keep.push_back(std::atoi(fd.c_str()));

@@ -223,6 +223,13 @@ Visit owner_visit(const std::string& name, const Rebase& r, std::uint32_t uid_fi
   };
 }
 
+// A visit that edits the submessage at field `number` with `inner` and leaves the rest.
+Visit at(const std::string& name, std::uint32_t number, Visit inner) {
+  return [&name, number, inner = std::move(inner)](Field& f, int depth) -> Result<void> {
+    return f.number == number ? descend(name, f, depth, inner) : Result<void>{};
+  };
+}
+
 // The visit of one top-level record of the image `kind`.
 Result<std::string> rebase_record(const std::string& kind, const std::string& name,
                                   std::string_view record, const Rebase& r) {
@@ -230,27 +237,11 @@ Result<std::string> rebase_record(const std::string& kind, const std::string& na
   const Visit perms = owner_visit(name, r, 2, 3);
   if (kind == "core") {
     // core_entry.thread_core (5) → thread_core_entry.creds (10)
-    const Visit thread_core = [&](Field& f, int depth) -> Result<void> {
-      return f.number == 10 ? descend(name, f, depth, creds) : Result<void>{};
-    };
-    return rewrite(
-        name, record,
-        [&](Field& f, int depth) -> Result<void> {
-          return f.number == 5 ? descend(name, f, depth, thread_core) : Result<void>{};
-        },
-        0);
+    return rewrite(name, record, at(name, 5, at(name, 10, creds)), 0);
   }
   if (kind == "files") {
     // file_entry.usk (16) → unix_sk_entry.file_perms (13)
-    const Visit usk = [&](Field& f, int depth) -> Result<void> {
-      return f.number == 13 ? descend(name, f, depth, perms) : Result<void>{};
-    };
-    return rewrite(
-        name, record,
-        [&](Field& f, int depth) -> Result<void> {
-          return f.number == 16 ? descend(name, f, depth, usk) : Result<void>{};
-        },
-        0);
+    return rewrite(name, record, at(name, 16, at(name, 13, perms)), 0);
   }
   if (kind == "ghost-file") {
     return rewrite(name, record, owner_visit(name, r, 1, 2), 0);
@@ -268,9 +259,7 @@ Result<std::string> rebase_record(const std::string& kind, const std::string& na
       f.edited = true;
       return {};
     };
-    const Visit prop = [&](Field& f, int depth) -> Result<void> {
-      return f.number == 3 ? descend(name, f, depth, perms) : Result<void>{};
-    };
+    const Visit prop = at(name, 3, perms);
     Visit dir;
     dir = [&](Field& f, int depth) -> Result<void> {
       switch (f.number) {
@@ -286,22 +275,20 @@ Result<std::string> rebase_record(const std::string& kind, const std::string& na
           return {};
       }
     };
-    const Visit controller = [&](Field& f, int depth) -> Result<void> {
-      return f.number == 2 ? descend(name, f, depth, dir) : Result<void>{};
-    };
     const Visit member = [&](Field& f, int) -> Result<void> {
       return f.number == 2 ? swap_string(f) : Result<void>{};
     };
-    const Visit set = [&](Field& f, int depth) -> Result<void> {
-      return f.number == 2 ? descend(name, f, depth, member) : Result<void>{};
+    const Visit set = at(name, 2, member);
+    // `dir` refers to itself: the controller's visit calls it through a reference.
+    const Visit controller = [&](Field& f, int depth) -> Result<void> {
+      return f.number == 2 ? descend(name, f, depth, dir) : Result<void>{};
     };
     return rewrite(
         name, record,
         [&](Field& f, int depth) -> Result<void> {
-          if (f.number == 1) {
-            return descend(name, f, depth, set);
-          }
-          return f.number == 2 ? descend(name, f, depth, controller) : Result<void>{};
+          return f.number == 1   ? descend(name, f, depth, set)
+                 : f.number == 2 ? descend(name, f, depth, controller)
+                                 : Result<void>{};
         },
         0);
   }
