@@ -122,7 +122,9 @@ Result<KernelModel> KernelRegistry::Impl::hibernate(const std::string& id) {
     // close first (the connection's destructor joins its I/O thread).
     connection.reset();
     const auto start = std::chrono::steady_clock::now();
-    auto dumped = dump_retrying(image_dir(*k), [&] { return process->checkpoint(image_dir(*k)); });
+    // A pointer, not the structured binding: clang 14 cannot capture one in a lambda.
+    kernel::KernelProcessHandle* dumping = process.get();
+    auto dumped = dump_retrying(image_dir(*k), [&] { return dumping->checkpoint(image_dir(*k)); });
     if (!dumped) {
       // CRIU resumed the jail: connect again and carry on as before.
       spdlog::warn("kernel {}: {}", id, dumped.error().message);

@@ -111,7 +111,8 @@ Result<SnapshotModel> KernelRegistry::Impl::snapshot(const std::string& kernel_i
   // As for hibernate: CRIU cannot dump a unix stream whose other end is ours.
   connection.reset();
   const auto start = std::chrono::steady_clock::now();
-  auto dumped = dump_retrying(dir, [&] { return process->snapshot(dir, compress); });
+  kernel::KernelProcessHandle* dumping = process.get();  // clang 14 captures no binding
+  auto dumped = dump_retrying(dir, [&] { return dumping->snapshot(dir, compress); });
   const double pause_ms = pause_since(start);
   auto again = connect(k, std::move(process));
   if (!again) {
