@@ -42,7 +42,8 @@ def execute(server, kid, code):
 FACTS = """import json, os
 print(json.dumps({'uid': os.getuid(), 'pids': sorted(int(p) for p in os.listdir('/proc')
                                                     if p.isdigit()),
-                  'x': x, 'sum': float(a.sum()), 'note': open('note.txt').read()}))
+                  'x': x, 'sum': float(a.sum()), 'note': open('note.txt').read(),
+                  'key': __import__('IPython').get_ipython().kernel.session.key.decode()}))
 """
 
 
@@ -77,12 +78,14 @@ def test_snapshot_start_and_fork_make_separate_copies():
             assert len(set(copies + [source])) == 4, copies
 
             uids = {src["uid"]}
+            keys = {src["key"]}
             for i, kid in enumerate(copies):
                 facts = json.loads(execute(server, kid, FACTS))
                 # The snapshot was taken at x = 41; the forks after the cell made it 42.
                 assert facts["x"] == (41 if i == 0 else 42), facts
                 assert facts["sum"] == src["sum"] and facts["note"] == "kept", facts
                 uids.add(facts["uid"])
+                keys.add(facts["key"])
                 assert len(facts["pids"]) <= 3, facts  # pid 1 and the kernel, in its own ns
                 # Red team: the source's work dir is not reachable, nor any of its processes.
                 # Red team: no signal reaches a process outside the copy's own (its threads
@@ -104,6 +107,8 @@ print(json.dumps({{'outside': [p for p in reached if p not in own],
                 assert probe == {"outside": [], "work": False, "host_pid": False}, probe
                 execute(server, kid, "x = -1\nopen('note.txt', 'w').write('changed')")
             assert len(uids) == 4, uids  # per-uid limits (RLIMIT_NPROC, inotify) apart
+            # Each copy signs with a connection key of its own, and the gateway talks to it so.
+            assert len(keys) == 4 and all(len(k) == 64 for k in keys), keys
             # No copy's change reached the source.
             assert execute(server, source, "print(x, open('note.txt').read())") == "42 kept\n"
 

@@ -289,6 +289,9 @@ Result<ManagedKernel::Running> KernelRegistry::Impl::launch(const std::shared_pt
   }
   CELLGATE_ASSIGN_OR_RETURN(std::unique_ptr<kernel::KernelProcessHandle> process,
                             backend_.launch(std::move(req)));
+  if (copy != nullptr) {
+    CELLGATE_TRY(rekey(*k, *process));
+  }
   return connect(k, std::move(process));
 }
 

@@ -119,6 +119,8 @@ class KernelRegistry::Impl {
 
   // ---- snapshots.cpp ----
   Result<checkpoint::ImageStore> snapshot_store() const;
+  // Gives a copy just restored (not yet connected) a connection key of its own.
+  Result<void> rekey(const ManagedKernel& k, kernel::KernelProcessHandle& process);
 
   // ---- hibernate.cpp ----
   Result<void> resume(const std::shared_ptr<ManagedKernel>& k);

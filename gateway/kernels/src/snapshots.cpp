@@ -5,12 +5,15 @@
 //
 // A snapshot dir: CRIU's image (criu/, root/, work/, cellgate.json, made by the launcher) and
 // snapshot.json, ours: {id, kernel_id, kernel_name, created, key}. `key` is the connection key
-// the image's kernel holds in memory; a copy's connection file must carry it. The dir is 0700
-// and root's, as the image holds the kernel's whole memory.
+// the image's kernel holds in memory; a copy's connection file must carry it until the copy is
+// rekeyed (rekey() below: an ipykernel copy takes a key of its own before anyone else talks to
+// it). The dir is 0700 and root's, as the image holds the kernel's whole memory.
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -230,6 +233,97 @@ Result<std::vector<KernelModel>> KernelRegistry::Impl::fork(const std::string& k
     out.push_back(*m);
   }
   return out;
+}
+
+// ---- a copy's own connection key ----
+//
+// A restored copy holds its source's key in memory. Before the copy is connected and recorded,
+// one silent cell sent under the old key sets the kernel's Session key to a fresh one (its
+// setter rebuilds the HMAC that every channel of ipykernel signs and checks with). The proof the
+// kernel switched is on iopub, which keeps order: the cell's busy status arrives signed with the
+// old key, and the next message (its idle status; a silent cell publishes nothing between) fails
+// the old key's check. The gateway's own
+// connection then opens with the new key; its kernel_info_request, verified by the kernel and
+// answered under the new key, proves the rest. A kernel that is not ipykernel's Python keeps its
+// source's key (the key guards sockets in the copy's own connection dir, which nothing but the
+// copy's jail and the gateway reaches): said in the log.
+
+Result<void> KernelRegistry::Impl::rekey(const ManagedKernel& k,
+                                         kernel::KernelProcessHandle& process) {
+  if (k.spec().language != "python") {
+    spdlog::info("kernel {}: a copy of a {} kernel keeps its source's connection key", k.id(),
+                 k.spec().language.empty() ? "non-Python" : k.spec().language);
+    return {};
+  }
+  struct Watch {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool started = false;   // the cell's busy status, under the old key
+    bool switched = false;  // an iopub message after it that the old key does not verify
+    bool ended = false;
+    std::string error;  // the cell raised: the kernel kept its old key
+  };
+  auto watch = std::make_shared<Watch>();
+  kernel::ClientOptions co;
+  co.log_name = k.id() + " (rekey)";
+  co.limits.max_message_bytes = options_.max_kernel_message_bytes;
+  co.zmq_context = zmq_context_;
+  co.on_wire_error = [watch](kernel::Channel channel, const Error& e) {
+    std::lock_guard lock(watch->mu);
+    if (channel == kernel::Channel::kIopub && watch->started && e.reason == "bad_signature") {
+      watch->switched = true;
+      watch->cv.notify_all();
+    }
+  };
+  const auto timeout =
+      std::chrono::milliseconds(std::llround(options_.kernel_start_timeout * 1000));
+  auto fail = [&](const std::string& why) {
+    return make_error(ErrorCode::kInternal, "copy_rekey",
+                      "the copy could not take a connection key of its own: " + why);
+  };
+  const std::string key = kernel::random_hex(32);
+  {
+    CELLGATE_ASSIGN_OR_RETURN(std::unique_ptr<kernel::KernelConnection> old,
+                              backend_.connect(process, co));
+    CELLGATE_TRY(old->wait_ready(timeout));
+    // The kernel's own IPython, whatever the cell's namespace holds: nothing a user defined in
+    // the source can stand in for it.
+    const std::string code =
+        "__import__('IPython').get_ipython().kernel.session.key = b'" + key + "'\n";
+    kernel::RequestHandlers handlers;
+    handlers.on_message = [watch](kernel::Channel channel, const protocol::Message& msg) {
+      std::lock_guard lock(watch->mu);
+      if (channel != kernel::Channel::kIopub) {
+        return;
+      }
+      if (msg.msg_type() == "status" && msg.content.value("execution_state", "") == "busy") {
+        watch->started = true;
+      } else if (msg.msg_type() == "error") {
+        watch->error = msg.content.value("ename", std::string("error")) + ": " +
+                       msg.content.value("evalue", std::string());
+      }
+      watch->cv.notify_all();
+    };
+    handlers.on_end = [watch](kernel::RequestEnd) {
+      std::lock_guard lock(watch->mu);
+      watch->ended = true;
+      watch->cv.notify_all();
+    };
+    old->send(kernel::Channel::kShell, "execute_request",
+              kernel::execute_content(code, /*allow_stdin=*/false, /*store_history=*/false,
+                                      /*silent=*/true),
+              std::move(handlers));
+    std::unique_lock lock(watch->mu);
+    watch->cv.wait_for(lock, timeout,
+                       [&] { return watch->switched || !watch->error.empty() || watch->ended; });
+    if (!watch->switched) {
+      return fail(!watch->error.empty() ? "the kernel refused it (" + watch->error + ")"
+                  : watch->ended        ? "the kernel ended"
+                                 : "no answer within " + std::to_string(timeout.count()) + " ms");
+    }
+  }  // the old key's connection closes here
+  CELLGATE_TRY(process.set_key(key));
+  return {};
 }
 
 // ---- KernelRegistry's forwarders ----

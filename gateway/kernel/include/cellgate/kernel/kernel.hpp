@@ -248,6 +248,13 @@ class KernelProcessHandle {
     (void)timeout;
     return checkpointable();
   }
+  // The kernel took a new connection key (a copy rekeyed after its restore: snapshots.cpp): its
+  // connection file and connection() carry `key` from now on.
+  virtual Result<void> set_key(std::string key) {
+    (void)key;
+    return make_error(ErrorCode::kFailedPrecondition, "not_rekeyable",
+                      "this kind of kernel process keeps its connection key");
+  }
 };
 
 struct LaunchRequest;  // process.hpp
