@@ -163,7 +163,11 @@ class Router:
         self.log = open(os.path.join(tmp, "haproxy.log"), "w+", encoding="utf-8")
         self.proc = subprocess.Popen([haproxy_binary(), "-db", "-f", self.cfg],
                                      stdout=self.log, stderr=subprocess.STDOUT)
-        poll("HAProxy's Runtime API", lambda: self.proc.poll() is None and self.stat())
+        try:
+            poll("HAProxy's Runtime API", lambda: self.proc.poll() is None and self.stat())
+        except BaseException:
+            self.close()
+            raise
 
     def admin(self, command):
         try:
@@ -216,8 +220,9 @@ class Router:
 def cluster(tmp_path_factory):
     nodes = [StandIn(n) for n in range(3)]
     nodes[0].agent_line = "drain\n"  # node 0 takes no new work but keeps serving its ids
-    router = Router(str(tmp_path_factory.mktemp("router")), nodes)
+    router = None
     try:
+        router = Router(str(tmp_path_factory.mktemp("router")), nodes)
         want = {("be_place", "n0"): "DRAIN", ("be_place", "n1"): "UP",
                 ("be_place", "n2"): "UP", ("be_n0", "n0"): "UP", ("be_n1", "n1"): "UP",
                 ("be_n2", "n2"): "UP", ("be_e2b_place", "n0"): "DRAIN",
@@ -227,7 +232,8 @@ def cluster(tmp_path_factory):
              lambda: all(router.stat().get(k, "").split(" ")[0] == v for k, v in want.items()))
         yield router, nodes
     finally:
-        router.close()
+        if router is not None:
+            router.close()
         for n in nodes:
             n.close()
 
