@@ -259,18 +259,19 @@ class Server:
         kill_orphans(self.name, self.marker)
 
 
-def start_cellgate(bin_dir, tmp, max_kernels, extra_args=(), label="cellgate"):
+def start_cellgate(bin_dir, tmp, max_kernels, extra_args=(), label="cellgate", port=0,
+                   token=None):
     exe = pathlib.Path(bin_dir) / "cellgate"
     if not exe.is_file():
         raise InfraError(f"{exe} not found: build it (cmake --build build --target cellgate cellgate-kernel)"
                          " or pass --bin-dir")
-    token = base64.b32encode(os.urandom(20)).decode().lower()[:TOKEN_LEN]
+    token = token or base64.b32encode(os.urandom(20)).decode().lower()[:TOKEN_LEN]
     state = pathlib.Path(tmp) / f"{label}-state"
     log_path = pathlib.Path(tmp) / f"{label}.log"
     # stdout and stderr both go through the pipe (the log lines go to stdout): the banner is read
     # from it, and everything is copied to the log file.
     proc = subprocess.Popen(
-        [str(exe), "serve", "--ip", "127.0.0.1", "--port", "0", "--token", token,
+        [str(exe), "serve", "--ip", "127.0.0.1", "--port", str(port), "--token", token,
          "--state-dir", str(state), "--max-kernels", str(max_kernels), *extra_args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         start_new_session=True, preexec_fn=_pdeathsig)

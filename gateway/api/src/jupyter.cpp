@@ -7,6 +7,7 @@
 #include "cellgate/api/api.hpp"
 #include "cellgate/api/channels.hpp"
 #include "cellgate/protocol/message.hpp"
+#include "cellgate/protocol/node_ids.hpp"
 #include "cellgate/protocol/ws_frames.hpp"
 #include "cellgate/store/artifacts.hpp"
 #include "openapi_yaml.hpp"  // generated from openapi.yaml
@@ -66,6 +67,7 @@ Api::Api(kernels::KernelRegistry& registry, execute::Executor& executor, ApiOpti
   }
   add_jupyter_routes();
   add_agent_routes();
+  add_node_routes();
 }
 
 Api::~Api() = default;
@@ -374,7 +376,7 @@ void Api::add_jupyter_routes() {
     for (const auto& m : registry_.list()) {
       list.push_back(m.to_json());
     }
-    c.reply(json_response(c.req, Status::ok, list));
+    reply_list(c, "/api/kernels", std::move(list));
   });
   router_.add(Verb::post, "/api/kernels", [this](Call& c) {
     auto body = body_object(c.req);
@@ -524,15 +526,16 @@ void Api::add_jupyter_routes() {
     for (const auto& s : all) {
       list.push_back(session_model(s));
     }
-    c.reply(json_response(c.req, Status::ok, list));
+    reply_list(c, "/api/sessions", std::move(list));
   });
   router_.add(Verb::post, "/api/sessions", [this](Call& c) { sessions_post(c); });
   router_.add(Verb::get, "/api/sessions/{id}", [this](Call& c) {
     MutexLock lock(sessions_mu_);
     auto it = sessions_.find(c.param("id"));
     if (it == sessions_.end()) {
-      return c.fail(make_error(ErrorCode::kNotFound, "no_such_session",
-                               "Session not found: " + c.param("id")));
+      return c.fail(
+          protocol::unknown_id(c.param("id"), make_error(ErrorCode::kNotFound, "no_such_session",
+                                                         "Session not found: " + c.param("id"))));
     }
     c.reply(json_response(c.req, Status::ok, session_model(it->second)));
   });
@@ -542,8 +545,9 @@ void Api::add_jupyter_routes() {
       MutexLock lock(sessions_mu_);
       auto it = sessions_.find(c.param("id"));
       if (it == sessions_.end()) {
-        return c.fail(make_error(ErrorCode::kNotFound, "no_such_session",
-                                 "Session not found: " + c.param("id")));
+        return c.fail(
+            protocol::unknown_id(c.param("id"), make_error(ErrorCode::kNotFound, "no_such_session",
+                                                           "Session not found: " + c.param("id"))));
       }
       s = it->second;
       sessions_.erase(it);
@@ -646,7 +650,7 @@ void Api::sessions_post(Call& c) {
           }
           s.kernel_id = model->id;
         }
-        s.id = protocol::new_uuid();
+        s.id = protocol::new_node_id();
         {
           MutexLock lock(sessions_mu_);
           sessions_[s.id] = s;
@@ -664,8 +668,9 @@ void Api::sessions_patch(Call& c) {
     MutexLock lock(sessions_mu_);
     auto it = sessions_.find(c.param("id"));
     if (it == sessions_.end()) {
-      return c.fail(make_error(ErrorCode::kNotFound, "no_such_session",
-                               "Session not found: " + c.param("id")));
+      return c.fail(
+          protocol::unknown_id(c.param("id"), make_error(ErrorCode::kNotFound, "no_such_session",
+                                                         "Session not found: " + c.param("id"))));
     }
     s = it->second;
   }

@@ -225,6 +225,25 @@ CLI::App* add_serve_command(CLI::App& app, ServeCommandLine& serve) {
                   "debug mode uses 49999)")
       ->envname("CELLGATE_E2B_PORT")
       ->capture_default_str();
+  cmd->add_option("--node-tag", o.node_tag,
+                  "this node's number in a cluster (0-65535, e.g. a StatefulSet's pod "
+                  "ordinal): every id minted here begins with it in 4 hex digits, so a router "
+                  "finds the node (docs/scale-out.md)")
+      ->envname("CELLGATE_NODE_TAG")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  cmd->add_option("--agent-port", o.agent_port,
+                  "answer HAProxy's agent-check on this port: 'ready NN%' (room left for "
+                  "kernels) or 'drain' (0: off)")
+      ->envname("CELLGATE_AGENT_PORT")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  cmd->add_option("--peers", o.peers,
+                  "the cluster's gateways, host[:port] (comma-separated or repeated; a name "
+                  "resolving to all of them, e.g. a headless Service): GET /api/kernels and "
+                  "/api/sessions merge their lists (?scope=local: this node's only)")
+      ->envname("CELLGATE_PEERS")
+      ->delimiter(',');
   cmd->add_flag("--e2b-no-token", o.e2b_no_token,
                 "accept E2B requests without a token, as E2B's SDK in debug mode sends "
                 "none (only with a loopback --ip)");

@@ -41,6 +41,9 @@ Status status_for(const Error& error) {
   if (error.reason == "no_space") {
     return Status::insufficient_storage;
   }
+  if (error.reason == "node-restarted") {
+    return Status::gone;  // an id of this node's earlier run (protocol/node_ids.hpp)
+  }
   if (error.reason == "checkpoints_unavailable") {
     return Status::not_implemented;  // no CRIU, rootless, unjailed or behind a broker
   }
@@ -61,10 +64,14 @@ Response json_response(const Request& req, Status status, const json& body) {
 
 Response error_response(const Request& req, const Error& error) {
   const Status status = status_for(error);
-  return json_response(req, status,
-                       json{{"reason", std::string(beast_http::obsolete_reason(status))},
-                            {"message", error.message},
-                            {"error", error.reason}});
+  // jupyter_server's body: "reason" is the status phrase. A 410 names why instead, as routers
+  // and clients of a cluster tell a restarted node from a bad id by it.
+  return json_response(
+      req, status,
+      json{{"reason", status == Status::gone ? error.reason
+                                             : std::string(beast_http::obsolete_reason(status))},
+           {"message", error.message},
+           {"error", error.reason}});
 }
 
 Response bytes_response(const Request& req, std::string body, const std::string& content_type) {

@@ -379,7 +379,14 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
 
   // ---- a whole response ----
 
+  void stamp(Response& res) const {
+    for (const auto& [name, value] : options_.response_headers) {
+      res.set(name, value);
+    }
+  }
+
   void send(Response res) {
+    stamp(res);
     note_status(res.result());
     keep_alive_ = keep_alive_ && res.keep_alive();
     response_ = std::make_shared<Response>(std::move(res));
@@ -399,6 +406,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
   // ---- a streamed response (chunked transfer coding) ----
 
   void stream_begin(Response head) {
+    stamp(head);
     note_status(head.result());
     keep_alive_ = keep_alive_ && head.keep_alive();
     stream_push(chunked_head(std::move(head)));

@@ -88,8 +88,12 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
   void run(Request req) {
     ws_.set_option(ws_timeouts(options_));
     ws_.set_option(websocket::stream_base::decorator(
-        [subprotocol = subprotocol_](websocket::response_type& res) {
+        [subprotocol = subprotocol_,
+         &extra = options_.response_headers](websocket::response_type& res) {
           decorate_ws_handshake(res, subprotocol);
+          for (const auto& [name, value] : extra) {
+            res.set(name, value);
+          }
         }));
     ws_.read_message_max(options_.max_ws_message_bytes);
     if (options_.ws_budget) {

@@ -18,6 +18,7 @@
 #include "cellgate/kernel/process.hpp"
 #include "cellgate/kernel/progress.hpp"
 #include "cellgate/kernels/display_formatters.hpp"
+#include "cellgate/protocol/node_ids.hpp"
 #include "cellgate/util/fs.hpp"
 #include "cellgate/util/log_fields.hpp"
 #include "env.hpp"
@@ -34,7 +35,8 @@ using kernel::Channel;
 using nlohmann::json;
 
 Error no_such_kernel(const std::string& id) {
-  return make_error(ErrorCode::kNotFound, "no_such_kernel", "Kernel does not exist: " + id);
+  return protocol::unknown_id(
+      id, make_error(ErrorCode::kNotFound, "no_such_kernel", "Kernel does not exist: " + id));
 }
 
 UidRangeOptions uid_options(const RegistryOptions& o) {
@@ -197,7 +199,7 @@ Result<std::shared_ptr<ManagedKernel>> KernelRegistry::Impl::new_kernel(
   if (!options_.no_jail && !jail::in_single_uid_user_namespace()) {
     CELLGATE_ASSIGN_OR_RETURN(uid, uids_.allocate());
   }  // rootless (jail/userns.hpp): every kernel runs as the namespace's one uid, 0
-  const std::string id = protocol::new_uuid();
+  const std::string id = protocol::new_node_id();
   return make_kernel(id, std::move(spec), uid, std::move(env));
 }
 
@@ -398,6 +400,7 @@ std::shared_ptr<ManagedKernel> KernelRegistry::Impl::claim_pooled(const std::str
 }
 
 Result<KernelModel> KernelRegistry::Impl::start(const std::string& name, const json& env) {
+  CELLGATE_TRY(refuse_if_draining());
   const auto began = std::chrono::steady_clock::now();
   auto took = [&began] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
@@ -426,6 +429,7 @@ Result<KernelModel> KernelRegistry::Impl::start_new(kernel::KernelSpec spec,
                                                     std::map<std::string, std::string> env,
                                                     const Copy* copy,
                                                     std::chrono::steady_clock::time_point began) {
+  CELLGATE_TRY(refuse_if_draining());
   // Pooled kernels count towards max_kernels, but never cost a client its kernel: ready ones
   // make room below.
   CELLGATE_ASSIGN_OR_RETURN(Admission::Ticket place, admission_.admit_client());
@@ -696,6 +700,30 @@ Result<std::shared_ptr<ManagedKernel>> KernelRegistry::find(const std::string& i
 }
 std::vector<KernelModel> KernelRegistry::list() const {
   return impl_->list();
+}
+void KernelRegistry::set_draining(bool on) {
+  impl_->set_draining(on);
+}
+bool KernelRegistry::draining() const {
+  return impl_->draining();
+}
+int KernelRegistry::room_percent() const {
+  return impl_->room_percent();
+}
+void KernelRegistry::Impl::set_draining(bool on) {
+  if (draining_.exchange(on) != on) {
+    spdlog::info("this node {} draining: {}", on ? "is" : "stopped",
+                 on ? "no kernel starts here, the running ones run on" : "kernels start again");
+  }
+}
+int KernelRegistry::Impl::room_percent() const {
+  const auto counts = admission_.counts();
+  const std::size_t max = admission_.max_kernels();
+  const std::size_t used = counts.live + counts.pending;
+  if (max == 0 || used >= max) {
+    return 0;
+  }
+  return static_cast<int>(std::max<std::size_t>(1, (max - used) * 100 / max));
 }
 Result<void> KernelRegistry::interrupt(const std::string& id) {
   auto done = impl_->interrupt(id);

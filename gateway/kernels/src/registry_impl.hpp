@@ -10,6 +10,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <map>
@@ -40,6 +41,9 @@ class KernelRegistry::Impl {
   void start();
   Result<KernelModel> start(const std::string& name, const nlohmann::json& env);
   Result<std::shared_ptr<ManagedKernel>> find(const std::string& id) const;
+  void set_draining(bool on);
+  bool draining() const { return draining_.load(); }
+  int room_percent() const;
   std::vector<KernelModel> list() const;
   Result<void> interrupt(const std::string& id);
   Result<KernelModel> restart(const std::string& id);
@@ -117,6 +121,14 @@ class KernelRegistry::Impl {
   Result<ManagedKernel::Running> connect(const std::shared_ptr<ManagedKernel>& k,
                                          std::unique_ptr<kernel::KernelProcessHandle> process);
 
+  Result<void> refuse_if_draining() const {
+    if (draining_.load()) {
+      return make_error(ErrorCode::kUnavailable, "node_draining",
+                        "this node is draining: it starts no kernel (another node can)");
+    }
+    return {};
+  }
+
   // ---- snapshots.cpp ----
   Result<checkpoint::ImageStore> snapshot_store() const;
   // Gives a copy just restored (not yet connected) a connection key of its own.
@@ -163,6 +175,7 @@ class KernelRegistry::Impl {
   const std::shared_ptr<kernel::ZmqContext> zmq_context_ = kernel::make_zmq_context();
   UidAllocator uids_;  // thread-safe itself
   Admission admission_;
+  std::atomic<bool> draining_{false};  // set_draining()
 
   mutable Mutex mu_;
   std::map<std::string, Live> kernels_ CELLGATE_GUARDED_BY(mu_);

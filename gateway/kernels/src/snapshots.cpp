@@ -19,6 +19,7 @@
 
 #include "cellgate/checkpoint/images.hpp"
 #include "cellgate/protocol/message.hpp"
+#include "cellgate/protocol/node_ids.hpp"
 #include "cellgate/sys/file.hpp"
 #include "registry_impl.hpp"
 
@@ -104,7 +105,8 @@ Result<SnapshotModel> KernelRegistry::Impl::snapshot(const std::string& kernel_i
     return std::move(running).error();
   }
   auto& [process, connection] = *running;
-  auto sid = store.reserve();
+  const auto stamp = protocol::node();
+  auto sid = store.reserve(stamp ? stamp->prefix() : std::string());
   if (!sid) {
     (void)k->resumed(std::move(*running));
     return std::move(sid).error();

@@ -8,6 +8,7 @@
 #include "cellgate/kernel/connection.hpp"
 #include "cellgate/mutex.hpp"
 #include "cellgate/protocol/message.hpp"
+#include "cellgate/protocol/node_ids.hpp"
 #include "jsonrpc.hpp"
 
 namespace cellgate::mcp {
@@ -186,7 +187,7 @@ void HttpEndpoint::post(Request req, std::shared_ptr<http::Exchange> exchange) {
     out.reply = [this, exchange, head, conversation](json response) {
       Response res = http::json_response(head, Status::ok, response);
       if (response.contains("result")) {
-        const std::string id = kernel::random_hex(16);
+        const std::string id = protocol::new_node_hex_id();  // routable: node_ids.hpp
         add(id, conversation);
         res.set(kSessionHeader, id);
       }

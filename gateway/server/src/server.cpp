@@ -37,7 +37,9 @@
 #include "cellgate/kernels/uid_allocator.hpp"
 #include "cellgate/mcp/http_endpoint.hpp"
 #include "cellgate/mcp/server.hpp"
+#include "cellgate/protocol/node_ids.hpp"
 #include "metrics.hpp"
+#include "node.hpp"
 #include "privsep.hpp"
 #include "systemd.hpp"
 
@@ -148,6 +150,7 @@ struct Server::Impl {
   std::shared_ptr<http::TlsContext> tls;
   std::unique_ptr<http::Listener> listener;
   std::unique_ptr<http::Listener> e2b_listener;
+  std::unique_ptr<AgentCheck> agent;
 
   util::Offload offload() { return engine->offload(); }
 };
@@ -190,6 +193,8 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   ao.execute_keepalive = o.execute_keepalive;
   ao.max_file_bytes = o.max_file_bytes;
   ao.jailed = !o.no_jail;
+  ao.node.peers = o.peers;
+  ao.node.own_port = o.port;
   impl_->api = std::make_unique<api::Api>(registry, executor, std::move(ao), impl_->offload());
   api::E2bOptions e2b_options;
   e2b_options.token = impl_->token;
@@ -259,6 +264,7 @@ Server::~Server() {
   stop();
   impl_->listener.reset();
   impl_->e2b_listener.reset();
+  impl_->agent.reset();
   // Kernels end, then the threads (engine.hpp's teardown); then the front ends, then the engine.
   impl_->engine->stop();
   impl_->e2b.reset();
@@ -305,6 +311,15 @@ Result<int> Server::start() {
   }
   // Before anything listens: a second gateway on one state dir would adopt the first's kernels.
   CELLGATE_TRY(impl_->engine->registry().claim_state_dir());
+  // Before any id is minted (the pool's kernels, adoption's successors).
+  CELLGATE_ASSIGN_OR_RETURN(
+      NodeIdentity node, take_node_identity(o.state_dir, static_cast<std::uint16_t>(o.node_tag)));
+  protocol::set_node(node.tag, node.epoch);
+  const std::string tag = fmt::format("{:04x}", node.tag);
+  impl_->http_options.response_headers = {{"X-Cellgate-Node", tag}};
+  impl_->api->set_node(tag, fmt::format("{:04x}", node.epoch));
+  spdlog::info("node {} (tag {}), epoch {:04x} ({})", o.node_tag, tag, node.epoch,
+               node.kept ? "kept: the previous gateway of this boot" : "new");
   http::raise_open_file_limit();  // each connection is a descriptor
   // A fixed threshold also stops glibc's raising it (see kMmapThresholdBytes).
   ::mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes);
@@ -325,6 +340,13 @@ Result<int> Server::start() {
     CELLGATE_ASSIGN_OR_RETURN(impl_->e2b_listener,
                               http::Listener::open(impl_->network, o.ip, o.e2b_port, *impl_->e2b,
                                                    impl_->http_options, impl_->tls));
+  }
+  if (o.agent_port != 0) {
+    auto& registry = impl_->engine->registry();
+    CELLGATE_ASSIGN_OR_RETURN(impl_->agent,
+                              AgentCheck::open(impl_->network, o.ip, o.agent_port, [&registry] {
+                                return agent_line(registry.draining(), registry.room_percent());
+                              }));
   }
   impl_->engine->start();
   impl_->listener->start();

@@ -65,7 +65,11 @@ Result<ImageStore> ImageStore::open(std::string root, std::uint64_t budget_bytes
   return ImageStore(std::move(root), budget_bytes);
 }
 
-Result<std::string> ImageStore::reserve() const {
+Result<std::string> ImageStore::reserve(std::string_view prefix) const {
+  if (prefix.size() > 16 || !valid_id(std::string(prefix) + std::string(32 - prefix.size(), '0'))) {
+    return make_error(ErrorCode::kInvalidArgument, "image_store",
+                      "an id prefix is up to 16 lowercase hex digits");
+  }
   if (budget_ > 0) {
     if (const std::uint64_t used = used_bytes(); used >= budget_) {
       return make_error(ErrorCode::kResourceExhausted, "no_space",
@@ -85,6 +89,7 @@ Result<std::string> ImageStore::reserve() const {
       id += kHex[b >> 4];
       id += kHex[b & 15];
     }
+    id.replace(0, prefix.size(), prefix);
     struct stat st {};
     if (::lstat(dir_of(id).c_str(), &st) != 0 && errno == ENOENT) {
       return id;

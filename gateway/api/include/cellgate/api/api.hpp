@@ -31,6 +31,16 @@
 
 namespace cellgate::api {
 
+// This gateway as one node of a cluster (docs/scale-out.md).
+struct NodeOptions {
+  // Peers whose lists GET /api/kernels and /api/sessions merge: "host[:port]" ("" port: this
+  // gateway's own), a name resolving to every peer (a headless Service) or an address. This
+  // node may be among them (answers are merged by id). Empty: lists are this node's.
+  std::vector<std::string> peers;
+  int own_port = 8888;
+  std::chrono::milliseconds peer_deadline{1000};  // each peer's whole answer
+};
+
 struct ApiOptions {
   std::string base_url = "/";
   std::string token;                       // "" : every request is allowed
@@ -40,6 +50,7 @@ struct ApiOptions {
   std::size_t max_file_bytes = 16u << 20;  // the files API and one-shot files
   bool jailed = true;                      // kernelspec display names say "(cellgate, jailed)"
   std::shared_ptr<http::HttpStats> stats;  // refusals counted for /metrics; null: not counted
+  NodeOptions node;
 };
 
 struct Session {
@@ -69,6 +80,13 @@ class Api : public http::Handler {
   // Whether the Origin header (if any) is allowed: same host, or in allow_origins.
   bool origin_allowed(const http::Request& req) const;
 
+  // The node's tag and this run's epoch (4 hex digits each), known once the state dir is
+  // claimed; before serving.
+  void set_node(std::string tag, std::string epoch) {
+    node_tag_ = std::move(tag);
+    node_epoch_ = std::move(epoch);
+  }
+
  private:
   std::optional<http::Response> authenticate(const http::Request& req,
                                              const http::Target& target) const;
@@ -77,6 +95,16 @@ class Api : public http::Handler {
   http::Upgrade decide_upgrade(const http::Request& req);
   void add_jupyter_routes();
   void add_agent_routes();
+  // node.cpp: GET /api/node, POST /api/node/drain; the peer fan-out of lists.
+  void add_node_routes();
+  // `local` (this node's list at `path`) merged with every peer's ?scope=local answer, by id;
+  // blocking (the offload pool). The peers that did not answer in time go to `missing`.
+  nlohmann::json merge_peer_lists(const std::string& path, nlohmann::json local,
+                                  std::vector<std::string>& missing) const;
+  bool fans_out(const http::Target& target) const;
+  // Answers `local` (this node's list at `path`), merged with the peers' unless the request
+  // asks ?scope=local or there are none.
+  void reply_list(http::Call& c, const std::string& path, nlohmann::json local);
   // Runs blocking work on the offload pool and replies from there.
   void offload(std::function<http::Response()> work, http::Reply reply);
   std::chrono::milliseconds keepalive_interval() const;
@@ -88,6 +116,7 @@ class Api : public http::Handler {
   kernels::KernelRegistry& registry_;
   execute::Executor& executor_;
   const ApiOptions options_;
+  std::string node_tag_ = "0000", node_epoch_;  // set_node()
   util::Offload offload_;
   std::string base_;  // base_url without its trailing slash ("" for "/")
   http::Router router_;

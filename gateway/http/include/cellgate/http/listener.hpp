@@ -12,6 +12,8 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cellgate/http/byte_budget.hpp"
 #include "cellgate/http/handler.hpp"
@@ -43,6 +45,8 @@ struct HttpOptions {
   int header_timeout_seconds = 10;
   // Counts of what was accepted and turned away, for /metrics; null: not counted.
   std::shared_ptr<HttpStats> stats;
+  // Set on every response, WebSocket handshakes included (X-Cellgate-Node: which node answered).
+  std::vector<std::pair<std::string, std::string>> response_headers;
 };
 
 // A server certificate chain and key (PEM), TLS 1.2 and later.

@@ -175,6 +175,14 @@ class KernelRegistry {
   // nothing left after filtering, a ready pooled kernel of `name` is claimed instead (a pool hit).
   Result<KernelModel> start(const std::string& name, const nlohmann::json& env);
   Result<std::shared_ptr<ManagedKernel>> find(const std::string& id) const;
+
+  // ---- this node in a cluster (docs/scale-out.md) ----
+  // A draining node starts no kernel (start, a snapshot's copy, a fork: 503 "node_draining", so
+  // a router retries elsewhere); its kernels run on. Pool kernels it already has stay.
+  void set_draining(bool on);
+  bool draining() const;
+  // Client kernels that may still start, as a percentage of max_kernels (0 when full).
+  int room_percent() const;
   std::vector<KernelModel> list() const;
   Result<void> interrupt(const std::string& id);
   Result<KernelModel> restart(const std::string& id);  // blocking

@@ -103,6 +103,12 @@ struct ServeOptions {
   std::vector<std::string> audit_redact;    // more secret patterns (RE2 syntax)
   // E2B-compatible endpoints on a second listener (same --ip); 0: off.
   int e2b_port = 0;
+  // This gateway as a node of a cluster (docs/scale-out.md). node_tag: 0..65535 (a
+  // StatefulSet's pod ordinal), the first 4 hex digits of every id minted here. agent_port:
+  // HAProxy's agent-check ("ready NN%" / "drain"); 0: off. peers: whose lists to merge.
+  int node_tag = 0;
+  int agent_port = 0;
+  std::vector<std::string> peers;
   // E2B's SDK in debug mode sends no token: allow token-less E2B requests (loopback --ip only).
   bool e2b_no_token = false;
   jail::JailSpec jail;  // limits for every kernel

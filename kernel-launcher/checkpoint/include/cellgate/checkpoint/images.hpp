@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cellgate/result.hpp"
@@ -38,8 +39,9 @@ class ImageStore {
   static Result<ImageStore> open(std::string root, std::uint64_t budget_bytes = 0);
 
   // A fresh id whose dir (dir_of) does not exist yet. kResourceExhausted "no_space" when the
-  // images already take the budget.
-  Result<std::string> reserve() const;
+  // images already take the budget. `prefix` (lowercase hex, up to 16 digits) replaces its
+  // first digits: a gateway's node stamp (protocol/node_ids.hpp), so a router finds the node.
+  Result<std::string> reserve(std::string_view prefix = {}) const;
   // The dir of an id reserve() gave (the dump creates it).
   std::string dir_of(const std::string& id) const { return root_ + "/" + id; }
   // The dir of an existing image; kNotFound ("no_image") for an unknown or malformed id.
