@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <vector>
 
+#include "cellgate/cli/drain.hpp"
 #include "cellgate/cli/exec.hpp"
 #include "cellgate/cli/mcp.hpp"
 #include "cellgate/cli/serve.hpp"
@@ -21,6 +22,8 @@ int main(int argc, char** argv) {
   auto* exec_cmd = cellgate::cli::add_exec_command(app, exec);
   cellgate::notebooks::NotebookRunOptions run;
   auto* run_cmd = cellgate::notebooks::add_run_command(app, run);
+  cellgate::cli::DrainOptions drain;
+  auto* drain_cmd = cellgate::cli::add_drain_command(app, drain);
   cellgate::cli::McpOptions mcp;
   auto* mcp_cmd = cellgate::cli::add_mcp_command(app, mcp);
 
@@ -49,6 +52,9 @@ int main(int argc, char** argv) {
   if (run_cmd->parsed()) {
     spdlog::set_default_logger(spdlog::stderr_logger_mt("cellgate"));
     return cellgate::notebooks::run_notebooks(run);
+  }
+  if (drain_cmd->parsed()) {
+    return cellgate::cli::run_drain(drain);
   }
   if (mcp_cmd->parsed()) {
     return cellgate::cli::run_mcp(mcp);

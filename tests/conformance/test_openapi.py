@@ -180,6 +180,8 @@ def test_routes_answer_as_the_openapi_document_says():
                                           {"body": {"code": show_png, "timeout": 60}}), None),
                 ("list_artifacts", lambda: (f"/api/kernels/{kernel()}/artifacts", {}), None),
                 ("get_artifact", lambda: (f"/api/artifacts/{artifact()}", {}), None),
+                ("get_kernel_artifact",
+                 lambda: (f"/api/kernels/{kernel()}/artifacts/{artifact()}", {}), None),
                 ("write_file", lambda: (f"/api/kernels/{kernel()}/files/sub/data.bin",
                                         {"raw": b"\x00\x01bytes"}), None),
                 ("list_work_dir", lambda: (f"/api/kernels/{kernel()}/files", {}), None),
@@ -207,6 +209,9 @@ def test_routes_answer_as_the_openapi_document_says():
                 ("update_session", lambda: (f"/api/sessions/{state['session']}",
                                             {"body": {"name": "renamed.ipynb"}}), None),
                 ("get_metrics", lambda: ("/metrics", {}), None),
+                ("get_node", lambda: ("/api/node", {}), None),
+                # {"drain": false}: the node keeps starting kernels (delete_kernel's below).
+                ("drain_node", lambda: ("/api/node/drain", {"body": {"drain": False}}), None),
                 ("delete_session", lambda: (f"/api/sessions/{state['session']}", {}), None),
                 # The session's kernel went with it: a kernel of its own to delete.
                 ("delete_kernel", lambda: (f"/api/kernels/{gb.start_kernel(server)}", {}), None),

@@ -18,6 +18,7 @@ Needs root (the jail) and haproxy (scripts/install-deps). Every wait polls with 
 import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import socket
@@ -60,6 +61,12 @@ class Node:
 
     def address(self):
         return f"127.0.0.1:{self.port}:{self.agent}"
+
+
+def drain_cli(node, token, *args):
+    return subprocess.run([os.path.join(BIN_DIR, "cellgate"), "drain", "--url",
+                           f"http://127.0.0.1:{node.port}", "--token", token, *args],
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
 
 
 def state(router, backend, server):
@@ -127,10 +134,13 @@ def test_two_nodes_behind_the_router():
                 status, local = call(nodes[n].port, token, "GET", "/api/kernels?scope=local")
                 assert {k["id"] for k in local} == {k for k in made if k[:4] == nodes[n].tag}
 
-            # Drain node 0: its agent says so, starts there are refused, creates go to node 1.
-            status, answer = call(nodes[0].port, token, "POST", "/api/node/drain",
-                                  {"drain": True})
-            assert status == 200 and answer["draining"] is True, answer
+            # Drain node 0 (`cellgate drain`): its agent says so, starts there are refused,
+            # creates go to node 1.
+            zero = [k for k in made if k[:4] == "0000"]
+            done = drain_cli(nodes[0], token)
+            assert done.returncode == 0, done
+            assert done.stdout == f"draining, {len(zero)} kernel{'s' * (len(zero) != 1)} " \
+                                  "running\n", done.stdout
             assert agent_says(nodes[0].agent) == "drain\n"
             status, answer = call(nodes[0].port, token, "POST", "/api/kernels",
                                   {"name": "python3"})
@@ -142,10 +152,11 @@ def test_two_nodes_behind_the_router():
                 assert status == 201 and node == "0001" and model["id"][:4] == "0001", model
                 made.append(model["id"])
             # Its own kernels still answer.
-            zero = [k for k in made if k[:4] == "0000"]
             for kid in zero:
                 assert through("GET", f"/api/kernels/{kid}")[0] == 200
-            call(nodes[0].port, token, "POST", "/api/node/drain", {"drain": False})
+            if zero:  # --wait gives up while kernels run: exit 124
+                assert drain_cli(nodes[0], token, "--wait", "0.5").returncode == 124
+            assert drain_cli(nodes[0], token, "--undo").stdout.startswith("not draining, ")
             assert agent_says(nodes[0].agent).startswith("ready ")
 
             # Node 1 ends its kernels, then dies with SIGKILL: its ids get the router's 503,

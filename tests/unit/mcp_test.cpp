@@ -419,7 +419,9 @@ TEST(McpContent, AnswerBecomesTextImagesAndStructuredContent) {
         {"evalue", "'k'"},
         {"line", 2},
         {"traceback", {"\x1b[31mKeyError\x1b[0m: 'k'"}}}},
-      {"artifacts", {{{"sha256", "abc"}, {"mime_type", "image/png"}}}},
+      {"artifacts",
+       {{{"sha256", "abc"}, {"mime_type", "image/png"}},
+        {{"sha256", "def"}, {"mime_type", "image/png"}, {"kernel_id", "0003a71c-k"}}}},
       {"state_lost", false}};
   json r = run_code_result(result_of(answer), {"s", "k1", "python3", false, ""}, "/api/artifacts/");
   ASSERT_EQ(r["content"].size(), 3u) << r["content"];
@@ -436,6 +438,8 @@ TEST(McpContent, AnswerBecomesTextImagesAndStructuredContent) {
   EXPECT_EQ(s["result"], "42");
   EXPECT_EQ(s["error"], (json{{"ename", "KeyError"}, {"evalue", "'k'"}, {"line", 2}}));
   EXPECT_EQ(s["artifacts"][0]["url"], "/api/artifacts/abc");
+  // With its kernel known, the URL routes to that kernel's node (docs/scale-out.md).
+  EXPECT_EQ(s["artifacts"][1]["url"], "/api/kernels/0003a71c-k/artifacts/def");
   EXPECT_EQ(s["charts"], json::array({{{"type", "line"}, {"title", "t"}}}));
 
   json timeout = {{"status", "timeout"}, {"state_lost", true}, {"message", "ran past 2 s"}};

@@ -5,6 +5,7 @@
 
 #include "cellgate/api/api.hpp"
 #include "cellgate/protocol/message.hpp"
+#include "cellgate/protocol/node_ids.hpp"
 #include "cellgate/store/artifacts.hpp"
 #include "cellgate/store/files.hpp"
 #include "streaming.hpp"
@@ -97,7 +98,10 @@ void Api::add_agent_routes() {
     c.reply(json_response(c.req, Status::ok, json{{"kernel_id", id}, {"artifacts", list}}));
   });
 
-  router_.add(Verb::get, "/api/artifacts/{sha256}", [this](Call& c) {
+  // An artifact by its SHA-256. The kernel-scoped form carries a node-routable id
+  // (docs/scale-out.md), so a router finds the node that stored it; it answers only for an
+  // artifact that kernel made. The bare form answers on the node that has it.
+  auto serve_artifact = [this](Call& c) {
     auto found = executor_.artifacts().locate(c.param("sha256"));
     if (!found) {
       return c.fail(found.error());
@@ -113,6 +117,25 @@ void Api::add_agent_routes() {
           return http::bytes_response(req, std::move(bytes), type);
         },
         [ex = c.exchange](Response r) { ex->reply(std::move(r)); });
+  };
+  router_.add(Verb::get, "/api/artifacts/{sha256}", serve_artifact);
+  router_.add(Verb::get, "/api/kernels/{id}/artifacts/{sha256}", [this, serve_artifact](Call& c) {
+    const std::string id = c.param("id");
+    const std::string sha = c.param("sha256");
+    bool made = false;
+    for (const auto& r : executor_.artifacts().list(id)) {
+      made = made || r.sha256 == sha;
+    }
+    if (!made) {
+      if (!registry_.find(id)) {
+        return c.fail(
+            protocol::unknown_id(id, make_error(ErrorCode::kNotFound, "no_such_kernel",
+                                                "no kernel " + id + " and no artifacts of one")));
+      }
+      return c.fail(make_error(ErrorCode::kNotFound, "no_such_artifact",
+                               "kernel " + id + " made no artifact " + sha));
+    }
+    serve_artifact(c);
   });
 
   auto files = [this](Call& c) {

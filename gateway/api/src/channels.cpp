@@ -73,11 +73,12 @@ class ChannelBridge : public http::WsHandler,
                       public std::enable_shared_from_this<ChannelBridge> {
  public:
   ChannelBridge(std::shared_ptr<kernels::ManagedKernel> kernel, std::string session_id, bool v1,
-                std::function<void()> resume)
+                std::function<void()> resume, std::function<Result<nlohmann::json>()> usage)
       : kernel_(std::move(kernel)),
         session_id_(std::move(session_id)),
         v1_(v1),
-        resume_(std::move(resume)) {}
+        resume_(std::move(resume)),
+        usage_(std::move(usage)) {}
 
   ~ChannelBridge() override { kernel_->detach(this); }
 
@@ -106,6 +107,10 @@ class ChannelBridge : public http::WsHandler,
                      *suffix);
       }
       return;
+    }
+    if (channel == kernel::Channel::kControl && usage_ &&
+        (*env)->header().msg_type == "usage_request") {
+      return answer_usage((*env)->message());
     }
     auto posted = kernel_->post(channel, std::move(env).value(), shared_from_this());
     if (!posted) {
@@ -138,6 +143,20 @@ class ChannelBridge : public http::WsHandler,
   }
 
  private:
+  // jupyter-resource-usage's kernel panel: the usage_reply ipykernel ≥ 6.21 would send,
+  // measured from the kernel's cgroup (a jailed kernel's psutil sees only its own namespace).
+  void answer_usage(const protocol::Message& request) {
+    auto usage = usage_();
+    nlohmann::json content = usage ? std::move(usage).value()
+                                   : nlohmann::json{{"status", "error"},
+                                                    {"ename", usage.error().reason},
+                                                    {"evalue", usage.error().message}};
+    protocol::Message reply =
+        gateway_session_.make_reply(request, "usage_reply", std::move(content));
+    reply.identities.clear();
+    deliver(protocol::Envelope::from_message(kernel::Channel::kControl, std::move(reply)));
+  }
+
   void resume_if_hibernated() {
     if (resume_ && kernel_->claim_resume()) {
       resume_();  // on a worker; other touches meanwhile wait in the kernel's queue
@@ -153,6 +172,8 @@ class ChannelBridge : public http::WsHandler,
   std::string session_id_;
   bool v1_;
   std::function<void()> resume_;
+  std::function<Result<nlohmann::json>()> usage_;
+  const protocol::Session gateway_session_{"cellgate"};
   http::LogLimiter log_limiter_;  // this connection's repeated warnings
   Mutex mu_;
   std::shared_ptr<http::WsConnection> connection_ CELLGATE_GUARDED_BY(mu_);
@@ -183,11 +204,11 @@ bool offers_v1(const http::Request& req) {
   return false;
 }
 
-std::shared_ptr<http::WsHandler> make_channel_bridge(std::shared_ptr<kernels::ManagedKernel> kernel,
-                                                     std::string session_id, bool v1,
-                                                     std::function<void()> resume) {
+std::shared_ptr<http::WsHandler> make_channel_bridge(
+    std::shared_ptr<kernels::ManagedKernel> kernel, std::string session_id, bool v1,
+    std::function<void()> resume, std::function<Result<nlohmann::json>()> usage) {
   return std::make_shared<ChannelBridge>(std::move(kernel), std::move(session_id), v1,
-                                         std::move(resume));
+                                         std::move(resume), std::move(usage));
 }
 
 }  // namespace cellgate::api

@@ -314,7 +314,8 @@ http::Upgrade Api::decide_upgrade(const Request& req) {
   const bool v1 = offers_v1(req);
   up.handler = make_channel_bridge(
       std::move(k).value(), std::move(session_id), v1,
-      [this, id = parts[2]]() { offload_([this, id]() { (void)registry_.resume(id); }); });
+      [this, id = parts[2]]() { offload_([this, id]() { (void)registry_.resume(id); }); },
+      [this, id = parts[2]]() { return registry_.usage(id); });
   up.subprotocol = v1 ? std::string(protocol::kV1Subprotocol) : "";
   return up;
 }

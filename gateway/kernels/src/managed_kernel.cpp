@@ -1,5 +1,8 @@
 #include "cellgate/kernels/managed_kernel.hpp"
 
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
 #include <csignal>
 #include <set>
 
@@ -252,6 +255,23 @@ bool ManagedKernel::attach(const std::shared_ptr<ChannelListener>& listener,
     std::erase_if(attached_, [](const Attached& a) { return a.listener.expired(); });
     attached_.push_back({listener, session_id});
     touch_locked();
+    // A client back with its session id gets what it missed first: delivered under the lock,
+    // so nothing published meanwhile can overtake it (deliver() only queues).
+    auto back = std::find_if(offline_.begin(), offline_.end(),
+                             [&](const Offline& o) { return o.session_id == session_id; });
+    if (!session_id.empty() && back != offline_.end()) {
+      for (const auto& msg : back->missed) {
+        listener->deliver(msg);
+      }
+      if (back->dropped > 0) {
+        spdlog::warn(
+            "kernel {}: session {} came back; {} messages it missed were over the {} "
+            "MiB kept for absent clients and are lost",
+            id_, session_id, back->dropped, kOfflineBudgetBytes >> 20);
+      }
+      offline_bytes_ -= back->bytes;
+      offline_.erase(back);
+    }
   }
   for (auto& old : replaced) {
     old->kernel_gone("replaced by a new connection with the same session_id");
@@ -261,14 +281,69 @@ bool ManagedKernel::attach(const std::shared_ptr<ChannelListener>& listener,
 
 void ManagedKernel::detach(const ChannelListener* listener) {
   MutexLock lock(mu_);
+  Offline left;
+  for (const auto& a : attached_) {
+    auto l = a.listener.lock();
+    if (l.get() == listener && !a.session_id.empty()) {
+      left.session_id = a.session_id;
+    }
+  }
   std::erase_if(attached_, [&](const Attached& a) {
     auto l = a.listener.lock();
     return !l || l.get() == listener;
   });
   std::erase_if(by_session_, [&](const auto& entry) {
     auto l = entry.second.lock();
-    return !l || l.get() == listener;
+    const bool its = !l || l.get() == listener;
+    if (its && l) {
+      left.reply_sessions.push_back(entry.first);
+    }
+    return its;
   });
+  const bool present = std::any_of(attached_.begin(), attached_.end(), [&](const Attached& a) {
+    return a.session_id == left.session_id;  // replaced by a newer connection: nothing missed
+  });
+  if (left.session_id.empty() || present || state_ == KernelState::kGone) {
+    return;
+  }
+  auto same = std::find_if(offline_.begin(), offline_.end(),
+                           [&](const Offline& o) { return o.session_id == left.session_id; });
+  if (same != offline_.end()) {
+    same->reply_sessions = std::move(left.reply_sessions);
+    return;
+  }
+  if (offline_.size() >= kMaxOfflineSessions) {  // the longest gone makes room
+    offline_bytes_ -= offline_.front().bytes;
+    offline_.erase(offline_.begin());
+  }
+  offline_.push_back(std::move(left));
+}
+
+void ManagedKernel::keep_for_offline_locked(const protocol::EnvelopePtr& msg,
+                                            const std::string& reply_session) {
+  for (auto& o : offline_) {
+    const bool its = reply_session.empty() ||
+                     std::find(o.reply_sessions.begin(), o.reply_sessions.end(), reply_session) !=
+                         o.reply_sessions.end();
+    if (its) {
+      o.missed.push_back(msg);
+      o.bytes += msg->size();
+      offline_bytes_ += msg->size();
+    }
+  }
+  while (offline_bytes_ > kOfflineBudgetBytes) {
+    auto largest =
+        std::max_element(offline_.begin(), offline_.end(),
+                         [](const Offline& a, const Offline& b) { return a.bytes < b.bytes; });
+    if (largest == offline_.end() || largest->missed.empty()) {
+      break;
+    }
+    const std::size_t size = largest->missed.front()->size();
+    largest->missed.pop_front();
+    largest->bytes -= size;
+    offline_bytes_ -= size;
+    ++largest->dropped;
+  }
 }
 
 Result<bool> ManagedKernel::post(Channel channel, protocol::EnvelopePtr msg,
@@ -316,6 +391,7 @@ void ManagedKernel::on_iopub(const protocol::EnvelopePtr& msg) {
       }
     }
     targets = listeners_locked();
+    keep_for_offline_locked(msg, "");
   }
   for (auto& l : targets) {
     l->deliver(msg);
@@ -328,6 +404,9 @@ void ManagedKernel::on_unrouted(const protocol::EnvelopePtr& msg) {
     MutexLock lock(mu_);
     if (auto it = by_session_.find(msg->parent().session); it != by_session_.end()) {
       target = it->second.lock();
+    }
+    if (!target && !msg->parent().session.empty()) {
+      keep_for_offline_locked(msg, msg->parent().session);
     }
   }
   if (target) {
@@ -347,6 +426,7 @@ void ManagedKernel::publish_status(const std::string& state, const std::string& 
   {
     MutexLock lock(mu_);
     targets = listeners_locked();
+    keep_for_offline_locked(msg, "");
   }
   for (auto& l : targets) {
     l->deliver(msg);
@@ -440,6 +520,8 @@ ManagedKernel::Ended ManagedKernel::end() {
   Ended ended{std::move(running_), listeners_locked()};
   attached_.clear();
   by_session_.clear();
+  offline_.clear();
+  offline_bytes_ = 0;
   return ended;
 }
 

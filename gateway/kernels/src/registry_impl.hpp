@@ -42,6 +42,7 @@ class KernelRegistry::Impl {
   Result<KernelModel> start(const std::string& name, const nlohmann::json& env);
   Result<std::shared_ptr<ManagedKernel>> find(const std::string& id) const;
   void set_draining(bool on);
+  Result<nlohmann::json> usage(const std::string& id);  // usage.cpp
   bool draining() const { return draining_.load(); }
   int room_percent() const;
   std::vector<KernelModel> list() const;
@@ -176,6 +177,17 @@ class KernelRegistry::Impl {
   UidAllocator uids_;  // thread-safe itself
   Admission admission_;
   std::atomic<bool> draining_{false};  // set_draining()
+  // usage.cpp: the last CPU samples, for percentages since the last ask.
+  struct UsageSample {
+    std::uint64_t cpu_usec = 0;
+    std::chrono::steady_clock::time_point at{};
+  };
+  struct HostCpu {
+    std::uint64_t busy = 0, total = 0;
+  };
+  Mutex usage_mu_;
+  std::map<std::string, UsageSample> usage_samples_ CELLGATE_GUARDED_BY(usage_mu_);
+  HostCpu host_cpu_ CELLGATE_GUARDED_BY(usage_mu_);
 
   mutable Mutex mu_;
   std::map<std::string, Live> kernels_ CELLGATE_GUARDED_BY(mu_);

@@ -297,7 +297,18 @@ json run_code_result(const execute::CellResult& answer, const RunInfo& info,
     }
     json record = a;
     if (!artifact_base.empty() && a.contains("sha256") && a["sha256"].is_string()) {
-      record["url"] = artifact_base + a["sha256"].get<std::string>();
+      // The kernel-scoped URL when the kernel is known: its id routes to the node that stored
+      // the artifact (docs/scale-out.md).
+      constexpr std::string_view kTail = "artifacts/";
+      const std::string sha = a["sha256"].get<std::string>();
+      const bool scoped =
+          a.contains("kernel_id") && a["kernel_id"].is_string() &&
+          artifact_base.size() >= kTail.size() &&
+          artifact_base.compare(artifact_base.size() - kTail.size(), kTail.size(), kTail) == 0;
+      record["url"] = scoped
+                          ? artifact_base.substr(0, artifact_base.size() - kTail.size()) +
+                                "kernels/" + a["kernel_id"].get<std::string>() + "/artifacts/" + sha
+                          : artifact_base + sha;
     }
     artifacts.push_back(std::move(record));
   }

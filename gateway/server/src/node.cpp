@@ -61,8 +61,14 @@ Result<NodeIdentity> take_node_identity(const std::string& state_dir, std::uint1
   if (!id.kept) {
     id.epoch = random_epoch(last.value_or(0));
   }
-  CELLGATE_TRY(sys::atomic_write(
-      path, json{{"tag", id.tag}, {"epoch", id.epoch}, {"boot_id", boot}}.dump() + "\n", 0644));
+  // Not kept (the gateway of `serve --user` may not write the state dir's top): the next run
+  // takes a new epoch, which only changes what its unknown ids answer (410, not 404).
+  if (auto saved = sys::atomic_write(
+          path, json{{"tag", id.tag}, {"epoch", id.epoch}, {"boot_id", boot}}.dump() + "\n", 0644);
+      !saved) {
+    spdlog::warn("node: {} not saved ({}); the next run takes a new epoch", path,
+                 saved.error().message);
+  }
   return id;
 }
 

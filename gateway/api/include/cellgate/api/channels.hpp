@@ -27,9 +27,11 @@ bool offers_v1(const http::Request& req);
 
 // `resume` is called (and must not block: it hands the blocking resume to a worker) when the
 // connection opens or posts a message while the kernel is hibernated; the messages wait in the
-// kernel's queue meanwhile (managed_kernel.hpp).
+// kernel's queue meanwhile (managed_kernel.hpp). `usage` answers a client's usage_request on
+// the control channel in the gateway (KernelRegistry::usage): the kernel never sees it.
 std::shared_ptr<http::WsHandler> make_channel_bridge(std::shared_ptr<kernels::ManagedKernel> kernel,
                                                      std::string session_id, bool v1,
-                                                     std::function<void()> resume);
+                                                     std::function<void()> resume,
+                                                     std::function<Result<nlohmann::json>()> usage);
 
 }  // namespace cellgate::api

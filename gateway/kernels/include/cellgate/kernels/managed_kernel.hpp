@@ -36,6 +36,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -236,6 +237,22 @@ class ManagedKernel {
     std::string session_id;
   };
 
+  // A client that left with a session id: what it misses until a connection with the same
+  // session id comes back and gets it first, in order (jupyter_server's buffered offline
+  // messages, bounded here): iopub, and the replies to its own requests. All of a kernel's
+  // buffers share kOfflineBudgetBytes; past it the oldest messages of the largest go.
+  struct Offline {
+    std::string session_id;
+    std::vector<std::string> reply_sessions;  // header sessions whose replies were its
+    std::deque<protocol::EnvelopePtr> missed;
+    std::size_t bytes = 0;
+    std::size_t dropped = 0;
+  };
+  static constexpr std::size_t kOfflineBudgetBytes = std::size_t{8} << 20;
+  static constexpr std::size_t kMaxOfflineSessions = 8;
+  void keep_for_offline_locked(const protocol::EnvelopePtr& msg, const std::string& reply_session)
+      CELLGATE_REQUIRES(mu_);
+
   void touch_locked() CELLGATE_REQUIRES(mu_);
   std::vector<std::shared_ptr<ChannelListener>> listeners_locked() const CELLGATE_REQUIRES(mu_);
   static void stop(Running running);
@@ -260,6 +277,8 @@ class ManagedKernel {
   std::vector<Attached> attached_ CELLGATE_GUARDED_BY(mu_);
   // header.session → sender
   std::map<std::string, std::weak_ptr<ChannelListener>> by_session_ CELLGATE_GUARDED_BY(mu_);
+  std::vector<Offline> offline_ CELLGATE_GUARDED_BY(mu_);
+  std::size_t offline_bytes_ CELLGATE_GUARDED_BY(mu_) = 0;
   std::chrono::system_clock::time_point last_activity_wall_ CELLGATE_GUARDED_BY(mu_);  // model
   util::Clock::time_point last_activity_ CELLGATE_GUARDED_BY(mu_);  // for idle times
 };

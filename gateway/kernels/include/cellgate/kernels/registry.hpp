@@ -183,6 +183,9 @@ class KernelRegistry {
   bool draining() const;
   // Client kernels that may still start, as a percentage of max_kernels (0 when full).
   int room_percent() const;
+  // The kernel's resource usage as ipykernel's usage_reply content (usage.cpp): CPU % since
+  // the last ask and memory from its cgroup, its limits, the host's CPU and memory.
+  Result<nlohmann::json> usage(const std::string& id);
   std::vector<KernelModel> list() const;
   Result<void> interrupt(const std::string& id);
   Result<KernelModel> restart(const std::string& id);  // blocking
