@@ -8,6 +8,7 @@ Needs root (the jail); skips with a reason otherwise."""
 import base64
 import http.client
 import json
+import time
 import os
 import socket
 import struct
@@ -146,6 +147,17 @@ def test_routes_answer_as_the_openapi_document_says():
                         return url  # /kernelspecs/{name}/{file}
                 pytest.fail(f"no kernelspec has a resource file to fetch: {specs}")
 
+            def detached():
+                status, _, body = call(server, "POST", f"/api/kernels/{kernel()}/execute",
+                                       body={"code": "print('detached')", "detach": True})
+                assert status == 202, body
+                started = json.loads(body)
+                end = time.monotonic() + 120  # done before the next operation (a snapshot)
+                while json.loads(call(server, "GET", started["url"])[2])["state"] != "done":
+                    assert time.monotonic() < end, "the detached cell did not end"
+                    time.sleep(0.05)
+                return started["execution_id"]
+
             def artifact():
                 status, _, body = call(server, "GET", f"/api/kernels/{kernel()}/artifacts")
                 shas = [a["sha256"] for a in json.loads(body)["artifacts"] if a.get("sha256")]
@@ -179,6 +191,8 @@ def test_routes_answer_as_the_openapi_document_says():
                 ("execute_cell", lambda: (f"/api/kernels/{kernel()}/execute",
                                           {"body": {"code": show_png, "timeout": 60}}), None),
                 ("list_artifacts", lambda: (f"/api/kernels/{kernel()}/artifacts", {}), None),
+                ("read_execution", lambda: (
+                    f"/api/kernels/{kernel()}/executions/{detached()}?after=0", {}), None),
                 ("get_artifact", lambda: (f"/api/artifacts/{artifact()}", {}), None),
                 ("get_kernel_artifact",
                  lambda: (f"/api/kernels/{kernel()}/artifacts/{artifact()}", {}), None),

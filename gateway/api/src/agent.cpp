@@ -8,6 +8,7 @@
 #include "cellgate/protocol/node_ids.hpp"
 #include "cellgate/store/artifacts.hpp"
 #include "cellgate/store/files.hpp"
+#include "executions.hpp"
 #include "streaming.hpp"
 
 namespace cellgate::api {
@@ -38,6 +39,24 @@ std::string file_content_type(const std::string& path) {
 
 }  // namespace
 
+// {"detach": true}: 202 with the execution's id at once; the cell runs on whoever leaves, its
+// events kept for GET .../executions/{eid} (executions.hpp). It is cancelled only as any cell
+// is: by its timeout, or the kernel's end.
+void Api::start_detached(http::Call& c, const std::string& kernel_id,
+                         execute::ExecuteRequest request) {
+  const std::string eid = executions_->begin(kernel_id);
+  execute::RunOptions run;
+  run.client = detail::describe_client(c.req, *c.exchange);
+  std::shared_ptr<Executions> log = executions_;
+  run.on_event = [log, eid](const json& event) { log->event(eid, event); };
+  (void)executor_.run(kernel_id, std::move(request), std::move(run),
+                      [log, eid](execute::Answer answer) { log->end(eid, answer); });
+  c.reply(json_response(c.req, Status::accepted,
+                        json{{"execution_id", eid},
+                             {"kernel_id", kernel_id},
+                             {"url", base_ + "/api/kernels/" + kernel_id + "/executions/" + eid}}));
+}
+
 std::chrono::milliseconds Api::keepalive_interval() const {
   return std::chrono::milliseconds(
       static_cast<long long>(std::max(0.05, options_.execute_keepalive) * 1000));
@@ -57,6 +76,14 @@ void Api::add_agent_routes() {
     if (auto k = registry_.find(id); !k) {
       return c.fail(k.error());
     }
+    if (auto d = body->find("detach"); d != body->end() && !d->is_null()) {
+      if (!d->is_boolean()) {
+        return c.fail(bad_request("'detach' must be a boolean"));
+      }
+      if (d->get<bool>()) {
+        return start_detached(c, id, std::move(request).value());
+      }
+    }
     // A hibernated kernel is resumed by its cell (execute/src/cell.cpp).
     detail::answer_cell(c.req, c.exchange, detail::encoder_for(c.req), keepalive_interval(),
                         [this, id, request = std::move(request).value()](
@@ -64,6 +91,23 @@ void Api::add_agent_routes() {
                           return executor_.run(id, std::move(request), std::move(run),
                                                std::move(done));
                         });
+  });
+
+  router_.add(Verb::get, "/api/kernels/{id}/executions/{eid}", [this](Call& c) {
+    std::size_t after = 0;
+    if (auto it = c.target.query.find("after"); it != c.target.query.end()) {
+      const std::string& text = it->second;
+      if (text.empty() || text.size() > 12 ||
+          !std::all_of(text.begin(), text.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+        return c.fail(bad_request("'after' is a count of events already read (0, 1, ...)"));
+      }
+      after = std::stoull(text);
+    }
+    auto page = executions_->read(c.param("id"), c.param("eid"), after);
+    if (!page) {
+      return c.fail(page.error());
+    }
+    c.reply(json_response(c.req, Status::ok, *page));
   });
 
   router_.add(Verb::post, "/api/execute", [this](Call& c) {

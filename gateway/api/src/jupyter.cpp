@@ -10,6 +10,7 @@
 #include "cellgate/protocol/node_ids.hpp"
 #include "cellgate/protocol/ws_frames.hpp"
 #include "cellgate/store/artifacts.hpp"
+#include "executions.hpp"
 #include "openapi_yaml.hpp"  // generated from openapi.yaml
 
 namespace cellgate::api {
@@ -57,7 +58,9 @@ Api::Api(kernels::KernelRegistry& registry, execute::Executor& executor, ApiOpti
     : registry_(registry),
       executor_(executor),
       options_(std::move(options)),
-      offload_(std::move(offload)) {
+      offload_(std::move(offload)),
+      executions_(std::make_shared<Executions>(
+          options_.state_dir.empty() ? "" : options_.state_dir + "/executions")) {
   base_ = options_.base_url;
   while (!base_.empty() && base_.back() == '/') {
     base_.pop_back();

@@ -194,6 +194,7 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   ao.max_file_bytes = o.max_file_bytes;
   ao.jailed = !o.no_jail;
   ao.node.peers = o.peers;
+  ao.state_dir = o.state_dir;
   ao.node.own_port = o.port;
   impl_->api = std::make_unique<api::Api>(registry, executor, std::move(ao), impl_->offload());
   api::E2bOptions e2b_options;

@@ -51,6 +51,8 @@ struct ApiOptions {
   bool jailed = true;                      // kernelspec display names say "(cellgate, jailed)"
   std::shared_ptr<http::HttpStats> stats;  // refusals counted for /metrics; null: not counted
   NodeOptions node;
+  // Detached cells' events go to <state_dir>/executions ("": kept in memory only).
+  std::string state_dir;
 };
 
 struct Session {
@@ -97,6 +99,7 @@ class Api : public http::Handler {
   void add_agent_routes();
   // node.cpp: GET /api/node, POST /api/node/drain; the peer fan-out of lists.
   void add_node_routes();
+  void start_detached(http::Call& c, const std::string& kernel_id, execute::ExecuteRequest request);
   // `local` (this node's list at `path`) merged with every peer's ?scope=local answer, by id;
   // blocking (the offload pool). The peers that did not answer in time go to `missing`.
   nlohmann::json merge_peer_lists(const std::string& path, nlohmann::json local,
@@ -118,6 +121,8 @@ class Api : public http::Handler {
   const ApiOptions options_;
   std::string node_tag_ = "0000", node_epoch_;  // set_node()
   util::Offload offload_;
+  // Detached cells (src/executions.hpp); shared with their callbacks, which may outlive us.
+  std::shared_ptr<class Executions> executions_;
   std::string base_;  // base_url without its trailing slash ("" for "/")
   http::Router router_;
 
