@@ -1,20 +1,9 @@
 #include "cellgate/http/router.hpp"
 
+#include "cellgate/util/text.hpp"
+
 namespace cellgate::http {
 namespace {
-
-int hex_value(char c) {
-  if (c >= '0' && c <= '9') {
-    return c - '0';
-  }
-  if (c >= 'a' && c <= 'f') {
-    return c - 'a' + 10;
-  }
-  if (c >= 'A' && c <= 'F') {
-    return c - 'A' + 10;
-  }
-  return -1;
-}
 
 bool is_param(const std::string& segment) {
   return segment.size() >= 2 && segment.front() == '{' && segment.back() == '}';

@@ -5,6 +5,7 @@
 #include <atomic>
 
 #include "cellgate/protocol/message.hpp"
+#include "cellgate/util/text.hpp"
 
 namespace cellgate::protocol {
 namespace {
@@ -12,19 +13,6 @@ namespace {
 // tag << 16 | epoch, with bit 32 set once set_node() ran.
 std::atomic<std::uint64_t> g_stamp{0};
 constexpr std::uint64_t kSet = std::uint64_t{1} << 32;
-
-int hex_value(char c) {
-  if (c >= '0' && c <= '9') {
-    return c - '0';
-  }
-  if (c >= 'a' && c <= 'f') {
-    return c - 'a' + 10;
-  }
-  if (c >= 'A' && c <= 'F') {
-    return c - 'A' + 10;
-  }
-  return -1;
-}
 
 }  // namespace
 

@@ -6,6 +6,19 @@
 
 namespace cellgate {
 
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') {
+    return c - '0';
+  }
+  if (c >= 'a' && c <= 'f') {
+    return c - 'a' + 10;
+  }
+  if (c >= 'A' && c <= 'F') {
+    return c - 'A' + 10;
+  }
+  return -1;
+}
+
 std::string strip_ansi(std::string_view text) {
   std::string out;
   out.reserve(text.size());

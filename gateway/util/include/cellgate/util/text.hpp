@@ -12,6 +12,9 @@
 
 namespace cellgate {
 
+// The value of one hex digit (either case), or -1.
+int hex_value(char c);
+
 // Removes ANSI escape sequences (CSI "ESC [ ... final", OSC "ESC ] ... BEL/ST", and two-byte
 // ESC sequences), as IPython tracebacks carry colour codes.
 std::string strip_ansi(std::string_view text);
