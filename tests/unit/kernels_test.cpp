@@ -791,6 +791,69 @@ TEST_F(KernelsTest, DetachedListenersGetNothing) {
   EXPECT_TRUE(a->got().empty());
 }
 
+TEST_F(KernelsTest, AClientBackWithItsSessionGetsWhatItMissedInOrder) {
+  auto k = start_kernel();
+  ASSERT_TRUE(k);
+  auto a = std::make_shared<Recorder>();
+  auto b = std::make_shared<Recorder>();
+  k->attach(a, "sa");
+  k->attach(b, "sb");
+  k->detach(a.get());
+  // While "sa" is away: b's request. Its iopub is everyone's, its reply is b's alone.
+  ASSERT_TRUE(k->post(Channel::kShell, request_from("sb", "kernel_info_request"), b).ok());
+  ASSERT_TRUE(eventually([&] { return b->types().size() == 3; }));
+  auto back = std::make_shared<Recorder>();
+  ASSERT_TRUE(k->attach(back, "sa"));
+  EXPECT_EQ(back->types(), (std::vector<std::string>{"iopub:status", "iopub:status"}));
+  EXPECT_EQ(back->got()[0].get(), b->got()[0].get());  // the same envelopes, not copies
+  // Given once: a second return gets nothing old; another session got nothing kept.
+  k->detach(back.get());
+  auto again = std::make_shared<Recorder>();
+  ASSERT_TRUE(k->attach(again, "sa"));
+  EXPECT_TRUE(again->got().empty());
+  auto stranger = std::make_shared<Recorder>();
+  ASSERT_TRUE(k->attach(stranger, "sc"));
+  EXPECT_TRUE(stranger->got().empty());
+}
+
+TEST_F(KernelsTest, WhatAnAbsentClientMissesIsBoundedAndTheNewestIsKept) {
+  const std::string mib(1u << 20, 'x');
+  fake_.set_responder([&mib](const std::string&) {
+    FakeCell cell;
+    for (int i = 0; i < 12; ++i) {
+      cell.out(mib);
+    }
+    return cell.out("last");
+  });
+  auto k = start_kernel();
+  ASSERT_TRUE(k);
+  auto a = std::make_shared<Recorder>();
+  auto watcher = std::make_shared<Recorder>();
+  k->attach(a, "sa");
+  k->attach(watcher, "");
+  k->detach(a.get());
+  run_cell(*k, "print");
+  ASSERT_TRUE(eventually([&] {
+    for (const auto& m : watcher->got()) {
+      if (m->header().msg_type == "status" &&
+          m->message().content.value("execution_state", "") == "idle") {
+        return true;
+      }
+    }
+    return false;
+  }));
+  auto back = std::make_shared<Recorder>();
+  ASSERT_TRUE(k->attach(back, "sa"));
+  std::size_t bytes = 0;
+  for (const auto& m : back->got()) {
+    bytes += m->size();
+  }
+  EXPECT_LE(bytes, std::size_t{8} << 20);
+  EXPECT_LT(back->got().size(), watcher->got().size());  // the oldest went
+  ASSERT_FALSE(back->got().empty());
+  EXPECT_EQ(back->got().back().get(), watcher->got().back().get());  // the newest stayed
+}
+
 TEST_F(KernelsTest, ExecutionStateFollowsTrackedStatusesOnly) {
   auto k = start_kernel();
   ASSERT_TRUE(k);
