@@ -1,0 +1,281 @@
+#!/usr/bin/python3
+"""What the router costs and what three nodes bring: real gateways in network namespaces behind
+HAProxy (tests/scaleout/cluster), one run, figures and ratios printed (no pass/fail).
+
+- a pool start (POST /api/kernels with the node's pool ready: the POST, and POST → WebSocket →
+  first execute_reply) and a trivial cell's round trip over the WebSocket, p50, through the
+  router vs straight to the node (the goal: the router within +1 ms);
+- 100 starts at once through the router, spread over 3 nodes: wall time, per-node counts;
+- cells/s of several clients at once with their kernels on 3 nodes vs all on 1 (through the
+  router both times);
+- GET /api/kernels through the router (merging 3 nodes) vs ?scope=local (one node's), p50.
+
+    sudo tests/bench/scaleout_bench.py [--quick] [--bin-dir build/bin]
+
+Needs root (namespaces, the jail) and haproxy. The cluster is always ended (`cluster down`).
+"""
+
+import argparse
+import collections
+import concurrent.futures
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "scaleout"))
+import gateway_bench as gb  # noqa: E402
+import test_haproxy_config as hx  # noqa: E402  the router's Runtime API helpers
+
+CLUSTER = os.path.join(ROOT, "tests", "scaleout", "cluster")
+NODES = 3
+
+
+def ctl(*args, timeout=600):
+    done = subprocess.run([CLUSTER, *args], capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise gb.InfraError(f"cluster {' '.join(args)}: {done.stderr}")
+    return done.stdout
+
+
+def view(name, host, port, token):
+    """What gateway_bench's helpers take as a server."""
+    return type("View", (), {"name": name, "host": host, "port": port, "token": token,
+                             "kernel_name": "python3"})
+
+
+def p50(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def pool_ready(node_view):
+    return gb.pool_ready_now(node_view)
+
+
+def wait_pool(node_view, size, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while pool_ready(node_view) < size:
+        if time.monotonic() > deadline:
+            raise gb.InfraError(f"{node_view.name}: the pool did not refill to {size}")
+        time.sleep(0.02)
+
+
+def pool_starts(client_view, node_view, runs, pool_size):
+    """[(post ms, first reply ms)] of pool starts through client_view on node_view's node (the
+    others drain meanwhile, so the router places there too), the pool full before each."""
+    out = []
+    for _ in range(runs):
+        wait_pool(node_view, pool_size)
+        t0 = time.perf_counter()
+        kid = gb.start_kernel(client_view)
+        t1 = time.perf_counter()
+        kc = gb.KernelClient(client_view, kid)
+        kc.run("1")
+        t2 = time.perf_counter()
+        kc.close()
+        gb.delete_kernel(client_view, kid)
+        if kid[:4] != node_view.tag:
+            raise gb.InfraError(f"a start landed on {kid[:4]}, not {node_view.tag}")
+        out.append(((t1 - t0) * 1e3, (t2 - t0) * 1e3))
+    return out
+
+
+def router_state(socket_path, backend, server):
+    r = object.__new__(hx.Router)  # only its Runtime API helpers
+    r.socket = socket_path
+    return r.stat().get((backend, server), "").split(" ")[0]
+
+
+def drain(nodes, on, socket_path):
+    """POST /api/node/drain {drain: on} to each node; waits for the router to see it."""
+    for v in nodes:
+        status, body = gb.http_request(v, "POST", "/api/node/drain", {"drain": on}, timeout=30)
+        if status != 200:
+            raise gb.InfraError(f"{v.name}: drain -> {status} {body[:200]!r}")
+    want = "DRAIN" if on else "UP"
+    deadline = time.monotonic() + 30
+    while not all(router_state(socket_path, "be_place", f"n{int(v.tag, 16)}") == want
+                  for v in nodes):
+        if time.monotonic() > deadline:
+            raise gb.InfraError(f"the router did not see {[v.name for v in nodes]} {want}")
+        time.sleep(0.05)
+
+
+def round_trips(views, kid, count, blocks):
+    """{name: [µs]}: the same kernel's trivial-cell round trip over each view's WebSocket, in
+    alternating blocks (so drift hits both alike)."""
+    clients = {v.name: gb.KernelClient(v, kid) for v in views}
+    try:
+        for kc in clients.values():
+            gb.measure_round_trip(kc, 0, 20)
+        out = {name: [] for name in clients}
+        for _ in range(blocks):
+            for name, kc in clients.items():
+                out[name] += gb.measure_round_trip(kc, max(1, count // blocks), 0)
+        return out
+    finally:
+        for kc in clients.values():
+            kc.close()
+
+
+def burst(router, count, timeout):
+    """count POST /api/kernels at once through the router: (wall s, {tag: n}, failures, ids)."""
+    kids, failures = [None] * count, []
+    lock = threading.Lock()
+
+    def one(i):
+        try:
+            kids[i] = gb.start_kernel(router, timeout=timeout)
+        except gb.InfraError as e:
+            with lock:
+                failures.append(str(e)[:200])
+
+    t0, ends = gb.run_together(router, count, one, timeout + 30, strict=False)
+    done = [e for e in ends if e is not None]
+    wall = (max(done) - t0) if done else float("nan")
+    made = [k for k in kids if k]
+    return wall, collections.Counter(k[:4] for k in made), failures, made
+
+
+def cells_rate(router, kids, cells):
+    """Each kernel's client runs `cells` trivial cells, all clients at once: cells/s."""
+    clients = [gb.KernelClient(router, kid) for kid in kids]
+    try:
+        for kc in clients:
+            kc.run("1")
+        t0, ends = gb.run_together(router, len(clients),
+                                   lambda i: [clients[i].run("1") for _ in range(cells)],
+                                   timeout=600)
+        return len(clients) * cells / (max(ends) - t0)
+    finally:
+        for kc in clients:
+            kc.close()
+
+
+def list_latency(v, path, count):
+    out = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        status, _ = gb.http_request(v, "GET", path, timeout=30)
+        out.append((time.perf_counter() - t0) * 1e3)
+        if status != 200:
+            raise gb.InfraError(f"GET {path} -> {status}")
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="a small run that keeps this working")
+    p.add_argument("--bin-dir", default=os.environ.get("CELLGATE_BIN_DIR",
+                                                       os.path.join(ROOT, "build", "bin")))
+    p.add_argument("--starts", type=int, help="pool starts per side (default 20; quick 5)")
+    p.add_argument("--rtt", type=int, help="round trips per side (default 400; quick 20)")
+    p.add_argument("--burst", type=int, help="starts at once (default 100; quick 10)")
+    p.add_argument("--clients", type=int, default=6, help="kernels running cells at once (6)")
+    p.add_argument("--cells", type=int, help="cells per client (default 200; quick 20)")
+    p.add_argument("--max-kernels", type=int, default=40, help="per node (40)")
+    p.add_argument("--pool-size", type=int, default=2, help="per node (2)")
+    a = p.parse_args()
+    q = a.quick
+    starts = a.starts or (5 if q else 20)
+    rtt = a.rtt or (20 if q else 400)
+    burst_n = a.burst or (10 if q else 100)
+    cells = a.cells or (20 if q else 200)
+    if os.geteuid() != 0:
+        print("scaleout_bench: needs root (network namespaces, the jail)", file=sys.stderr)
+        return 2
+
+    directory = os.path.join(tempfile.mkdtemp(prefix="cellgate-scaleout-bench-"), "cluster")
+    try:
+        t0 = time.monotonic()
+        info = json.loads(ctl("up", "--nodes", str(NODES), "--json", "--dir", directory,
+                              "--bin-dir", os.path.abspath(a.bin_dir), "--pool-size",
+                              str(a.pool_size), "--max-kernels", str(a.max_kernels)))
+        print(f"cluster up: {NODES} nodes, pool {a.pool_size}, max {a.max_kernels} kernels each,"
+              f" in {time.monotonic() - t0:.1f} s", flush=True)
+        token = info["token"]
+        port = int(info["url"].rsplit(":", 1)[1])
+        router = view("router", "127.0.0.1", port, token)
+        nodes = []
+        for n in info["nodes"]:
+            v = view(f"node {n['n']}", n["address"], 8888, token)
+            v.tag = n["tag"]
+            nodes.append(v)
+        r = {}
+
+        # Pool start on node 0 (1 and 2 drain meanwhile): through the router vs straight.
+        direct0 = view("direct", nodes[0].host, 8888, token)
+        sock = info["routers"][0]["socket"]
+        drain(nodes[1:], True, sock)
+        via = pool_starts(router, nodes[0], starts, a.pool_size)
+        straight = pool_starts(direct0, nodes[0], starts, a.pool_size)
+        drain(nodes[1:], False, sock)
+        r["start"] = {"router": via, "direct": straight}
+        print(f"pool start, POST p50:        router {p50([x[0] for x in via]):7.2f} ms   "
+              f"direct {p50([x[0] for x in straight]):7.2f} ms   (n={len(via)}/{len(straight)})")
+        print(f"pool start, to reply p50:    router {p50([x[1] for x in via]):7.2f} ms   "
+              f"direct {p50([x[1] for x in straight]):7.2f} ms", flush=True)
+
+        # Round trip on one kernel of node 0, over both paths.
+        kid = gb.start_kernel(direct0)
+        trips = round_trips([view("router", "127.0.0.1", port, token), direct0], kid, rtt, 4)
+        gb.delete_kernel(direct0, kid)
+        r["rtt"] = trips
+        rr, rd = p50(trips["router"]), p50(trips["direct"])
+        print(f"cell round trip p50:         router {rr / 1e3:7.3f} ms   direct {rd / 1e3:7.3f} ms"
+              f"   router +{(rr - rd) / 1e3:.3f} ms (n={rtt})", flush=True)
+
+        # Many starts at once, spread by the router.
+        wall, per_node, failures, made = burst(router, burst_n, 300)
+        r["burst"] = {"wall": wall, "per_node": dict(per_node), "failures": failures}
+        print(f"{burst_n} starts at once:        {wall:.1f} s wall, per node "
+              f"{dict(sorted(per_node.items()))}, {len(failures)} failed", flush=True)
+        for f in failures[:3]:
+            print(f"  failed: {f}")
+        gb.delete_all(router, made)
+
+        # Cells/s: clients' kernels all on node 0, then spread over the 3 nodes.
+        one = [gb.start_kernel(nodes[0]) for _ in range(a.clients)]
+        rate1 = cells_rate(router, one, cells)
+        gb.delete_all(router, one)
+        spread = [gb.start_kernel(nodes[i % NODES]) for i in range(a.clients)]
+        rate3 = cells_rate(router, spread, cells)
+        r["cells"] = {"one": rate1, "three": rate3}
+        print(f"cells/s, {a.clients} clients x {cells}:  1 node {rate1:7.0f}   3 nodes "
+              f"{rate3:7.0f}   ratio {rate3 / rate1:.2f}", flush=True)
+
+        # Lists, with those kernels listed (2 per node).
+        n_list = 20 if q else 200
+        merged = list_latency(router, "/api/kernels", n_list)
+        local = list_latency(router, "/api/kernels?scope=local", n_list)
+        r["lists"] = {"merged": merged, "local": local}
+        print(f"GET /api/kernels p50:        merged (3 nodes) {p50(merged):6.2f} ms   "
+              f"?scope=local {p50(local):6.2f} ms   ratio {p50(merged) / p50(local):.2f}")
+        gb.delete_all(router, spread)
+        print("json: " + json.dumps({
+            "start_post_ms": {k: p50([x[0] for x in v]) for k, v in r["start"].items()},
+            "start_reply_ms": {k: p50([x[1] for x in v]) for k, v in r["start"].items()},
+            "rtt_us": {k: p50(v) for k, v in r["rtt"].items()}, "burst": r["burst"],
+            "cells_per_s": r["cells"],
+            "list_ms": {k: p50(v) for k, v in r["lists"].items()}}))
+        return 0
+    except gb.InfraError as e:
+        print(f"scaleout_bench: {e}", file=sys.stderr)
+        return 1
+    finally:
+        ctl("down", "--dir", directory)
+        try:
+            os.rmdir(os.path.dirname(directory))
+        except OSError:
+            pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())
