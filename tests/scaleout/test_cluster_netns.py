@@ -4,7 +4,8 @@ tests/scaleout/cluster makes the cluster (a bridge, a namespace per node with it
 a gateway in each with --node-tag, --agent-port and --peers, the router from
 deploy/haproxy/cellgate-haproxy on 127.0.0.1) and ends it. The tests check, with real kernels:
 - every route family reaches the node that owns the id, as X-Cellgate-Node says: kernel REST,
-  an agent cell, the channels WebSocket, a Jupyter session, a kernel-scoped artifact;
+  an agent cell, the channels WebSocket, a Jupyter session, a kernel-scoped artifact; and two
+  router replicas (same config, no shared state) route alike;
 - creates spread over the nodes and stay away from a draining one;
 - jupyter_server's GatewayClient and `cellgate run --url` work through the router;
 - GET /api/kernels through the router lists every node's kernels;
@@ -91,9 +92,17 @@ class Cluster:
         finally:
             conn.close()
 
-    def through(self, method, path, body=None, headers=None, timeout=60):
-        """Through the router: (status, X-Cellgate-Node, parsed body, response)."""
-        return self._call("127.0.0.1", self.port, method, path, body, headers, timeout)
+    def through(self, method, path, body=None, headers=None, timeout=60, router=0):
+        """Through a router: (status, X-Cellgate-Node, parsed body, response)."""
+        port = self.port if router == 0 else int(self.info["routers"][router]["port"])
+        return self._call("127.0.0.1", port, method, path, body, headers, timeout)
+
+    def status_within(self, path, timeout):
+        """GET path's status through the router, or None if it takes over `timeout` s."""
+        try:
+            return self.through("GET", path, timeout=timeout)[0]
+        except (TimeoutError, OSError):
+            return None
 
     def direct(self, n, method, path, body=None, timeout=60):
         """Straight to node n, bypassing the router."""
@@ -118,7 +127,8 @@ class Cluster:
 def cluster(tmp_path_factory):
     directory = str(tmp_path_factory.mktemp("netns") / "cluster")
     try:
-        out = ctl("up", "--nodes", "3", "--json", "--dir", directory, "--bin-dir", BIN_DIR)
+        out = ctl("up", "--nodes", "3", "--routers", "2", "--json", "--dir", directory,
+                  "--bin-dir", BIN_DIR)
         yield Cluster(json.loads(out))
     finally:
         ctl("down", "--dir", directory)
@@ -162,6 +172,28 @@ def test_kernel_rest_cells_and_websocket_land_on_their_node(cluster, per_node):
             assert client.run_stdout("print(x)") == f"{kid[:4]}\n"
         finally:
             client.close()
+
+
+def test_either_router_replica_routes_alike(cluster, per_node):
+    """Two HAProxy replicas with the same generated config and no shared state: an id made
+    through one is found through the other, on the same node."""
+    for kid in per_node:
+        for router in (0, 1):
+            status, node, model, res = cluster.through("GET", f"/api/kernels/{kid}",
+                                                       router=router)
+            assert (status, node, model["id"]) == (200, kid[:4], kid), (router, status, node)
+    kid = None
+    try:
+        status, node, model, _ = cluster.through("POST", "/api/kernels", {"name": "python3"},
+                                                 router=1)
+        assert status == 201 and model["id"][:4] == node, (status, node, model)
+        kid = model["id"]
+        status, node, answer, _ = cluster.through("POST", f"/api/kernels/{kid}/execute",
+                                                  {"code": "print(1 + 1)"}, router=0)
+        assert (status, node, answer["stdout"]) == (200, kid[:4], "2\n"), answer
+    finally:
+        if kid:
+            cluster.delete(kid)
 
 
 def test_sessions_land_on_their_node(cluster):
@@ -306,17 +338,18 @@ def test_a_node_cut_off_and_back(cluster, per_node):
     cut = f"{cluster.nodes[2]['address']}:8888"
     cluster.ctl("link", "2", "down")
     try:
+        # Each try bounded: until HAProxy's checks (inter 1 s, fall 2) mark the node DOWN, a
+        # request waits on connects that time out (timeout connect 5 s, 3 retries).
         hx.poll("503 for the cut-off node's id",
-                lambda: cluster.through("GET", f"/api/kernels/{kid}", timeout=30)[0] == 503,
-                CUT_DEADLINE)
+                lambda: cluster.status_within(f"/api/kernels/{kid}", 3) == 503, CUT_DEADLINE)
+        assert cluster.server_state("be_n2", 2) == "DOWN"
         assert cut in missing_peers(cluster, 0)
         # The others still answer for their own.
         assert cluster.through("GET", f"/api/kernels/{per_node[0]}")[0] == 200
     finally:
         cluster.ctl("link", "2", "up")
     hx.poll("the node back in the router",
-            lambda: cluster.through("GET", f"/api/kernels/{kid}", timeout=30)[0] == 200,
-            CUT_DEADLINE)
+            lambda: cluster.status_within(f"/api/kernels/{kid}", 3) == 200, CUT_DEADLINE)
     status, node, answer, _ = cluster.through("POST", f"/api/kernels/{kid}/execute",
                                               {"code": "print(x)"})
     assert (status, node, answer["stdout"]) == (200, "0002", "0002\n"), answer
@@ -333,7 +366,7 @@ def test_a_killed_node_then_a_new_epoch(cluster, per_node):
         cluster.delete(kid)
     cluster.ctl("kill", "1")
     hx.poll("503 for the dead node's id",
-            lambda: cluster.through("GET", f"/api/kernels/{per_node[1]}", timeout=30)[0] == 503,
+            lambda: cluster.status_within(f"/api/kernels/{per_node[1]}", 3) == 503,
             CUT_DEADLINE)
     assert f"{cluster.nodes[1]['address']}:8888" in missing_peers(cluster, 0)
     cluster.ctl("start", "1", "--fresh")
