@@ -8,7 +8,10 @@ HAProxy (tests/scaleout/cluster), one run, figures and ratios printed (no pass/f
 - 100 starts at once through the router, spread over 3 nodes: wall time, per-node counts;
 - cells/s of several clients at once with their kernels on 3 nodes vs all on 1 (through the
   router both times);
-- GET /api/kernels through the router (merging 3 nodes) vs ?scope=local (one node's), p50.
+- GET /api/kernels through the router (merging 3 nodes) vs ?scope=local (one node's), p50;
+- GET /api through the router vs straight, on a new connection each and kept alive, p50;
+- the pool start and GET /api again with the generated config plus
+  `tune.listener.multi-queue off` (a graceful reload, `cluster reload --global`).
 
     sudo tests/bench/scaleout_bench.py [--quick] [--bin-dir build/bin]
 
@@ -17,7 +20,7 @@ Needs root (namespaces, the jail) and haproxy. The cluster is always ended (`clu
 
 import argparse
 import collections
-import concurrent.futures
+import http.client
 import json
 import os
 import statistics
@@ -159,6 +162,48 @@ def cells_rate(router, kids, cells):
             kc.close()
 
 
+def get_latency(v, count, keepalive):
+    """[ms] of GET /api: each on a new connection (as gateway_bench's clients do), or all on
+    one kept-alive connection."""
+    head = {"Authorization": f"token {v.token}"}
+    out = []
+    conn = None
+    for _ in range(count):
+        t0 = time.perf_counter()
+        if conn is None:
+            conn = http.client.HTTPConnection(v.host, v.port, timeout=30)
+        conn.request("GET", "/api", headers=head)
+        res = conn.getresponse()
+        res.read()
+        out.append((time.perf_counter() - t0) * 1e3)
+        if res.status != 200:
+            raise gb.InfraError(f"{v.name}: GET /api -> {res.status}")
+        if not keepalive:
+            conn.close()
+            conn = None
+    if conn is not None:
+        conn.close()
+    return out
+
+
+def connection_costs(router, direct, count):
+    """{(path, mode): p50 ms} of GET /api through the router and straight, new connections and
+    one kept alive, interleaved."""
+    out = collections.defaultdict(list)
+    for _ in range(4):
+        for v in (router, direct):
+            for keep in (False, True):
+                out[(v.name, keep)] += get_latency(v, max(1, count // 4), keep)
+    return {k: p50(x) for k, x in out.items()}
+
+
+def print_connection_costs(label, costs):
+    for keep, what in ((False, "new connection"), (True, "kept alive")):
+        r, d = costs[("router", keep)], costs[("direct", keep)]
+        print(f"GET /api p50, {what + ',':16} {label}: router {r:6.2f} ms   direct {d:6.2f} ms"
+              f"   router +{r - d:.2f} ms", flush=True)
+
+
 def list_latency(v, path, count):
     out = []
     for _ in range(count):
@@ -223,6 +268,12 @@ def main():
         print(f"pool start, to reply p50:    router {p50([x[1] for x in via]):7.2f} ms   "
               f"direct {p50([x[1] for x in straight]):7.2f} ms", flush=True)
 
+        # What the router adds to a plain request, per new connection and kept alive.
+        n_get = 40 if q else 400
+        costs = connection_costs(router, direct0, n_get)
+        r["get"] = costs
+        print_connection_costs("generated config", costs)
+
         # Round trip on one kernel of node 0, over both paths.
         kid = gb.start_kernel(direct0)
         trips = round_trips([view("router", "127.0.0.1", port, token), direct0], kid, rtt, 4)
@@ -259,7 +310,24 @@ def main():
         print(f"GET /api/kernels p50:        merged (3 nodes) {p50(merged):6.2f} ms   "
               f"?scope=local {p50(local):6.2f} ms   ratio {p50(merged) / p50(local):.2f}")
         gb.delete_all(router, spread)
+        # A variant of the generated config: with `tune.listener.multi-queue off` the thread
+        # that accepts a connection serves it, instead of handing it to another thread (a
+        # wake-up that cost ~3 ms per new connection on this 2-vCPU VM).
+        ctl("reload", "--dir", directory, "--global", "tune.listener.multi-queue off")
+        drain(nodes[1:], True, sock)
+        via_mq = pool_starts(router, nodes[0], starts, a.pool_size)
+        drain(nodes[1:], False, sock)
+        costs_mq = connection_costs(router, direct0, n_get)
+        r["multi_queue_off"] = {"start_post_ms": p50([x[0] for x in via_mq]),
+                                "get": {f"{k[0]}{'-keepalive' if k[1] else ''}": v
+                                        for k, v in costs_mq.items()}}
+        print(f"pool start, POST p50, multi-queue off: router {p50([x[0] for x in via_mq]):7.2f}"
+              f" ms (generated config: router {p50([x[0] for x in via]):.2f} ms, direct "
+              f"{p50([x[0] for x in straight]):.2f} ms)")
+        print_connection_costs("multi-queue off", costs_mq)
         print("json: " + json.dumps({
+            "get_ms": {f"{k[0]}{'-keepalive' if k[1] else ''}": v for k, v in r["get"].items()},
+            "multi_queue_off": r["multi_queue_off"],
             "start_post_ms": {k: p50([x[0] for x in v]) for k, v in r["start"].items()},
             "start_reply_ms": {k: p50([x[1] for x in v]) for k, v in r["start"].items()},
             "rtt_us": {k: p50(v) for k, v in r["rtt"].items()}, "burst": r["burst"],
