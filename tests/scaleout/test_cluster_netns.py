@@ -270,6 +270,15 @@ def test_creates_avoid_a_draining_node(cluster):
             lambda: cluster.server_state("be_place", 0) == "UP")
 
 
+def test_nodes_hold_disjoint_kernel_uid_ranges(cluster):
+    ranges = []
+    for node in cluster.nodes:
+        first, last = (int(x) for x in node["uids"].split("-"))
+        ranges.append((first, last))
+    ranges.sort()
+    assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:])), ranges
+
+
 def test_lists_merge_every_node(cluster, per_node):
     status, node, listed, _ = cluster.through("GET", "/api/kernels")
     assert status == 200 and node in cluster.tags
