@@ -141,10 +141,18 @@ def burst(router, count, timeout):
                 failures.append(str(e)[:200])
 
     t0, ends = gb.run_together(router, count, one, timeout + 30, strict=False)
-    done = [e for e in ends if e is not None]
-    wall = (max(done) - t0) if done else float("nan")
+    done = [e - t0 for e in ends if e is not None]
     made = [k for k in kids if k]
-    return wall, collections.Counter(k[:4] for k in made), failures, made
+    wall = max(done) if done else float("nan")
+    return wall, p50(done), collections.Counter(k[:4] for k in made), failures, made
+
+
+def mem_available_mib():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def cells_rate(router, kids, cells):
@@ -284,10 +292,14 @@ def main():
               f"   router +{(rr - rd) / 1e3:.3f} ms (n={rtt})", flush=True)
 
         # Many starts at once, spread by the router.
-        wall, per_node, failures, made = burst(router, burst_n, 300)
-        r["burst"] = {"wall": wall, "per_node": dict(per_node), "failures": failures}
-        print(f"{burst_n} starts at once:        {wall:.1f} s wall, per node "
-              f"{dict(sorted(per_node.items()))}, {len(failures)} failed", flush=True)
+        mem0 = mem_available_mib()
+        wall, mid, per_node, failures, made = burst(router, burst_n, 300)
+        mem1 = mem_available_mib()
+        r["burst"] = {"wall": wall, "p50": mid, "per_node": dict(per_node),
+                      "failures": failures, "mem_mib": mem0 - mem1}
+        print(f"{burst_n} starts at once:        {wall:.1f} s wall (p50 {mid:.1f} s), per node "
+              f"{dict(sorted(per_node.items()))}, {len(failures)} failed; MemAvailable "
+              f"{mem0 - mem1:.0f} MiB lower with them up", flush=True)
         for f in failures[:3]:
             print(f"  failed: {f}")
         gb.delete_all(router, made)
