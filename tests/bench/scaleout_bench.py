@@ -23,6 +23,7 @@ import collections
 import http.client
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -33,9 +34,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(ROOT, "tests", "scaleout"))
 import gateway_bench as gb  # noqa: E402
-import test_haproxy_config as hx  # noqa: E402  the router's Runtime API helpers
 
 CLUSTER = os.path.join(ROOT, "tests", "scaleout", "cluster")
 NODES = 3
@@ -91,9 +90,21 @@ def pool_starts(client_view, node_view, runs, pool_size):
 
 
 def router_state(socket_path, backend, server):
-    r = object.__new__(hx.Router)  # only its Runtime API helpers
-    r.socket = socket_path
-    return r.stat().get((backend, server), "").split(" ")[0]
+    """HAProxy's status word for a server ("UP", "DRAIN", ...) from its Runtime API."""
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(5)
+            s.connect(socket_path)
+            s.sendall(b"show stat\n")
+            text = b"".join(iter(lambda: s.recv(65536), b"")).decode()
+    except OSError:
+        return ""
+    lines = text[2:].splitlines() if text.startswith("# ") else []
+    rows = [dict(zip(lines[0].split(","), x.split(","))) for x in lines[1:] if x] if lines else []
+    for r in rows:
+        if (r["pxname"], r["svname"]) == (backend, server):
+            return r["status"].split(" ")[0]
+    return ""
 
 
 def drain(nodes, on, socket_path):
