@@ -223,6 +223,22 @@ def print_connection_costs(label, costs):
               f"   router +{r - d:.2f} ms", flush=True)
 
 
+def haproxy_timers(log_path, request, since):
+    """p50 of HAProxy's own timers (httplog TR/Tw/Tc/Tr/Ta, ms) over its log lines for
+    `request` after byte offset `since`: where the router's time goes."""
+    rows = []
+    with open(log_path, "rb") as f:
+        f.seek(since)
+        for line in f.read().decode(errors="replace").splitlines():
+            words = line.split()
+            if f'"{request} ' in line and len(words) > 4 and words[4].count("/") == 4:
+                rows.append([int(x) for x in words[4].split("/")])
+    if not rows:
+        return None
+    return {name: p50([r[i] for r in rows]) for i, name in enumerate(("TR", "Tw", "Tc", "Tr",
+                                                                     "Ta"))}
+
+
 def list_latency(v, path, count):
     out = []
     for _ in range(count):
@@ -278,7 +294,10 @@ def main():
         direct0 = view("direct", nodes[0].host, 8888, token)
         sock = info["routers"][0]["socket"]
         drain(nodes[1:], True, sock)
+        rlog = info["routers"][0]["log"]
+        mark = os.path.getsize(rlog)
         via = pool_starts(router, nodes[0], starts, a.pool_size)
+        timers = haproxy_timers(rlog, "POST /api/kernels", mark)
         straight = pool_starts(direct0, nodes[0], starts, a.pool_size)
         drain(nodes[1:], False, sock)
         r["start"] = {"router": via, "direct": straight}
@@ -286,6 +305,8 @@ def main():
               f"direct {p50([x[0] for x in straight]):7.2f} ms   (n={len(via)}/{len(straight)})")
         print(f"pool start, to reply p50:    router {p50([x[1] for x in via]):7.2f} ms   "
               f"direct {p50([x[1] for x in straight]):7.2f} ms", flush=True)
+        print(f"  HAProxy's timers for those POSTs, p50 ms: {timers}")
+        r["haproxy_post_timers"] = timers
 
         # What the router adds to a plain request, per new connection and kept alive.
         n_get = 40 if q else 400
@@ -351,6 +372,7 @@ def main():
         print("json: " + json.dumps({
             "get_ms": {f"{k[0]}{'-keepalive' if k[1] else ''}": v for k, v in r["get"].items()},
             "multi_queue_off": r["multi_queue_off"],
+            "haproxy_post_timers": r["haproxy_post_timers"],
             "start_post_ms": {k: p50([x[0] for x in v]) for k, v in r["start"].items()},
             "start_reply_ms": {k: p50([x[1] for x in v]) for k, v in r["start"].items()},
             "rtt_us": {k: p50(v) for k, v in r["rtt"].items()}, "burst": r["burst"],
