@@ -367,7 +367,9 @@ def test_a_node_cut_off_and_back(cluster, per_node):
 
 def test_a_killed_node_then_a_new_epoch(cluster, per_node):
     # End node 1's kernels first: a SIGKILLed gateway does not end its kernels, and nothing on
-    # the new epoch would adopt them (`cluster down` would still SIGKILL them by pid).
+    # the new epoch would adopt them. Its zygote and pool kernel do outlive it (as they would
+    # on a host; a pod's end takes them along): `cluster kill` notes their pids, and `cluster
+    # down` SIGKILLs them, unmounts their work dirs and removes their empty cgroups.
     status, _, local, _ = cluster.direct(1, "GET", "/api/kernels?scope=local")
     ones = [k["id"] for k in local]
     assert per_node[1] in ones
