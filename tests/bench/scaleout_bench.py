@@ -23,6 +23,7 @@ import collections
 import http.client
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -262,6 +263,9 @@ def main():
     p.add_argument("--cells", type=int, help="cells per client (default 200; quick 20)")
     p.add_argument("--max-kernels", type=int, default=40, help="per node (40)")
     p.add_argument("--pool-size", type=int, default=2, help="per node (2)")
+    p.add_argument("--keep-logs", action="store_true",
+                   help="copy the nodes' and routers' logs out before `cluster down` (always "
+                        "when a start failed)")
     a = p.parse_args()
     q = a.quick
     starts = a.starts or (5 if q else 20)
@@ -273,6 +277,7 @@ def main():
         return 2
 
     directory = os.path.join(tempfile.mkdtemp(prefix="cellgate-scaleout-bench-"), "cluster")
+    failed_starts = []
     try:
         t0 = time.monotonic()
         info = json.loads(ctl("up", "--nodes", str(NODES), "--json", "--dir", directory,
@@ -327,6 +332,7 @@ def main():
         mem0 = mem_available_mib()
         wall, mid, per_node, failures, made = burst(router, burst_n, 300)
         mem1 = mem_available_mib()
+        failed_starts += failures
         r["burst"] = {"wall": wall, "p50": mid, "per_node": dict(per_node),
                       "failures": failures, "mem_mib": mem0 - mem1}
         print(f"{burst_n} starts at once:        {wall:.1f} s wall (p50 {mid:.1f} s), per node "
@@ -383,6 +389,16 @@ def main():
         print(f"scaleout_bench: {e}", file=sys.stderr)
         return 1
     finally:
+        if failed_starts or a.keep_logs:
+            # The nodes' and the router's logs outlive `cluster down` when a start failed.
+            keep = tempfile.mkdtemp(prefix="cellgate-scaleout-logs-")
+            for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+                src = os.path.join(directory, name)
+                if name.endswith(".log"):
+                    shutil.copy(src, keep)
+                elif name.startswith("router-") and os.path.exists(src + "/haproxy.log"):
+                    shutil.copy(src + "/haproxy.log", os.path.join(keep, f"{name}.log"))
+            print(f"logs kept in {keep}", file=sys.stderr)
         ctl("down", "--dir", directory)
         try:
             os.rmdir(os.path.dirname(directory))
