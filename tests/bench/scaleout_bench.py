@@ -258,9 +258,9 @@ def main():
                                                        os.path.join(ROOT, "build", "bin")))
     p.add_argument("--starts", type=int, help="pool starts per side (default 20; quick 5)")
     p.add_argument("--rtt", type=int, help="round trips per side (default 400; quick 20)")
-    p.add_argument("--burst", type=int, help="starts at once (default 100; quick 10)")
+    p.add_argument("--burst", type=int, help="starts at once (default 100; quick 10; 0: none)")
     p.add_argument("--clients", type=int, default=6, help="kernels running cells at once (6)")
-    p.add_argument("--cells", type=int, help="cells per client (default 200; quick 20)")
+    p.add_argument("--cells", type=int, help="cells per client (default 200; quick 20; 0: none)")
     p.add_argument("--max-kernels", type=int, default=40, help="per node (40)")
     p.add_argument("--pool-size", type=int, default=2, help="per node (2)")
     p.add_argument("--keep-logs", action="store_true",
@@ -270,8 +270,8 @@ def main():
     q = a.quick
     starts = a.starts or (5 if q else 20)
     rtt = a.rtt or (20 if q else 400)
-    burst_n = a.burst or (10 if q else 100)
-    cells = a.cells or (20 if q else 200)
+    burst_n = a.burst if a.burst is not None else (10 if q else 100)
+    cells = a.cells if a.cells is not None else (20 if q else 200)
     if os.geteuid() != 0:
         print("scaleout_bench: needs root (network namespaces, the jail)", file=sys.stderr)
         return 2
@@ -328,31 +328,35 @@ def main():
         print(f"cell round trip p50:         router {rr / 1e3:7.3f} ms   direct {rd / 1e3:7.3f} ms"
               f"   router +{(rr - rd) / 1e3:.3f} ms (n={rtt})", flush=True)
 
-        # Many starts at once, spread by the router.
-        mem0 = mem_available_mib()
-        wall, mid, per_node, failures, made = burst(router, burst_n, 300)
-        mem1 = mem_available_mib()
-        failed_starts += failures
-        r["burst"] = {"wall": wall, "p50": mid, "per_node": dict(per_node),
-                      "failures": failures, "mem_mib": mem0 - mem1}
-        print(f"{burst_n} starts at once:        {wall:.1f} s wall (p50 {mid:.1f} s), per node "
-              f"{dict(sorted(per_node.items()))}, {len(failures)} failed; MemAvailable "
-              f"{mem0 - mem1:.0f} MiB lower with them up", flush=True)
-        for f in failures[:3]:
-            print(f"  failed: {f}")
-        gb.delete_all(router, made)
+        # Many starts at once, spread by the router (--burst 0: skipped).
+        if burst_n > 0:
+            mem0 = mem_available_mib()
+            wall, mid, per_node, failures, made = burst(router, burst_n, 300)
+            mem1 = mem_available_mib()
+            failed_starts += failures
+            r["burst"] = {"wall": wall, "p50": mid, "per_node": dict(per_node),
+                          "failures": failures, "mem_mib": mem0 - mem1}
+            print(f"{burst_n} starts at once:        {wall:.1f} s wall (p50 {mid:.1f} s), per "
+                  f"node {dict(sorted(per_node.items()))}, {len(failures)} failed; MemAvailable "
+                  f"{mem0 - mem1:.0f} MiB lower with them up", flush=True)
+            for f in failures[:3]:
+                print(f"  failed: {f}")
+            gb.delete_all(router, made)
 
-        # Cells/s: clients' kernels all on node 0, then spread over the 3 nodes.
-        one = [gb.start_kernel(nodes[0]) for _ in range(a.clients)]
-        rate1 = cells_rate(router, one, cells)
-        gb.delete_all(router, one)
-        spread = [gb.start_kernel(nodes[i % NODES]) for i in range(a.clients)]
-        rate3 = cells_rate(router, spread, cells)
-        r["cells"] = {"one": rate1, "three": rate3}
-        print(f"cells/s, {a.clients} clients x {cells}:  1 node {rate1:7.0f}   3 nodes "
-              f"{rate3:7.0f}   ratio {rate3 / rate1:.2f}", flush=True)
+        # Cells/s: clients' kernels all on node 0, then spread over the 3 nodes (--cells 0:
+        # skipped).
+        spread = []
+        if cells > 0:
+            one = [gb.start_kernel(nodes[0]) for _ in range(a.clients)]
+            rate1 = cells_rate(router, one, cells)
+            gb.delete_all(router, one)
+            spread = [gb.start_kernel(nodes[i % NODES]) for i in range(a.clients)]
+            rate3 = cells_rate(router, spread, cells)
+            r["cells"] = {"one": rate1, "three": rate3}
+            print(f"cells/s, {a.clients} clients x {cells}:  1 node {rate1:7.0f}   3 nodes "
+                  f"{rate3:7.0f}   ratio {rate3 / rate1:.2f}", flush=True)
 
-        # Lists, with those kernels listed (2 per node).
+        # Lists, with those kernels listed (2 per node; none with --cells 0).
         n_list = 20 if q else 200
         merged = list_latency(router, "/api/kernels", n_list)
         local = list_latency(router, "/api/kernels?scope=local", n_list)
@@ -381,8 +385,8 @@ def main():
             "haproxy_post_timers": r["haproxy_post_timers"],
             "start_post_ms": {k: p50([x[0] for x in v]) for k, v in r["start"].items()},
             "start_reply_ms": {k: p50([x[1] for x in v]) for k, v in r["start"].items()},
-            "rtt_us": {k: p50(v) for k, v in r["rtt"].items()}, "burst": r["burst"],
-            "cells_per_s": r["cells"],
+            "rtt_us": {k: p50(v) for k, v in r["rtt"].items()}, "burst": r.get("burst"),
+            "cells_per_s": r.get("cells"),
             "list_ms": {k: p50(v) for k, v in r["lists"].items()}}))
         return 0
     except gb.InfraError as e:
