@@ -361,7 +361,9 @@ def wait_http_ready(server, timeout):
 
 
 def http_request(server, method, path, body=None, timeout=60):
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=timeout)
+    # `server.host`: another address than loopback (a cluster node, tests/scaleout/cluster).
+    conn = http.client.HTTPConnection(getattr(server, "host", "127.0.0.1"), server.port,
+                                      timeout=timeout)
     try:
         headers = {"Authorization": f"token {server.token}"}
         data = None
@@ -427,16 +429,16 @@ class WebSocket:
     `timeout` bounds each recv; `deadline` (time.monotonic(), None: none) bounds all of them: the
     server's pings, answered inside recv_message, would otherwise keep a wait alive forever."""
 
-    def __init__(self, port, path, token, timeout=60.0, protocol=None):
+    def __init__(self, port, path, token, timeout=60.0, protocol=None, host="127.0.0.1"):
         self.timeout = timeout
         self.deadline = None
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._quickack()
         self.buf = bytearray()
         self.pos = 0
         key = base64.b64encode(os.urandom(16)).decode()
-        req = (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+        req = (f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
                f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
                f"Authorization: token {token}\r\n"
                + (f"Sec-WebSocket-Protocol: {protocol}\r\n" if protocol else "") + "\r\n")
@@ -609,7 +611,8 @@ class KernelClient:
         self.last_size = 0  # bytes of the last message received
         try:
             self.ws = WebSocket(server.port, f"/api/kernels/{kid}/channels?session_id={self.session}",
-                                server.token, timeout, protocol)
+                                server.token, timeout, protocol,
+                                host=getattr(server, "host", "127.0.0.1"))
         except (OSError, WSClosed) as e:
             raise InfraError(f"{server.name}: WebSocket to kernel {kid} failed: {e!r}") from e
         self.v1 = self.ws.protocol == V1
