@@ -348,10 +348,12 @@ def test_a_node_cut_off_and_back(cluster, per_node):
     cluster.ctl("link", "2", "down")
     try:
         # Each try bounded: until HAProxy's checks (inter 1 s, fall 2) mark the node DOWN, a
-        # request waits on connects that time out (timeout connect 5 s, 3 retries).
+        # request waits on connects that time out (a node's backend: timeout connect 1 s, 1
+        # retry), then gets the 503 itself; the checks follow.
         hx.poll("503 for the cut-off node's id",
                 lambda: cluster.status_within(f"/api/kernels/{kid}", 3) == 503, CUT_DEADLINE)
-        assert cluster.server_state("be_n2", 2) == "DOWN"
+        hx.poll("the cut-off node DOWN in the router",
+                lambda: cluster.server_state("be_n2", 2) == "DOWN", CUT_DEADLINE)
         assert cut in missing_peers(cluster, 0)
         # The others still answer for their own.
         assert cluster.through("GET", f"/api/kernels/{per_node[0]}")[0] == 200
