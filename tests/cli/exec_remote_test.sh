@@ -19,7 +19,7 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 "${BIN}/cellgate" serve --ip 127.0.0.1 --port 0 --token sekrit --state-dir "${WORK}/state" \
   > "${WORK}/serve.out" 2> "${WORK}/serve.err" &
 SERVER_PID=$!
-for _ in $(seq 100); do
+for _ in $(seq 500); do  # 50 s: a loaded machine's start
   grep -q "listening on" "${WORK}/serve.out" 2>/dev/null && break
   sleep 0.1
 done

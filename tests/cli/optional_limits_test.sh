@@ -22,7 +22,8 @@ grep -q "unknown optional limit 'bogus' (known: memory, swap, pids, cpu, work_si
 "$BIN/cellgate" serve --ip 127.0.0.1 --port 0 --state-dir "$WORK/b" --pool-size 0 --no-zygote \
   --optional-limits swap,landlock > "$WORK/log" 2>&1 &
 pid=$!
-for _ in $(seq 1 100); do grep -q "listening on" "$WORK/log" && break; sleep 0.1; done
+# -s: the background shell may not have made the log yet. 50 s: a loaded machine's start.
+for _ in $(seq 1 500); do grep -qs "listening on" "$WORK/log" && break; sleep 0.1; done
 grep -q "listening on" "$WORK/log" || fail "did not start: $(cat "$WORK/log")"
 grep -q "kernels start without the swap limit where this host cannot enforce it" "$WORK/log" ||
   fail "no warning for swap: $(cat "$WORK/log")"

@@ -32,7 +32,7 @@ STATE="$WORK/state"
 "$BIN/cellgate" serve --ip 127.0.0.1 --port 0 --state-dir "$STATE" --user 64001:64002 \
   --token t --pool-size 1 --no-zygote > "$WORK/log" 2>&1 &
 pid=$!
-for _ in $(seq 1 200); do grep -q "listening on" "$WORK/log" && break; sleep 0.1; done
+for _ in $(seq 1 200); do grep -qs "listening on" "$WORK/log" && break; sleep 0.1; done
 URL=$(grep -o "listening on http://[0-9.:]*" "$WORK/log" | sed 's/listening on //')
 [ -n "$URL" ] || fail "did not start"
 H="Authorization: token t"

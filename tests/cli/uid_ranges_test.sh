@@ -23,7 +23,7 @@ serve() {  # name -> prints the URL
   PIDS+=($!)
 }
 url_of() {
-  for _ in $(seq 100); do
+  for _ in $(seq 500); do  # 50 s: a loaded machine's start
     grep -q "listening on" "${WORK}/$1.log" 2>/dev/null && break
     sleep 0.1
   done
