@@ -937,9 +937,11 @@ def wait_pool_ready(server, size, timeout=300.0):
     """Waits until GET /metrics reports `size` pooled kernels ready."""
     deadline = time.monotonic() + timeout
     while pool_ready_now(server) < size:
-        if time.monotonic() > deadline or server.proc.poll() is not None:
+        proc = getattr(server, "proc", None)  # a cluster node's view has none
+        if time.monotonic() > deadline or (proc is not None and proc.poll() is not None):
+            tail = server.log_tail() if hasattr(server, "log_tail") else ""
             raise InfraError(f"{server.name}: the pool did not reach {size} ready kernels in {timeout:.0f} s:\n"
-                             + server.log_tail())
+                             + tail)
         time.sleep(0.05)
 
 

@@ -58,24 +58,12 @@ def p50(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
-def pool_ready(node_view):
-    return gb.pool_ready_now(node_view)
-
-
-def wait_pool(node_view, size, timeout=120.0):
-    deadline = time.monotonic() + timeout
-    while pool_ready(node_view) < size:
-        if time.monotonic() > deadline:
-            raise gb.InfraError(f"{node_view.name}: the pool did not refill to {size}")
-        time.sleep(0.02)
-
-
 def pool_starts(client_view, node_view, runs, pool_size):
     """[(post ms, first reply ms)] of pool starts through client_view on node_view's node (the
     others drain meanwhile, so the router places there too), the pool full before each."""
     out = []
     for _ in range(runs):
-        wait_pool(node_view, pool_size)
+        gb.wait_pool_ready(node_view, pool_size, timeout=120.0)
         t0 = time.perf_counter()
         kid = gb.start_kernel(client_view)
         t1 = time.perf_counter()

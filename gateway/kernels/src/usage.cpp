@@ -79,9 +79,9 @@ Result<json> KernelRegistry::Impl::usage(const std::string& id) {
   }
   // CPU as psutil's cpu_percent(): since the last ask (0.0 the first time), 100 per CPU.
   auto stats = k->cgroup_stats();
-  const auto live = snapshot();
   MutexLock lock(usage_mu_);
-  if (usage_samples_.size() > 2 * live.size() + 16) {  // samples of ended kernels go
+  if (usage_samples_.size() > 2 * options_.max_kernels + 16) {  // samples of ended kernels go
+    const auto live = snapshot();
     std::set<std::string> ids;
     for (const auto& kernel : live) {
       ids.insert(kernel->id());
