@@ -44,8 +44,9 @@ def agent_says(port):
 class Node:
     """One real gateway; address() is what the generator's --servers takes."""
 
-    def __init__(self, tmp, n, peers, token, state=None):
+    def __init__(self, tmp, n, peers, token, state=None, extra=()):
         self.n, self.tag = n, f"{n:04x}"
+        self.extra = tuple(extra)
         self.port, self.agent = peers[n]
         self.tmp, self.token, self.peers = tmp, token, peers
         self.state_label = state or f"node{n}"
@@ -56,7 +57,7 @@ class Node:
         self.server = gb.start_cellgate(
             BIN_DIR, self.tmp, 8,
             (*FLAGS, "--node-tag", str(self.n), "--agent-port", str(self.agent),
-             "--peers", peer_list),
+             "--peers", peer_list, *self.extra),
             label=self.state_label, port=self.port, token=self.token)
 
     def address(self):

@@ -71,6 +71,7 @@ Api::Api(kernels::KernelRegistry& registry, execute::Executor& executor, ApiOpti
   add_jupyter_routes();
   add_agent_routes();
   add_node_routes();
+  add_move_routes();
 }
 
 Api::~Api() = default;

@@ -12,6 +12,7 @@
 #include "cellgate/http/client.hpp"
 #include "cellgate/http/limits.hpp"
 #include "cellgate/http/message.hpp"
+#include "peers.hpp"
 #include "spdlog/spdlog.h"
 
 namespace cellgate::api {
@@ -43,7 +44,13 @@ std::pair<std::string, std::string> split_host_port(const std::string& spec, int
   return {spec, std::to_string(own)};
 }
 
-// Every address each peer spec names now (a headless Service's name gives one per pod).
+std::string peer_name(const http::client::Url& url) {
+  return (url.host.find(':') != std::string::npos ? "[" + url.host + "]" : url.host) + ":" +
+         url.port;
+}
+
+}  // namespace
+
 std::vector<http::client::Url> resolve_peers(const NodeOptions& node, const std::string& base,
                                              std::vector<std::string>& unresolved) {
   std::vector<http::client::Url> out;
@@ -72,13 +79,6 @@ std::vector<http::client::Url> resolve_peers(const NodeOptions& node, const std:
   }
   return out;
 }
-
-std::string peer_name(const http::client::Url& url) {
-  return (url.host.find(':') != std::string::npos ? "[" + url.host + "]" : url.host) + ":" +
-         url.port;
-}
-
-}  // namespace
 
 bool Api::fans_out(const http::Target& target) const {
   if (options_.node.peers.empty()) {

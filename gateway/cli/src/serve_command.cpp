@@ -244,6 +244,11 @@ CLI::App* add_serve_command(CLI::App& app, ServeCommandLine& serve) {
                   "/api/sessions merge their lists (?scope=local: this node's only)")
       ->envname("CELLGATE_PEERS")
       ->delimiter(',');
+  cmd->add_option("--move-key-file", o.move_key_file,
+                  "a file holding the secret (16+ characters) every node of the cluster "
+                  "shares to sign the kernels they move to each other (cellgate drain --move; "
+                  "docs/scale-out.md); without it this node neither sends nor takes kernels")
+      ->envname("CELLGATE_MOVE_KEY_FILE");
   cmd->add_flag("--e2b-no-token", o.e2b_no_token,
                 "accept E2B requests without a token, as E2B's SDK in debug mode sends "
                 "none (only with a loopback --ip)");

@@ -116,12 +116,12 @@ Result<void> KernelProcess::snapshot(const std::string& image_dir, bool compress
   return dump(image_dir, /*leave_running=*/true, compress);
 }
 
-Result<void> KernelProcess::set_key(std::string key) {
+Result<void> KernelProcess::set_key(const std::string& key) {
   if (key.empty()) {
     return make_error(ErrorCode::kInvalidArgument, "set_key", "a connection key cannot be empty");
   }
   ConnectionInfo next = connection_;
-  next.key = std::move(key);
+  next.key = key;
   CELLGATE_TRY(next.save(connection_file_));  // atomic: an adopting gateway reads one or other
   connection_ = std::move(next);
   return {};

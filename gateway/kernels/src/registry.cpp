@@ -193,14 +193,14 @@ Result<kernel::KernelSpec> KernelRegistry::Impl::kernelspec(const std::string& n
 // ---- starting ---------------------------------------------------------------------------------
 
 Result<std::shared_ptr<ManagedKernel>> KernelRegistry::Impl::new_kernel(
-    kernel::KernelSpec spec, std::map<std::string, std::string> env) {
+    kernel::KernelSpec spec, std::map<std::string, std::string> env, const std::string& id) {
   // Unjailed kernels run as the gateway itself: no uid of a range to draw.
   uid_t uid = ::geteuid();
   if (!options_.no_jail && !jail::in_single_uid_user_namespace()) {
     CELLGATE_ASSIGN_OR_RETURN(uid, uids_.allocate());
   }  // rootless (jail/userns.hpp): every kernel runs as the namespace's one uid, 0
-  const std::string id = protocol::new_node_id();
-  return make_kernel(id, std::move(spec), uid, std::move(env));
+  return make_kernel(id.empty() ? protocol::new_node_id() : id, std::move(spec), uid,
+                     std::move(env));
 }
 
 std::shared_ptr<ManagedKernel> KernelRegistry::Impl::make_kernel(
@@ -288,6 +288,9 @@ Result<ManagedKernel::Running> KernelRegistry::Impl::launch(const std::shared_pt
   if (copy != nullptr) {
     req.restore_image = copy->image_dir;
     req.key = copy->key;
+    if (req.jail && !copy->cgroup_name.empty()) {
+      req.jail->name = copy->cgroup_name;
+    }
   }
   CELLGATE_ASSIGN_OR_RETURN(std::unique_ptr<kernel::KernelProcessHandle> process,
                             backend_.launch(std::move(req)));
@@ -428,12 +431,13 @@ Result<KernelModel> KernelRegistry::Impl::start(const std::string& name, const j
 Result<KernelModel> KernelRegistry::Impl::start_new(kernel::KernelSpec spec,
                                                     std::map<std::string, std::string> env,
                                                     const Copy* copy,
-                                                    std::chrono::steady_clock::time_point began) {
+                                                    std::chrono::steady_clock::time_point began,
+                                                    const std::string& id) {
   CELLGATE_TRY(refuse_if_draining());
   // Pooled kernels count towards max_kernels, but never cost a client its kernel: ready ones
   // make room below.
   CELLGATE_ASSIGN_OR_RETURN(Admission::Ticket place, admission_.admit_client());
-  CELLGATE_ASSIGN_OR_RETURN(auto k, new_kernel(std::move(spec), std::move(env)));
+  CELLGATE_ASSIGN_OR_RETURN(auto k, new_kernel(std::move(spec), std::move(env), id));
   pool_.evict_excess();
   const char* source = copy != nullptr ? "snapshot" : "cold";
   auto launched = [&]() -> Result<void> {

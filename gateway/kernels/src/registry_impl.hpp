@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -57,6 +58,8 @@ class KernelRegistry::Impl {
   Result<KernelModel> start_from_snapshot(const std::string& snapshot_id, const std::string& name,
                                           const nlohmann::json& env);
   Result<std::vector<KernelModel>> fork(const std::string& kernel_id, int count);
+  Result<void> move_out(const std::string& id, const MoveSender& send);  // moves.cpp
+  Result<KernelModel> move_in(const MovedKernel& moved);
   std::vector<std::string> kernel_ids() const;  // the client kernels' now
   void shutdown_all();
   void hand_over();
@@ -89,13 +92,18 @@ class KernelRegistry::Impl {
   struct Copy {
     std::string image_dir;
     std::string key;
+    // The jail's cgroup name instead of "k-<id>": a kernel moved here keeps its id, and its
+    // first node's cgroup of that name may still exist on the same host (moves.cpp).
+    std::string cgroup_name;
   };
   Result<ManagedKernel::Running> launch(const std::shared_ptr<ManagedKernel>& k,
                                         const Copy* copy = nullptr);
   // A client kernel started (from `copy` when given), recorded and made live; start()'s path
   // past the pool.
+  // `id`: the kernel's id ("": a new one of this node; a moved kernel keeps its own).
   Result<KernelModel> start_new(kernel::KernelSpec spec, std::map<std::string, std::string> env,
-                                const Copy* copy, std::chrono::steady_clock::time_point began);
+                                const Copy* copy, std::chrono::steady_clock::time_point began,
+                                const std::string& id = {});
   // Makes the work dir, launches, and moves `k` to idle (a pooled state record).
   Result<void> start_fresh(const std::shared_ptr<ManagedKernel>& k);
   Result<void> make_home(const ManagedKernel& k) const;
@@ -104,7 +112,8 @@ class KernelRegistry::Impl {
                                              uid_t uid, std::map<std::string, std::string> env);
   // A new kernel in state starting, with its uid; fails when no uid is free.
   Result<std::shared_ptr<ManagedKernel>> new_kernel(kernel::KernelSpec spec,
-                                                    std::map<std::string, std::string> env);
+                                                    std::map<std::string, std::string> env,
+                                                    const std::string& id = {});
   // The pool's launch function: one kernel started, answered and warmed; blocking.
   Result<std::shared_ptr<ManagedKernel>> launch_pooled(const std::string& name);
   // A ready pooled kernel of `name` made a client's, or null.
@@ -191,6 +200,8 @@ class KernelRegistry::Impl {
 
   mutable Mutex mu_;
   std::map<std::string, Live> kernels_ CELLGATE_GUARDED_BY(mu_);
+  // Ids of kernels moving here from another node (moves.cpp), not yet live.
+  std::set<std::string> arriving_ CELLGATE_GUARDED_BY(mu_);
   // Kernels hibernate_idle() did not hibernate, said once: for good (nullopt: a zygote kernel,
   // an adopted one), or until they are active again (their last activity then: no room on
   // disk, a failed dump). Monitor passes only (pass_mu_).

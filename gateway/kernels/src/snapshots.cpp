@@ -195,7 +195,7 @@ Result<KernelModel> KernelRegistry::Impl::start_from_snapshot(const std::string&
                       "cannot change it");
   }
   CELLGATE_ASSIGN_OR_RETURN(kernel::KernelSpec spec, kernelspec(s.model.kernel_name));
-  const Copy copy{s.dir, s.key};
+  const Copy copy{s.dir, s.key, {}};
   return start_new(std::move(spec), {}, &copy, began);
 }
 

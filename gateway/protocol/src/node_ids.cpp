@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <deque>
+#include <map>
+#include <mutex>
 
 #include "cellgate/protocol/message.hpp"
 #include "cellgate/util/text.hpp"
@@ -73,7 +76,46 @@ bool from_lost_boot(std::string_view id) {
   return self && stamp && stamp->tag == self->tag && stamp->epoch != self->epoch;
 }
 
+namespace {
+
+constexpr std::size_t kMovedKept = 4096;
+
+struct Moved {
+  std::mutex mu;
+  std::map<std::string, std::string, std::less<>> where;
+  std::deque<std::string> order;  // oldest first, for the bound
+};
+
+Moved& moved() {
+  static Moved m;
+  return m;
+}
+
+}  // namespace
+
+void note_moved(const std::string& id, const std::string& where) {
+  Moved& m = moved();
+  std::lock_guard lock(m.mu);
+  if (m.where.insert_or_assign(id, where).second) {
+    m.order.push_back(id);
+  }
+  while (m.order.size() > kMovedKept) {
+    m.where.erase(m.order.front());
+    m.order.pop_front();
+  }
+}
+
 Error unknown_id(std::string_view id, Error not_found) {
+  {
+    Moved& m = moved();
+    std::lock_guard lock(m.mu);
+    if (auto it = m.where.find(id); it != m.where.end()) {
+      return make_error(ErrorCode::kUnavailable, "kernel_moved",
+                        fmt::format("{} moved from this node to {}: the router sends it there "
+                                    "once told (cellgate drain --move --router …); try again",
+                                    id, it->second));
+    }
+  }
   if (!from_lost_boot(id)) {
     return not_found;
   }

@@ -38,6 +38,8 @@
 #include "cellgate/mcp/http_endpoint.hpp"
 #include "cellgate/mcp/server.hpp"
 #include "cellgate/protocol/node_ids.hpp"
+#include "cellgate/sys/file.hpp"
+#include "cellgate/sys/text.hpp"
 #include "metrics.hpp"
 #include "node.hpp"
 #include "privsep.hpp"
@@ -194,6 +196,19 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   ao.max_file_bytes = o.max_file_bytes;
   ao.jailed = !o.no_jail;
   ao.node.peers = o.peers;
+  if (!o.move_key_file.empty()) {
+    // Fail closed: a node asked to take moved kernels never does so without its key.
+    auto key = sys::read_file(o.move_key_file, 4096, "--move-key-file");
+    if (!key) {
+      throw std::invalid_argument(key.error().message);
+    }
+    std::string secret(sys::trim(*key));
+    if (secret.size() < 16) {
+      throw std::invalid_argument("--move-key-file " + o.move_key_file +
+                                  ": the key is shorter than 16 characters");
+    }
+    ao.node.move_key = std::move(secret);
+  }
   ao.state_dir = o.state_dir;
   ao.node.own_port = o.port;
   impl_->api = std::make_unique<api::Api>(registry, executor, std::move(ao), impl_->offload());

@@ -39,6 +39,10 @@ struct NodeOptions {
   std::vector<std::string> peers;
   int own_port = 8888;
   std::chrono::milliseconds peer_deadline{1000};  // each peer's whole answer
+  // The secret every node of the cluster shares for moving kernels (moves.cpp): the manifest of
+  // each archive one node sends another is signed with it (HMAC-SHA256), and an archive whose
+  // manifest it does not verify is never unpacked. "": this node neither sends nor takes kernels.
+  std::string move_key;
 };
 
 struct ApiOptions {
@@ -99,6 +103,12 @@ class Api : public http::Handler {
   void add_agent_routes();
   // node.cpp: GET /api/node, POST /api/node/drain; the peer fan-out of lists.
   void add_node_routes();
+  // moves.cpp: POST /api/kernels/{id}/move here, /api/node/imports… on the receiving node.
+  void add_move_routes();
+  // moves.cpp: the courier of registry_.move_out(): signs the manifest and uploads the archive
+  // to the peer with tag `to` ("": the one with the most room); answers "node <tag>".
+  Result<std::string> send_kernel(const kernels::MovedKernel& moved, const std::string& to,
+                                  const std::vector<Session>& sessions);
   void start_detached(http::Call& c, const std::string& kernel_id, execute::ExecuteRequest request);
   // `local` (this node's list at `path`) merged with every peer's ?scope=local answer, by id;
   // blocking (the offload pool). The peers that did not answer in time go to `missing`.
@@ -127,6 +137,9 @@ class Api : public http::Handler {
   http::Router router_;
 
   std::map<std::string, http::Handler*> mounts_;  // path below base_url → its handler
+
+  // Archives arriving from other nodes (moves.cpp).
+  std::shared_ptr<class Imports> imports_;
 
   Mutex sessions_mu_;
   std::map<std::string, Session> sessions_ CELLGATE_GUARDED_BY(sessions_mu_);

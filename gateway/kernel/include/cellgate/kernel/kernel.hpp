@@ -250,7 +250,7 @@ class KernelProcessHandle {
   }
   // The kernel took a new connection key (a copy rekeyed after its restore: snapshots.cpp): its
   // connection file and connection() carry `key` from now on.
-  virtual Result<void> set_key(std::string key) {
+  virtual Result<void> set_key(const std::string& key) {
     (void)key;
     return make_error(ErrorCode::kFailedPrecondition, "not_rekeyable",
                       "this kind of kernel process keeps its connection key");

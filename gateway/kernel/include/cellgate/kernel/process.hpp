@@ -139,7 +139,7 @@ class KernelProcess : public KernelProcessHandle {
   Result<void> checkpoint(const std::string& image_dir) override;
   Result<void> snapshot(const std::string& image_dir, bool compress) override;
   Result<void> restore(const std::string& image_dir, std::chrono::milliseconds timeout) override;
-  Result<void> set_key(std::string key) override;
+  Result<void> set_key(const std::string& key) override;
 
  private:
   KernelProcess() = default;

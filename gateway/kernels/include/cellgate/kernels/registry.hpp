@@ -44,6 +44,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -136,6 +137,19 @@ struct RegistryStats {
                                    {0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120}};
 };
 
+// A kernel's move between nodes (move_out, move_in): what the receiving node needs besides the
+// archive itself.
+struct MovedKernel {
+  std::string id;           // kept: the router's override map sends it to its new node
+  std::string kernel_name;  // a kernelspec both nodes have
+  std::string key;          // the connection key the image's kernel holds (the copy is rekeyed)
+  std::map<std::string, std::string> env;  // the client env it was started with (its record's)
+  std::string archive;                     // a tar of the snapshot dir; removed by move_in
+};
+// move_out's courier: places the archive (a tar file's path; `moved.archive`) on another node and
+// answers a name for where it went, or why not.
+using MoveSender = std::function<Result<std::string>(const MovedKernel& moved)>;
+
 // A snapshot as GET /api/snapshots shows it.
 struct SnapshotModel {
   std::string id;           // 32 lowercase hex digits
@@ -220,6 +234,22 @@ class KernelRegistry {
   // restored from it together, the snapshot removed. All or none: a copy that fails ends the
   // others.
   Result<std::vector<KernelModel>> fork(const std::string& kernel_id, int count);
+
+  // ---- moving a kernel to another node (moves.cpp; docs/scale-out.md, "Moving kernels") ----
+  // Blocking. Checkpoints an idle kernel (a hibernated one resumes first) with its work files
+  // into one tar archive and hands it to `send`, which places it on another node; meanwhile the
+  // kernel takes no message (they wait, as during a snapshot). When `send` succeeds, the kernel
+  // ends here: its listeners are told it moved (to what `send` answered: "node 0002"), its
+  // record and home go, and its id answers 503 "kernel_moved" here from then on
+  // (protocol::note_moved). When `send` fails, the kernel runs on here as before and the error
+  // is returned. Refusals as snapshot().
+  Result<void> move_out(const std::string& id, const MoveSender& send);
+  // Blocking. Restores a kernel moved here under its own id (another node's tag): its archive
+  // (made by another node's move_out, its integrity checked by the caller) unpacked into the
+  // snapshot store, rebased onto a uid, cgroup and work dir of this node and restored as a
+  // snapshot's copy is; the archive is removed either way. kFailedPrecondition "kernel_exists"
+  // when that id runs here already; refused as a start while draining.
+  Result<KernelModel> move_in(const MovedKernel& moved);
 
   // Ends every kernel, pooled ones included, and stops refilling the pool for good.
   void shutdown_all();

@@ -47,8 +47,14 @@ std::optional<NodeStamp> stamp_of(std::string_view id);
 // node, whose kernels (and sessions, sandboxes) are gone. False without set_node().
 bool from_lost_boot(std::string_view id);
 
-// What a lookup of `id` that found nothing should answer: kNotFound with "node-restarted" (HTTP
-// 410 Gone: http::status_for) for an id of a lost boot, else `not_found` as it is.
+// Remembers that `id` (a kernel's, a session's) moved from this node to the node `where` names
+// (kernels' move_out, "node 0002"); the last 4096 are kept.
+void note_moved(const std::string& id, const std::string& where);
+
+// What a lookup of `id` that found nothing should answer: kUnavailable "kernel_moved" (503) for
+// an id that moved away (until the routers send it to its new node), kNotFound with
+// "node-restarted" (HTTP 410 Gone: http::status_for) for an id of a lost boot, else `not_found`
+// as it is.
 Error unknown_id(std::string_view id, Error not_found);
 
 }  // namespace cellgate::protocol

@@ -109,6 +109,9 @@ struct ServeOptions {
   int node_tag = 0;
   int agent_port = 0;
   std::vector<std::string> peers;
+  // A file holding the secret the cluster's nodes share to sign the kernels they move to each
+  // other (POST /api/kernels/{id}/move; cellgate drain --move); "": no moves from or to here.
+  std::string move_key_file;
   // E2B's SDK in debug mode sends no token: allow token-less E2B requests (loopback --ip only).
   bool e2b_no_token = false;
   jail::JailSpec jail;  // limits for every kernel
