@@ -114,14 +114,19 @@ class Client:
         assert msg.get("channel") == "iopub", msg
         return msg["content"]
 
-    def run_stdout(self, code):
-        msg_id = self.execute(code)
-        reply = self.wait(lambda m: m["header"]["msg_type"] == "execute_reply"
-                          and m["parent_header"].get("msg_id") == msg_id)
+    def finish(self, msg_id):
+        """A cell's execute_reply content and its stdout, once the reply and idle both came
+        (iopub and shell are separate streams: output may follow the reply)."""
+        mine = lambda m: m["parent_header"].get("msg_id") == msg_id  # noqa: E731
+        reply = self.wait(lambda m: m["header"]["msg_type"] == "execute_reply" and mine(m))
+        self.wait(lambda m: m["header"]["msg_type"] == "status" and mine(m)
+                  and m["content"].get("execution_state") == "idle")
         out = "".join(m["content"]["text"] for m in self.seen
-                      if m["header"]["msg_type"] == "stream"
-                      and m["parent_header"].get("msg_id") == msg_id)
+                      if m["header"]["msg_type"] == "stream" and mine(m))
         return reply["content"], out
+
+    def run_stdout(self, code):
+        return self.finish(self.execute(code))
 
     def close(self):
         self.ws.close()
@@ -177,12 +182,8 @@ def test_the_dap_sequence_stops_at_a_breakpoint_and_shows_variables():
                 assert values.get("a") == "2" and values.get("b") == "3", variables
                 client.debug("continue", {"threadId": thread})
 
-                reply = client.wait(lambda m: m["header"]["msg_type"] == "execute_reply"
-                                    and m["parent_header"].get("msg_id") == cell)
-                assert reply["content"]["status"] == "ok", reply
-                out = "".join(m["content"]["text"] for m in client.seen
-                              if m["header"]["msg_type"] == "stream"
-                              and m["parent_header"].get("msg_id") == cell)
+                reply, out = client.finish(cell)
+                assert reply["status"] == "ok", reply
                 assert out == "5\n", out
                 client.debug("disconnect", {"restart": False, "terminateDebuggee": True})
 
@@ -228,5 +229,34 @@ def test_a_gateway_without_the_switch_refuses_the_kernelspec():
             status, body = start_kernel(server, DEBUG_SPEC)
             assert status == 403, body
             assert "--allow-debugger" in body.get("message", ""), body
+        finally:
+            server.stop()
+
+
+def test_the_broker_of_a_privilege_separated_gateway_gives_the_same_network():
+    """serve --user: the root broker looks the kernelspec up itself and applies its own copy of
+    --allow-debugger; the kernel gets lo, TCP on it, and the debugger answers."""
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o755)  # the unprivileged gateway reaches its state dir below it
+        os.environ["JUPYTER_PATH"] = write_debug_kernelspec(tmp)
+        server = gb.start_cellgate(BIN_DIR, tmp, 4, ["--pool-size", "0", "--allow-debugger",
+                                                      "--user", "64001:64002"], label="broker")
+        try:
+            status, model = start_kernel(server, DEBUG_SPEC)
+            assert status == 201, model
+            client = Client(server, model["id"])
+            try:
+                client.debug("initialize", {"clientID": "t", "adapterID": "",
+                                            "pathFormat": "path", "linesStartAt1": True,
+                                            "columnsStartAt1": True})
+                client.debug("attach")
+                reply, out = client.run_stdout(
+                    "import socket\n"
+                    "print(sorted(l.split(':')[0].strip() for l in open('/proc/net/dev')"
+                    ".readlines()[2:]))\n"
+                    "s = socket.socket(); s.bind(('127.0.0.1', 0)); print('bound')\n")
+                assert reply["status"] == "ok" and out == "['lo']\nbound\n", (reply, out)
+            finally:
+                client.close()
         finally:
             server.stop()

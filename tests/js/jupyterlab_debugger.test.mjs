@@ -150,12 +150,17 @@ test('JupyterLab\'s debugger stops at a breakpoint and shows the frame\'s variab
     await page.locator('#notebook[data-jp-debugger="true"]').waitFor({ timeout: 30_000 });
 
     // A breakpoint on line 2: a click in the breakpoint gutter beside it.
+    await page.locator('.jp-Cell .cm-breakpoint-gutter').first().waitFor({ timeout: 30_000 });
     const gutter = await page.locator('.jp-Cell .cm-breakpoint-gutter').first().boundingBox();
     const line = await page.locator('.jp-Cell .cm-line').nth(1).boundingBox();
     assert.ok(gutter && line, 'no gutter or line 2 to click');
     await page.mouse.click(gutter.x + gutter.width / 2, line.y + line.height / 2);
-    // Its red dot in the gutter (the gutter's spacer holds a hidden one).
+    // Its red dot in the gutter (the gutter's spacer holds a hidden one), and the Breakpoints
+    // panel's entry, which appears once the kernel answered setBreakpoints.
     await page.locator('.jp-Cell .cm-breakpoint-icon:visible').first().waitFor({ timeout: 30_000 });
+    await page.locator('#debugger-sidebar .jp-DebuggerBreakpoint', {
+      has: page.locator('.jp-DebuggerBreakpoint-line', { hasText: /^2$/ }),
+    }).waitFor({ timeout: 30_000 });
 
     // Run it: the kernel stops in f, and the Variables panel shows a and b.
     await page.evaluate(() => { void window.cellgateRun(); });
