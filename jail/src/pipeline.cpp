@@ -30,6 +30,15 @@ Result<void> contain_init(const JailSpec& spec, const RootPaths& paths, uid_t ui
       {"cgroup namespace", [] { return enter_cgroup_namespace(); }},
       {"root filesystem", [&] { return build_root(spec, paths, uid, gid); }},
       {"hostname", [&] { return set_hostname(spec.hostname); }},
+      // Before the kernel exists, as root in the jail's own network namespace: the kernel's
+      // seccomp filter refuses netlink, and it has no CAP_NET_ADMIN anyway.
+      {"loopback network",
+       [&]() -> Result<void> {
+         if (spec.loopback_network) {
+           return bring_up_loopback();
+         }
+         return {};
+       }},
   });
 }
 
@@ -59,7 +68,11 @@ Result<void> contain_kernel(const JailSpec& spec, uid_t uid, gid_t gid,
        }},
       {"file descriptors", settle_fds},
       // Last: after it, even the launcher's own code could not undo anything above.
-      {"seccomp", [] { return apply_seccomp(default_seccomp_table()); }},
+      {"seccomp",
+       [&] {
+         return apply_seccomp(spec.loopback_network ? loopback_seccomp_table()
+                                                    : default_seccomp_table());
+       }},
   });
 }
 

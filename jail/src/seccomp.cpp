@@ -5,6 +5,7 @@
 #include "cellgate/jail/seccomp.hpp"
 
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <sched.h>
 #include <seccomp.h>
 #include <sys/ioctl.h>
@@ -14,6 +15,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -227,6 +229,100 @@ std::vector<SeccompRow> build_default_table() {
   return t;
 }
 
+// ---- the loopback network's socket rows ------------------------------------------------------
+
+// The small values of an argument are compared in aligned blocks of 0..31; above that, one row
+// matches any set bit.
+constexpr std::uint64_t kSmallValues = 0x1F;
+constexpr std::uint64_t kSocketTypeMask = 0xF;  // SOCK_TYPE_MASK: the kernel ignores the rest here
+
+// Appends masked compares on argument `index` that match exactly the values in
+// [start, start + size) of the low `width` bits that are not in `allowed`: the aligned blocks
+// holding no allowed value, halving only where one does. `upper` joins every mask: the bits above
+// `width` that must be 0 as well. The depth is log2(width + 1), at most 5 here.
+void add_blocks_outside(std::vector<SeccompArg>& out, unsigned index, std::uint64_t width,
+                        std::uint64_t upper, const std::vector<std::uint64_t>& allowed,
+                        std::uint64_t start, std::uint64_t size) {
+  const bool holds_allowed = std::any_of(allowed.begin(), allowed.end(), [&](std::uint64_t v) {
+    return v >= start && v < start + size;
+  });
+  if (!holds_allowed) {
+    out.push_back(arg_equals(index, upper | (width & ~(size - 1)), start));
+    return;
+  }
+  if (size > 1) {
+    add_blocks_outside(out, index, width, upper, allowed, start, size / 2);
+    add_blocks_outside(out, index, width, upper, allowed, start + size / 2, size / 2);
+  }
+}
+
+std::vector<SeccompArg> blocks_outside(unsigned index, std::uint64_t width, std::uint64_t upper,
+                                       const std::vector<std::uint64_t>& allowed) {
+  std::vector<SeccompArg> out;
+  add_blocks_outside(out, index, width, upper, allowed, 0, width + 1);
+  return out;
+}
+
+SeccompRow socket_row(std::vector<SeccompArg> args, std::string reason) {
+  return SeccompRow{"socket", EPERM, std::move(args), std::move(reason)};
+}
+
+// socket() for a kernel with a loopback network: AF_UNIX as always, and AF_INET/AF_INET6 stream
+// and datagram sockets with protocol 0, TCP or UDP. No row overlaps another with a different
+// errno, so their order does not matter. The kernel reads the three arguments as ints: each is
+// compared on its low 32 bits, so stray high bits neither pass nor block anything the int would.
+std::vector<SeccompRow> loopback_socket_rows() {
+  std::vector<SeccompRow> t;
+  t.push_back(deny_if("socket", EOPNOTSUPP, arg_equals(0, kLow32, AF_NETLINK),
+                      "AF_NETLINK gets EOPNOTSUPP, not EPERM: libzmq's getifaddrs() path "
+                      "aborts the kernel on EPERM and tolerates EOPNOTSUPP (jail experiment, "
+                      "pitfall 1); lo was brought up by the jail's pid 1, not by the kernel"));
+  for (const auto& block : blocks_outside(0, kSmallValues, kLow32 & ~kSmallValues,
+                                          {AF_UNIX, AF_INET, AF_INET6, AF_NETLINK})) {
+    t.push_back(socket_row({block},
+                           "loopback network: families 0-31 but AF_UNIX, AF_INET, AF_INET6 "
+                           "(AF_PACKET, AF_KEY, AF_APPLETALK, AF_X25, AF_AX25, …) (E12)"));
+  }
+  t.push_back(socket_row({arg_differs(0, kLow32 & ~kSmallValues, 0)},
+                         "loopback network: families 32 and up (AF_ALG, AF_VSOCK, AF_XDP, "
+                         "AF_MCTP, …) (E12)"));
+  for (const std::uint64_t family : {std::uint64_t{AF_INET}, std::uint64_t{AF_INET6}}) {
+    const SeccompArg is_family = arg_equals(0, kLow32, family);
+    const std::string name = family == AF_INET ? "AF_INET" : "AF_INET6";
+    for (const auto& block : blocks_outside(1, kSocketTypeMask, 0, {SOCK_STREAM, SOCK_DGRAM})) {
+      t.push_back(socket_row({is_family, block},
+                             "loopback network: " + name +
+                                 " of a type other than SOCK_STREAM or SOCK_DGRAM (SOCK_RAW "
+                                 "crafts packets, SOCK_PACKET, SOCK_DCCP loads a module) (E12)"));
+    }
+    for (const auto& block :
+         blocks_outside(2, kSmallValues, kLow32 & ~kSmallValues, {0, IPPROTO_TCP, IPPROTO_UDP})) {
+      t.push_back(socket_row({is_family, block},
+                             "loopback network: " + name +
+                                 " protocols 1-31 but TCP and UDP (ICMP ping sockets, IGMP, "
+                                 "…) (E12)"));
+    }
+    t.push_back(socket_row({is_family, arg_differs(2, kLow32 & ~kSmallValues, 0)},
+                           "loopback network: " + name +
+                               " protocols 32 and up (SCTP, UDP-Lite, L2TP, MPTCP, …): each a "
+                               "module the kernel would load on demand, with its own CVEs (E12)"));
+  }
+  return t;
+}
+
+std::vector<SeccompRow> build_loopback_table() {
+  std::vector<SeccompRow> t;
+  for (const auto& row : default_seccomp_table()) {
+    if (row.syscall != "socket") {
+      t.push_back(row);
+    }
+  }
+  for (auto& row : loopback_socket_rows()) {
+    t.push_back(std::move(row));
+  }
+  return t;
+}
+
 struct FilterRelease {
   void operator()(void* ctx) const { seccomp_release(ctx); }
 };
@@ -375,6 +471,11 @@ Result<void> add_row(const Filter& filter, const SeccompRow& row) {
 
 const std::vector<SeccompRow>& default_seccomp_table() {
   static const std::vector<SeccompRow> table = build_default_table();
+  return table;
+}
+
+const std::vector<SeccompRow>& loopback_seccomp_table() {
+  static const std::vector<SeccompRow> table = build_loopback_table();
   return table;
 }
 

@@ -44,7 +44,8 @@ json spec_to_json(const jail::JailSpec& spec) {
             {"etc_binds", spec.etc_binds},
             {"system_binds", spec.system_binds},
             {"env", spec.env},
-            {"optional", spec.optional}};
+            {"optional", spec.optional},
+            {"loopback_network", spec.loopback_network}};
   if (spec.uid) {
     j["uid"] = *spec.uid;
   }
@@ -61,7 +62,7 @@ Result<jail::JailSpec> spec_from_json(const json& j) {
   if (!j.is_object()) {
     return bad("the jail spec is not a JSON object");
   }
-  static constexpr std::array<std::string_view, 24> kKnownKeys = {"memory_bytes",
+  static constexpr std::array<std::string_view, 25> kKnownKeys = {"memory_bytes",
                                                                   "pids",
                                                                   "cpus",
                                                                   "tmp_bytes",
@@ -84,7 +85,8 @@ Result<jail::JailSpec> spec_from_json(const json& j) {
                                                                   "etc_binds",
                                                                   "system_binds",
                                                                   "env",
-                                                                  "optional"};
+                                                                  "optional",
+                                                                  "loopback_network"};
   for (const auto& [key, value] : j.items()) {
     if (std::find(kKnownKeys.begin(), kKnownKeys.end(), key) == kKnownKeys.end()) {
       // A misspelt limit must not silently fall back to a default.
@@ -118,6 +120,7 @@ Result<jail::JailSpec> spec_from_json(const json& j) {
     get("system_binds", spec.system_binds);
     get("env", spec.env);
     get("optional", spec.optional);
+    get("loopback_network", spec.loopback_network);
     if (auto it = j.find("uid"); it != j.end() && !it->is_null()) {
       spec.uid = it->get<uid_t>();
     }

@@ -5,17 +5,21 @@
 // Python in the jail) and /Zygote (the kernel is forked from a zygote the test binary starts
 // once, with a canary in its environment; see kernel-launcher's zygote.hpp). Zygote-mode kernels
 // are checked to come from the zygote: pandas is already imported before any cell imports it.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -608,6 +612,81 @@ TEST_P(JailMemoryLimit, AllocatingTwiceTheLimitEndsOnlyThatKernel) {
   EXPECT_EQ(ended->reason, launcher::ExitReason::kOom) << ended->message;
   EXPECT_GE(ended->oom_kills, 1u);
   EXPECT_EQ(run(*bystander->client, "print(x)"), "kept\n");
+}
+
+// The debugger's loopback network (JailSpec::loopback_network, jail/README.md "Loopback
+// network"), red-teamed from inside a real kernel of each mode: lo is the only interface and
+// works, a server on the host's own 127.0.0.1 is not reached (the jail's 127.0.0.1 is its own),
+// nothing routes out, and raw, packet, netlink, ICMP, SCTP and vsock sockets are still refused.
+class JailLoopback : public ::testing::TestWithParam<Mode> {};
+INSTANTIATE_TEST_SUITE_P(, JailLoopback, ::testing::Values(Mode::kCold, Mode::kZygote), mode_name);
+
+TEST_P(JailLoopback, OnlyItsOwnLoopbackIsReachableAndRawSocketsStayRefused) {
+  if (::geteuid() != 0) {
+    GTEST_SKIP() << "the jail needs root";
+  }
+  // A server on the host's loopback, which the kernel must not reach.
+  const int host = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  ASSERT_GE(host, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::bind(host, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(host, 8), 0);
+  ASSERT_EQ(::getsockname(host, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string port = std::to_string(ntohs(addr.sin_port));
+
+  jail::JailSpec spec;
+  spec.loopback_network = true;
+  auto k = start_jailed(spec, GetParam());
+  ASSERT_TRUE(k) << k.error().describe();
+  const std::string out = run(
+      *k->client,
+      "import socket, errno\n"
+      "def attempt(fn):\n"
+      "    try:\n"
+      "        fn()\n"
+      "        return 'ok'\n"
+      "    except OSError as e:\n"
+      "        return errno.errorcode.get(e.errno, str(e.errno))\n"
+      "print('ifaces', sorted(l.split(':')[0].strip() for l in open('/proc/net/dev')"
+      ".readlines()[2:]))\n"
+      "srv = socket.socket(); srv.bind(('127.0.0.1', 0)); srv.listen(1)\n"
+      "c = socket.create_connection(srv.getsockname(), timeout=10)\n"
+      "a, _ = srv.accept(); c.sendall(b'x'); print('inside', a.recv(1))\n"
+      "print('host', attempt(lambda: socket.create_connection(('127.0.0.1', " +
+          port +
+          "), timeout=10)))\n"
+          "print('metadata', attempt(lambda: socket.create_connection(('169.254.169.254', 80),"
+          " timeout=10)))\n"
+          "print('public', attempt(lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
+          ".connect(('8.8.8.8', 53))))\n"
+          "v6 = attempt(lambda: socket.socket(socket.AF_INET6).close())\n"
+          "print('v6', 'ok' if v6 in ('ok', 'EAFNOSUPPORT') else v6)\n"
+          "for name, args in [('raw', (socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)),\n"
+          "                   ('raw6', (socket.AF_INET6, socket.SOCK_RAW, 58)),\n"
+          "                   ('ping', (socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP)),\n"
+          "                   ('sctp', (socket.AF_INET, socket.SOCK_STREAM, 132)),\n"
+          "                   ('packet', (socket.AF_PACKET, socket.SOCK_RAW, 0)),\n"
+          "                   ('vsock', (40, socket.SOCK_STREAM, 0))]:\n"
+          "    print(name, attempt(lambda: socket.socket(*args).close()))\n"
+          "print('netlink', 'EOPNOTSUPP' if attempt(lambda: socket.socket(socket.AF_NETLINK,"
+          " socket.SOCK_RAW, 0).close()) in ('EOPNOTSUPP', 'ENOTSUP') else 'OPEN')\n");
+  EXPECT_NE(out.find("ifaces ['lo']\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("inside b'x'\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("host ECONNREFUSED\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("metadata ENETUNREACH\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("public ENETUNREACH\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("v6 ok\n"), std::string::npos) << out;
+  for (const char* name : {"raw", "raw6", "ping", "sctp", "packet", "vsock"}) {
+    EXPECT_NE(out.find(std::string(name) + " EPERM\n"), std::string::npos) << name << ": " << out;
+  }
+  EXPECT_NE(out.find("netlink EOPNOTSUPP\n"), std::string::npos) << out;
+  // Nothing knocked on the host's server.
+  EXPECT_LT(::accept4(host, nullptr, nullptr, SOCK_CLOEXEC), 0);
+  EXPECT_EQ(errno, EAGAIN);
+  ::close(host);
 }
 
 TEST(JailLimits, ABusyLoopIsHeldToItsCpuQuota) {

@@ -13,6 +13,7 @@
 #include "cellgate/kernels/registry.hpp"
 #include "cellgate/testing/fake_kernel.hpp"
 #include "cellgate/util/loop.hpp"
+#include "kernel_jail.hpp"
 #include "warm_pool.hpp"
 
 namespace cellgate::kernels {
@@ -245,6 +246,29 @@ TEST_F(MonitorLoopTest, NoPassRunsOnceTheRegistryIsGone) {
   registry_.reset();
   clock_.advance(1s);  // the cancelled timer does not run
   EXPECT_EQ(clock_.pending_timers(), 0u);
+}
+
+// The debugger's loopback network: what a kernelspec asks for (metadata.cellgate.debugger) and
+// what the operator allows (serve --allow-debugger) decide it; asked and not allowed is refused.
+TEST(KernelJail, TheLoopbackNetworkIsTheKernelspecsAskAndTheOperatorsLeave) {
+  kernel::KernelSpec spec;
+  spec.name = "python3-debugger";
+  EXPECT_FALSE(kernel_loopback(spec, true).value());
+  spec.metadata = {{"debugger", true}};  // JupyterLab's flag alone opens nothing
+  EXPECT_FALSE(kernel_loopback(spec, true).value());
+  spec.metadata = {{"cellgate", {{"debugger", false}}}};
+  EXPECT_FALSE(kernel_loopback(spec, false).value());
+  spec.metadata = {{"cellgate", {{"debugger", true}}}};
+  EXPECT_TRUE(kernel_loopback(spec, true).value());
+  auto refused = kernel_loopback(spec, false);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, ErrorCode::kPermissionDenied);
+  EXPECT_EQ(refused.error().reason, "debugger_not_allowed");
+  EXPECT_NE(refused.error().message.find("--allow-debugger"), std::string::npos);
+  spec.metadata = {{"cellgate", {{"debugger", "yes"}}}};
+  EXPECT_EQ(kernel_loopback(spec, true).error().reason, "bad_kernelspec");
+  EXPECT_TRUE(kernel_jail(jail::JailSpec{}, "k", 2000000, "/w", {}, true).loopback_network);
+  EXPECT_FALSE(kernel_jail(jail::JailSpec{}, "k", 2000000, "/w", {}).loopback_network);
 }
 
 }  // namespace

@@ -30,11 +30,13 @@ TEST(SpecJson, EveryFieldRoundTrips) {
   spec.system_binds = {"/opt/cache"};
   spec.env = {{"A", "1"}};
   spec.optional = {"swap"};
+  spec.loopback_network = true;
   const json j = spec_to_json(spec);
   auto back = spec_from_json(json::parse(j.dump()));
   ASSERT_TRUE(back) << back.error().message;
   EXPECT_EQ(spec_to_json(*back), j);
   EXPECT_EQ(back->uid, spec.uid);
+  EXPECT_TRUE(back->loopback_network);
   ASSERT_EQ(back->binds.size(), 1u);
   EXPECT_TRUE(back->binds[0].writable);
 }
@@ -44,6 +46,7 @@ TEST(SpecJson, AbsentKeysKeepTheDefaults) {
   ASSERT_TRUE(spec) << spec.error().message;
   EXPECT_EQ(spec_to_json(*spec), spec_to_json(jail::JailSpec{}));
   EXPECT_FALSE(spec_to_json(*spec).contains("uid"));  // the launcher picks one per kernel
+  EXPECT_FALSE(spec->loopback_network);               // no network unless asked for
 }
 
 TEST(SpecJson, RefusalsNameTheProblem) {
@@ -51,6 +54,7 @@ TEST(SpecJson, RefusalsNameTheProblem) {
       {"[]", "the jail spec is not a JSON object"},
       {R"({"memroy_bytes": 1})", "unknown key 'memroy_bytes'"},
       {R"({"pids": "x"})", "a field has the wrong type: "},
+      {R"({"loopback_network": 1})", "a field has the wrong type: "},
       {R"({"binds": [{"target": "/opt/p"}]})", "a field has the wrong type: "},
       {R"({"memory_bytes": 1000})", "limits must be positive (memory at least 16 MiB)"},
       {R"({"uid": 0})", "the kernel's uid must not be 0"},

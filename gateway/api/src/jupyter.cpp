@@ -583,6 +583,15 @@ json Api::spec_model(const kernel::KernelSpec& spec) const {
     }
   }
   const bool jailed = options_.jailed;
+  json metadata = spec.metadata.is_object() ? spec.metadata : json::object();
+  if (jailed) {
+    // JupyterLab shows its debugger for a kernelspec whose metadata.debugger is true. In the jail
+    // debugpy works only with the loopback network (jail/README.md): say true exactly then.
+    const auto cellgate = metadata.find("cellgate");
+    const bool loopback = cellgate != metadata.end() && cellgate->is_object() &&
+                          cellgate->value("debugger", json(false)) == json(true);
+    metadata["debugger"] = loopback && options_.allow_debugger;
+  }
   return json{{"name", spec.name},
               {"spec",
                {{"argv", spec.argv},
@@ -590,7 +599,7 @@ json Api::spec_model(const kernel::KernelSpec& spec) const {
                 {"language", spec.language},
                 {"interrupt_mode", spec.interrupt_mode},
                 {"env", json::object()},
-                {"metadata", spec.metadata}}},
+                {"metadata", metadata}}},
               {"resources", resources}};
 }
 

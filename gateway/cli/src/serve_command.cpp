@@ -275,6 +275,12 @@ CLI::App* add_serve_command(CLI::App& app, ServeCommandLine& serve) {
                   "separation). The state dir then defaults to /var/lib/cellgate")
       ->envname("CELLGATE_USER");
   cmd->add_flag("--no-jail", o.no_jail, "run kernels UNJAILED (never with untrusted code)");
+  cmd->add_flag("--allow-debugger", o.allow_debugger,
+                "let kernelspecs with metadata.cellgate.debugger start: such a kernel gets a "
+                "loopback-only network in its own namespace and may open TCP/UDP sockets, "
+                "which ipykernel's debugger (debugpy) needs (jail/README.md); off: they are "
+                "refused")
+      ->envname("CELLGATE_ALLOW_DEBUGGER");
   cmd->add_flag("--keep-kernels", o.keep_kernels,
                 "on SIGTERM/SIGINT leave the client kernels running for the next gateway "
                 "on this --state-dir to adopt (SIGUSR2 always does; a restart or upgrade "

@@ -279,8 +279,10 @@ Result<ManagedKernel::Running> KernelRegistry::Impl::launch(const std::shared_pt
     req.env[key] = value;
   }
   if (!options_.no_jail) {
-    req.jail =
-        kernel_jail(options_.jail, k->id(), k->uid(), k->work_dir(), options_.work_dir_aliases);
+    CELLGATE_ASSIGN_OR_RETURN(const bool loopback,
+                              kernel_loopback(k->spec(), options_.allow_debugger));
+    req.jail = kernel_jail(options_.jail, k->id(), k->uid(), k->work_dir(),
+                           options_.work_dir_aliases, loopback);
   }
   if (options_.display_formatters) {
     add_display_formatters(req);

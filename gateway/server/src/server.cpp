@@ -110,6 +110,7 @@ engine::EngineOptions engine_options(const ServeOptions& o) {
   r.pool_parallel = o.pool_parallel;
   r.pool_kernels = o.pool_kernels;
   r.jail = o.jail;
+  r.allow_debugger = o.allow_debugger;
   // Agents get a figure's data and a DataFrame's columns beside the PNG and the HTML (notebook
   // runs do not: nbclient's outputs have no such MIME types).
   r.display_formatters = o.chart_data;
@@ -195,6 +196,7 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   ao.execute_keepalive = o.execute_keepalive;
   ao.max_file_bytes = o.max_file_bytes;
   ao.jailed = !o.no_jail;
+  ao.allow_debugger = o.allow_debugger;
   ao.node.peers = o.peers;
   if (!o.move_key_file.empty()) {
     // Fail closed: a node asked to take moved kernels never does so without its key.
@@ -425,6 +427,7 @@ Result<std::unique_ptr<kernel::KernelBackend>> split_privileges(
   broker::BrokerPolicy policy;
   policy.state_dir = o.state_dir;
   policy.jail = o.jail;
+  policy.allow_debugger = o.allow_debugger;
   policy.work_dir_aliases = work_dir_aliases();
   policy.first_uid = range.first;
   policy.start_timeout = std::chrono::milliseconds(std::llround(o.kernel_start_timeout * 1000));
@@ -485,6 +488,11 @@ int run_serve(ServeOptions options) {
           "--optional-limits: kernels start without the {} limit where this host cannot "
           "enforce it",
           limit);
+    }
+    if (options.allow_debugger) {
+      spdlog::warn(
+          "--allow-debugger: kernelspecs with metadata.cellgate.debugger start with a "
+          "loopback-only network (TCP/UDP inside their own network namespace; jail/README.md)");
     }
   }
   // The host's steps (engine/host.hpp): before the zygote, any kernel and any thread.

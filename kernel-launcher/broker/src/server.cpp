@@ -447,6 +447,8 @@ class Broker {
     if (::lstat(work_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
       return make_error(ErrorCode::kInternal, "work_dir", work_dir + " is not a directory");
     }
+    CELLGATE_ASSIGN_OR_RETURN(const bool loopback,
+                              kernels::kernel_loopback(spec, policy_.allow_debugger));
     kernel::LaunchRequest req;
     req.spec = std::move(spec);
     req.kernel_id = kernel_id;
@@ -455,8 +457,8 @@ class Broker {
     req.env = std::move(env);
     req.conn_files = std::move(conn_files);
     req.start_timeout = policy_.start_timeout;
-    req.jail =
-        kernels::kernel_jail(policy_.jail, kernel_id, uid, work_dir, policy_.work_dir_aliases);
+    req.jail = kernels::kernel_jail(policy_.jail, kernel_id, uid, work_dir,
+                                    policy_.work_dir_aliases, loopback);
     req.jail->access_gid = policy_.access_gid;  // the kernel's gid then (the launcher sees to it)
     return backend_.launch(std::move(req));
   }

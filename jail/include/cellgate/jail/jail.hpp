@@ -9,6 +9,7 @@
 //   pid 1 of new mount, pid, net, ipc, uts namespaces (clone_jailed(), or the zygote's clone),
 //   contain_init():
 //     "session" → "cgroup namespace" → "root filesystem" → "hostname"
+//     → "loopback network" (only for a spec with loopback_network)
 //   the kernel, forked by pid 1, just before execve (or before the zygote's Python runs it),
 //   contain_kernel():
 //     "session" → "work dir" → "rlimits" → "cpu affinity" → "credentials" → "no_new_privs"
@@ -70,6 +71,10 @@ Result<void> contain_kernel(const JailSpec& spec, uid_t uid, gid_t gid,
 Result<void> enter_cgroup_namespace();
 Result<void> build_root(const JailSpec& spec, const RootPaths& paths, uid_t uid, gid_t gid);
 Result<void> set_hostname(const std::string& name);
+// For a spec with loopback_network: checks that the (new) network namespace holds only `lo` and
+// brings it up (IFF_UP), as root in that namespace, before any of the kernel runs. Fails, naming
+// the call, if it cannot: the kernel then does not start.
+Result<void> bring_up_loopback();
 
 // Kernel steps.
 Result<void> new_session();

@@ -38,6 +38,15 @@ struct SeccompRow {
 
 const std::vector<SeccompRow>& default_seccomp_table();
 
+// The table of a kernel with a loopback network (JailSpec::loopback_network): the default table
+// with its `socket` rows replaced, so that AF_INET and AF_INET6 sockets of type SOCK_STREAM or
+// SOCK_DGRAM with protocol 0, IPPROTO_TCP or IPPROTO_UDP open; every other family (AF_NETLINK
+// still EOPNOTSUPP, the rest EPERM), type (SOCK_RAW, SOCK_PACKET, SOCK_SEQPACKET, SOCK_DCCP, …)
+// and protocol (ICMP, SCTP, L2TP, UDP-Lite, MPTCP, …, whose modules the kernel would autoload)
+// is refused. Families, types and protocols are compared on their low 32 bits, the int the
+// kernel reads. socketpair is unchanged (AF_UNIX only).
+const std::vector<SeccompRow>& loopback_seccomp_table();
+
 // Loads the table as a filter on the calling process: default allow; each row returns its errno.
 // Fails with a message naming the syscall or libseccomp call that failed.
 Result<void> apply_seccomp(const std::vector<SeccompRow>& table);

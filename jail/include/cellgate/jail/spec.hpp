@@ -99,6 +99,14 @@ struct JailSpec {
   // the fonts, ~25 ms here and seconds on hosts with many fonts, and writes ~/.cache/fontconfig).
   std::vector<std::string> system_binds = {"/var/cache/fontconfig"};
 
+  // A loopback-only network (jail/README.md, "Loopback network"): the kernel still gets a
+  // network namespace of its own, but with `lo` brought up in it by pid 1 before anything of the
+  // kernel runs (no other interface, so no route out), and its seccomp filter lets it open
+  // AF_INET/AF_INET6 stream and datagram sockets (TCP, UDP) — what debugpy, ipykernel's debugger,
+  // needs. Raw, packet, netlink and every other family stay refused. false: `lo` stays down and
+  // every family but AF_UNIX is refused.
+  bool loopback_network = false;
+
   // The kernel's entire environment.
   std::map<std::string, std::string> env = {{"PATH", "/usr/local/bin:/usr/bin:/bin"},
                                             {"LANG", "C.UTF-8"}};

@@ -53,6 +53,9 @@ struct ApiOptions {
   double execute_keepalive = 3;            // seconds between keepalive events when streaming
   std::size_t max_file_bytes = 16u << 20;  // the files API and one-shot files
   bool jailed = true;                      // kernelspec display names say "(cellgate, jailed)"
+  // serve --allow-debugger. Jailed, a kernelspec's metadata.debugger (what JupyterLab's debugger
+  // reads) is true only for kernelspecs that set metadata.cellgate.debugger and only then.
+  bool allow_debugger = false;
   std::shared_ptr<http::HttpStats> stats;  // refusals counted for /metrics; null: not counted
   NodeOptions node;
   // Detached cells' events go to <state_dir>/executions ("": kept in memory only).

@@ -106,6 +106,9 @@ struct RegistryOptions {
   int pool_parallel = 0;
   std::vector<std::string> pool_kernels;  // kernelspecs pooled; empty: the default one
   jail::JailSpec jail;                    // limits for every kernel
+  // Kernels whose kernelspec sets metadata.cellgate.debugger get a loopback network
+  // (jail/README.md, "Loopback network"); false: such a kernelspec does not start.
+  bool allow_debugger = false;
   // ipykernels load cellgate's display formatters (a figure's chart, a DataFrame's data, PIL's
   // show() displayed: src/display_formatters.hpp). `cellgate serve` turns it on; off by default,
   // so notebook runs produce what nbclient would.

@@ -60,6 +60,9 @@ struct ServeOptions {
   // (RegistryOptions::heartbeat_timeout); a kernel busy at its CPU quota is never restarted.
   double heartbeat_timeout = 3;
   bool no_jail = false;  // run kernels unjailed (explicit only)
+  // Kernelspecs with metadata.cellgate.debugger start with a loopback network (serve
+  // --allow-debugger; jail/README.md, "Loopback network"). Off: they are refused.
+  bool allow_debugger = false;
   // Not an option: why kernels cannot hibernate here ("" when they can), which run_serve takes
   // from engine::prepare_host (RegistryOptions::checkpoints_unavailable).
   std::string checkpoints_unavailable = "this gateway was not set up for checkpoints";

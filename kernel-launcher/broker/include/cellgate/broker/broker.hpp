@@ -38,6 +38,9 @@ namespace cellgate::broker {
 struct BrokerPolicy {
   std::string state_dir;  // runtime dirs in <state_dir>/run, work dirs in <state_dir>/work/<id>
   jail::JailSpec jail;    // every kernel's jail; uid, gid, name and work-dir binds per kernel
+  // Kernelspecs (the broker's own lookup) with metadata.cellgate.debugger get a loopback network;
+  // false: they are refused.
+  bool allow_debugger = false;
   std::vector<std::string> work_dir_aliases;  // where the work dir is bound besides /home/kernel
   uid_t first_uid = 0;                        // the kernel uids it may run, inclusive (never 0)
   uid_t last_uid = 0;
