@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
+#include <map>
 #include <string>
 
 #include "cellgate/cli/serve.hpp"
@@ -252,6 +253,30 @@ CLI::App* add_serve_command(CLI::App& app, ServeCommandLine& serve) {
   cmd->add_flag("--e2b-no-token", o.e2b_no_token,
                 "accept E2B requests without a token, as E2B's SDK in debug mode sends "
                 "none (only with a loopback --ip)");
+  cmd->add_option("--api", o.api,
+                  "which API to serve: jupyter-websocket (the Jupyter REST and WebSocket API, "
+                  "the agent API, E2B, MCP) or notebook-http (the --seed notebook's annotated "
+                  "cells as HTTP endpoints; Kernel Gateway's module names are accepted too)")
+      ->transform(CLI::Transformer(std::map<std::string, std::string>{
+          {"kernel_gateway.notebook_http", "notebook-http"},
+          {"kernel_gateway.jupyter_websocket", "jupyter-websocket"}}))
+      ->check(CLI::IsMember({"jupyter-websocket", "notebook-http"}))
+      ->capture_default_str();
+  cmd->add_option("--seed", o.seed,
+                  "a notebook (.ipynb): with --api notebook-http its annotated cells are the "
+                  "endpoints and its other code cells seed every kernel of the pool "
+                  "(Kernel Gateway's seed_uri; a file, not a URL)");
+  cmd->add_option("--prespawn", o.prespawn,
+                  "--api notebook-http: kernels in the fixed pool that serves requests (default "
+                  "1, or --pool-size when that is given)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--allow-notebook-download", o.allow_notebook_download,
+                "--api notebook-http: serve the --seed notebook at /_api/source");
+  cmd->add_option("--static-path", o.static_path,
+                  "--api notebook-http: serve this directory's files at /public/");
+  cmd->add_option("--force-kernel", o.force_kernel,
+                  "--api notebook-http: the pool's kernelspec, whatever the notebook names "
+                  "(Kernel Gateway's force_kernel_name)");
   cmd->add_option("--memory", o.jail.memory_bytes, "per-kernel memory limit (a size: 2G, 512M)")
       ->capture_default_str();
   cmd->add_option("--cpus", o.jail.cpus, "per-kernel CPU quota")->capture_default_str();

@@ -38,7 +38,82 @@ constexpr Alias kAliases[] = {
     {"KG_KEYFILE", "keyfile"},
     {"KG_CLIENT_CA", "client-ca"},
     {"KG_WS_PING_INTERVAL_SECS", "ws-ping-interval"},
+    {"KG_API", "api"},
+    {"KG_SEED_URI", "seed"},
+    {"KG_FORCE_KERNEL_NAME", "force-kernel"},
+    {"KG_ALLOW_NOTEBOOK_DOWNLOAD", "allow-notebook-download"},
+    {"KG_STATIC_PATH", "static-path"},
 };
+
+// Kernel Gateway's command-line spellings (traitlets' --Class.trait=value, and its own aliases),
+// by the long option name they are read as.
+constexpr Alias kTraitAliases[] = {
+    {"KernelGatewayApp.ip", "ip"},
+    {"KernelGatewayApp.port", "port"},
+    {"KernelGatewayApp.base_url", "base-url"},
+    {"KernelGatewayApp.auth_token", "token"},
+    {"KernelGatewayApp.allow_origin", "allow-origin"},
+    {"KernelGatewayApp.max_kernels", "max-kernels"},
+    {"KernelGatewayApp.api", "api"},
+    {"KernelGatewayApp.seed_uri", "seed"},
+    {"KernelGatewayApp.prespawn_count", "prespawn"},
+    {"KernelGatewayApp.default_kernel_name", "default-kernel"},
+    {"KernelGatewayApp.force_kernel_name", "force-kernel"},
+    {"KernelGatewayApp.certfile", "certfile"},
+    {"KernelGatewayApp.keyfile", "keyfile"},
+    {"KernelGatewayApp.client_ca", "client-ca"},
+    {"NotebookHTTPPersonality.allow_notebook_download", "allow-notebook-download"},
+    {"NotebookHTTPPersonality.static_path", "static-path"},
+    {"seed_uri", "seed"},
+    {"client-ca", "client-ca"},
+};
+
+// `--KernelGatewayApp.seed_uri=x.ipynb` (or with the value as the next argument) → `--seed
+// x.ipynb`; a boolean trait's True → the flag, False → nothing. Other arguments pass unchanged.
+std::vector<std::string> translate_traits(std::vector<std::string> args) {
+  std::vector<std::string> out;
+  bool in_serve = false;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (!in_serve || !arg.starts_with("--") || arg == "--") {
+      in_serve = in_serve || arg == "serve";
+      out.push_back(arg);
+      continue;
+    }
+    const std::size_t eq = arg.find('=');
+    const std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    const Alias* alias = nullptr;
+    for (const Alias& a : kTraitAliases) {
+      if (name == a.kg) {
+        alias = &a;
+      }
+    }
+    if (alias == nullptr) {
+      out.push_back(arg);
+      continue;
+    }
+    std::string value;
+    if (eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+    } else if (i + 1 < args.size()) {
+      value = args[++i];
+    }
+    if (value.size() >= 2 && (value.front() == '\'' || value.front() == '"') &&
+        value.back() == value.front()) {
+      value = value.substr(1, value.size() - 2);  // traitlets reads 'x' as x
+    }
+    const std::string option = std::string("--") + alias->option;
+    if (option == "--allow-notebook-download") {
+      if (value == "True" || value == "true" || value == "1") {
+        out.push_back(option);
+      }
+      continue;
+    }
+    out.push_back(option);
+    out.push_back(value);
+  }
+  return out;
+}
 
 std::string env_or_empty(const std::string& name) {
   const char* value = std::getenv(name.c_str());
@@ -269,6 +344,7 @@ ServeEnvironment prepare_serve_parse(const CLI::App& serve_command, int argc,
   for (int i = 0; i < argc; ++i) {
     environment.args.emplace_back(argv[i]);
   }
+  environment.args = translate_traits(std::move(environment.args));
   if (!given_on_command_line(argc, argv).contains("config")) {
     auto serve = std::find(environment.args.begin() + 1, environment.args.end(), "serve");
     if (serve != environment.args.end()) {
@@ -295,6 +371,11 @@ int run_serve_command(ServeCommandLine& serve, CLI::App& serve_command, int argc
   server::set_up_logging(serve.options);
   for (const auto& notice : environment.notices) {
     spdlog::info("config: {}", notice);
+  }
+  if (serve.options.prespawn == 0 && serve.options.api == "notebook-http") {
+    // Kernel Gateway's prespawn_count (KG_PRESPAWN_COUNT is read as --pool-size), else 1.
+    const CLI::Option* pool = serve_command.get_option_no_throw("--pool-size");
+    serve.options.prespawn = pool != nullptr && pool->count() > 0 ? serve.options.pool_size : 1;
   }
   serve.options.zygote = !serve.no_zygote;
   serve.options.chart_data = !serve.no_chart_data;

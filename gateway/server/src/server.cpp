@@ -37,6 +37,7 @@
 #include "cellgate/kernels/uid_allocator.hpp"
 #include "cellgate/mcp/http_endpoint.hpp"
 #include "cellgate/mcp/server.hpp"
+#include "cellgate/notebook_http/service.hpp"
 #include "cellgate/protocol/node_ids.hpp"
 #include "cellgate/sys/file.hpp"
 #include "cellgate/sys/text.hpp"
@@ -115,6 +116,13 @@ engine::EngineOptions engine_options(const ServeOptions& o) {
   // runs do not: nbclient's outputs have no such MIME types).
   r.display_formatters = o.chart_data;
   r.work_dir_aliases = work_dir_aliases();
+  if (o.api == "notebook-http") {
+    // The fixed pool of seeded kernels is all: no warm pool beside it, and kernels' outputs as
+    // ipykernel makes them (an execute_result's MIME bundle is a response body).
+    r.pool_size = 0;
+    r.pool_max = 0;
+    r.display_formatters = false;
+  }
   // Kernels start through the launcher; jailed python3 ipykernels fork from the zygote.
   e.zygote = o.zygote;
   e.zygote_preload = o.zygote_preload;
@@ -149,6 +157,9 @@ struct Server::Impl {
   std::unique_ptr<mcp::HttpEndpoint> mcp_endpoint;
   std::shared_ptr<http::HttpStats> http_stats = std::make_shared<http::HttpStats>();
   std::unique_ptr<MetricsEndpoint> metrics;
+  // --api notebook-http: the front end served instead of the Api, over its own client seam.
+  std::unique_ptr<client::Kernels> notebook_kernels;
+  std::unique_ptr<notebook_http::Service> notebook;
   http::HttpOptions http_options;
   std::shared_ptr<http::TlsContext> tls;
   std::unique_ptr<http::Listener> listener;
@@ -276,6 +287,50 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
         }
       });
   impl_->http_options.ws_ping_interval = o.ws_ping_interval;
+
+  if (o.api == "notebook-http") {
+    make_notebook_http(registry, executor);
+  }
+}
+
+void Server::make_notebook_http(kernels::KernelRegistry& registry, execute::Executor& executor) {
+  const auto& o = impl_->options;
+  if (o.seed.empty()) {
+    throw std::invalid_argument(
+        "--api notebook-http needs --seed NOTEBOOK (the annotated notebook)");
+  }
+  if (o.seed.starts_with("http://") || o.seed.starts_with("https://")) {
+    throw std::invalid_argument("--seed " + o.seed +
+                                ": notebooks are read from files only; download it first");
+  }
+  auto notebook = notebook_http::load_notebook(o.seed);
+  if (!notebook) {
+    throw std::invalid_argument("--seed: " + notebook.error().message);
+  }
+  notebook_http::Options no;
+  no.base_url = o.base_url;
+  no.token = impl_->token;
+  no.allow_origins = o.allow_origins;
+  no.prespawn = std::max(1, o.prespawn);
+  no.kernel_name = o.force_kernel;
+  no.allow_notebook_download = o.allow_notebook_download;
+  no.static_path = o.static_path;
+  no.cell_timeout = o.execute_max_timeout;
+  no.max_static_bytes = o.max_file_bytes;
+  if (static_cast<std::size_t>(no.prespawn) > o.max_kernels) {
+    throw std::invalid_argument("cannot prespawn " + std::to_string(no.prespawn) +
+                                "; more than --max-kernels " + std::to_string(o.max_kernels));
+  }
+  client::Options co;
+  co.client = "notebook-http";
+  co.max_timeout = o.execute_max_timeout;
+  impl_->notebook_kernels = client::make_local(registry, executor, co);
+  auto service = notebook_http::Service::create(std::move(notebook).value(), std::move(no),
+                                                *impl_->notebook_kernels, impl_->offload());
+  if (!service) {
+    throw std::invalid_argument(service.error().message);
+  }
+  impl_->notebook = std::move(service).value();
 }
 
 Server::~Server() {
@@ -285,6 +340,8 @@ Server::~Server() {
   impl_->agent.reset();
   // Kernels end, then the threads (engine.hpp's teardown); then the front ends, then the engine.
   impl_->engine->stop();
+  impl_->notebook.reset();
+  impl_->notebook_kernels.reset();
   impl_->e2b.reset();
   impl_->mcp_endpoint.reset();
   impl_->mcp.reset();
@@ -339,6 +396,9 @@ Result<int> Server::start() {
   spdlog::info("node {} (tag {}), epoch {:04x} ({})", o.node_tag, tag, node.epoch,
                node.kept ? "kept: the previous gateway of this boot" : "new");
   http::raise_open_file_limit();  // each connection is a descriptor
+  if (impl_->notebook) {
+    return start_notebook_http();
+  }
   // A fixed threshold also stops glibc's raising it (see kMmapThresholdBytes).
   ::mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes);
   if (o.http_socket >= 0) {
@@ -371,6 +431,34 @@ Result<int> Server::start() {
   if (impl_->e2b_listener) {
     impl_->e2b_listener->start();
   }
+  return impl_->listener->port();
+}
+
+// notebook-http: every kernel of the pool started and seeded before anything listens, so a
+// notebook that cannot serve never takes a request.
+Result<int> Server::start_notebook_http() {
+  auto& o = impl_->options;
+  ::mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes);
+  const std::string& kernel = impl_->notebook->kernel_name();
+  if (!kernel.empty()) {
+    if (auto spec = impl_->engine->registry().kernelspec(kernel); !spec) {
+      return make_error(
+          ErrorCode::kInvalidArgument, "kernelspec",
+          "--seed " + o.seed + " runs in kernelspec '" + kernel + "': " + spec.error().message);
+    }
+  }
+  impl_->engine->start();
+  CELLGATE_TRY(impl_->notebook->prespawn());
+  if (o.http_socket >= 0) {
+    CELLGATE_ASSIGN_OR_RETURN(impl_->listener,
+                              http::Listener::adopt(impl_->network, o.http_socket, *impl_->notebook,
+                                                    impl_->http_options, impl_->tls));
+  } else {
+    CELLGATE_ASSIGN_OR_RETURN(impl_->listener,
+                              http::Listener::open(impl_->network, o.ip, o.port, *impl_->notebook,
+                                                   impl_->http_options, impl_->tls));
+  }
+  impl_->listener->start();
   return impl_->listener->port();
 }
 
@@ -584,15 +672,23 @@ int run_serve(ServeOptions options) {
   const std::string scheme = o.certfile.empty() ? "http" : "https";
   std::cout << "cellgate serve: listening on " << scheme << "://" << o.ip << ":" << *port
             << o.base_url << "\n";
-  std::cout << "cellgate serve: MCP (Streamable HTTP) at " << scheme << "://" << o.ip << ":"
-            << *port
-            << (o.base_url.empty() || o.base_url.back() != '/' ? o.base_url + "/" : o.base_url)
-            << "mcp\n";
-  if (server.e2b_port() != 0) {
-    std::cout << "cellgate serve: E2B-compatible endpoints on http://" << o.ip << ":"
-              << server.e2b_port() << "\n";
+  if (o.api == "notebook-http") {
+    std::cout << "cellgate serve: notebook-http: the endpoints of " << o.seed << ", Swagger at "
+              << o.base_url << (o.base_url.empty() || o.base_url.back() != '/' ? "/" : "")
+              << "_api/spec/swagger.json\n";
+  } else {
+    std::cout << "cellgate serve: MCP (Streamable HTTP) at " << scheme << "://" << o.ip << ":"
+              << *port
+              << (o.base_url.empty() || o.base_url.back() != '/' ? o.base_url + "/" : o.base_url)
+              << "mcp\n";
+    if (server.e2b_port() != 0) {
+      std::cout << "cellgate serve: E2B-compatible endpoints on http://" << o.ip << ":"
+                << server.e2b_port() << "\n";
+    }
   }
-  if (!server.token().empty()) {
+  if (!server.token().empty() && o.api == "notebook-http") {
+    std::cout << "cellgate serve: token " << server.token() << "\n";
+  } else if (!server.token().empty()) {
     std::cout << "cellgate serve: token " << server.token() << "\n"
               << "  JupyterLab / jupyter server: jupyter server --gateway-url=" << scheme << "://"
               << o.ip << ":" << *port << " --GatewayClient.auth_token=" << server.token() << "\n";

@@ -117,6 +117,16 @@ struct ServeOptions {
   std::string move_key_file;
   // E2B's SDK in debug mode sends no token: allow token-less E2B requests (loopback --ip only).
   bool e2b_no_token = false;
+  // Kernel Gateway's modes (docs/kernel-gateway.md). api: "jupyter-websocket" (the Jupyter REST
+  // and WebSocket API, the agent API, …) or "notebook-http": the annotated cells of the `seed`
+  // notebook as HTTP endpoints, served by `prespawn` seeded kernels (notebook_http/service.hpp).
+  std::string api = "jupyter-websocket";
+  std::string seed;                      // the seed notebook (Kernel Gateway's seed_uri)
+  int prespawn = 0;                      // notebook-http: the pool's kernels (0: 1)
+  bool allow_notebook_download = false;  // notebook-http: GET /_api/source
+  std::string static_path;               // notebook-http: files served at /public/
+  // Every kernel is of this kernelspec, whatever a request names ("": as asked).
+  std::string force_kernel;
   jail::JailSpec jail;  // limits for every kernel
   // cgroup v2: the delegated cgroup kernels' cgroups go below ("": arranged from our own,
   // jail::place_kernel_cgroups; run_serve fills jail.cgroup_parent from it).

@@ -25,6 +25,10 @@ namespace cellgate::kernels {
 class KernelRegistry;
 }
 
+namespace cellgate::execute {
+class Executor;
+}
+
 namespace cellgate::server {
 
 class Server {
@@ -44,6 +48,10 @@ class Server {
   boost::asio::io_context& network();
 
  private:
+  // --api notebook-http (ServeOptions::api): its front end, and its start (the seeded pool first).
+  void make_notebook_http(kernels::KernelRegistry& registry, execute::Executor& executor);
+  Result<int> start_notebook_http();
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
