@@ -228,7 +228,7 @@ def test_kernels_are_seeded_jailed_and_marked(gateway):
 
 
 def test_pool_is_first_in_first_out_and_requests_queue(gateway):
-    tags = [gateway.get("/tag")[2] for _ in range(4)]
+    tags = [gateway.get("/tag")[2].decode().strip() for _ in range(4)]
     assert tags[0] != tags[1] and tags[2] == tags[0] and tags[3] == tags[1], tags
     results = []
 

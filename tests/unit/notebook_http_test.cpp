@@ -67,7 +67,7 @@ TEST(NotebookHttpAnnotations, JoinsCellsAndOrdersEndpointsAsKernelGateway) {
   }
   EXPECT_EQ(order, (std::vector<std::string>{"/test/test/test/test", "/multi",
                                              "/test/test/test/:id", "/test/test/:id", "/t/t/:id",
-                                             "/test/:id", "/t/:id", "/:id"}));
+                                             "/t/:id", "/test/:id", "/:id"}));
   const Endpoint& multi = api->endpoints[1];
   EXPECT_EQ(multi.sources.at("GET"), "# GET /multi\nx = 1\n# GET /multi\nprint(x)\n");
   EXPECT_EQ(multi.response_sources.at("GET"), "# ResponseInfo GET /multi\nprint('{}')\n");
@@ -79,7 +79,8 @@ TEST(NotebookHttpAnnotations, MatchesPathsAndDecodesParameters) {
   auto api =
       parse_api({"# GET /hello/:name\n", "# GET /a/b:rest/c\n", "# GET /caf\xc3\xa9\n"}, "#");
   ASSERT_TRUE(api);
-  const Endpoint& hello = api->endpoints[2];
+  // Constants first, then ties (both at depth 1) in notebook order.
+  const Endpoint& hello = api->endpoints[1];
   ASSERT_EQ(hello.path, "/hello/:name");
   auto m = match_path(hello, "/hello/w%C3%B6rld%2Fx+y");
   ASSERT_TRUE(m);
@@ -89,7 +90,7 @@ TEST(NotebookHttpAnnotations, MatchesPathsAndDecodesParameters) {
   EXPECT_FALSE(match_path(hello, "/hello/a/b"));
   EXPECT_FALSE(match_path(hello, "/hello/a/"));
   EXPECT_FALSE(match_path(hello, "//hello/a"));
-  const Endpoint& mid = api->endpoints[1];
+  const Endpoint& mid = api->endpoints[2];
   auto r = match_path(mid, "/a/bXYZ/c");
   ASSERT_TRUE(r);
   EXPECT_EQ((*r)[0].second, "XYZ");
@@ -187,33 +188,33 @@ TEST(NotebookHttpRequest, TheBundleAndTheStatement) {
 }
 
 TEST(NotebookHttpNotebook, ReadsAndRefuses) {
-  auto nb = parse_notebook("/srv/h\xc3\xa9llo.api.ipynb", R"({"nbformat": 4, "nbformat_minor": 5,
+  auto nb = parse_notebook("/srv/h\xc3\xa9llo.api.ipynb", R"nb({"nbformat": 4, "nbformat_minor": 5,
     "metadata": {"kernelspec": {"name": "python3"}, "language_info": {"name": "python"}},
     "cells": [{"cell_type": "markdown", "source": "# GET /md"},
               {"cell_type": "code", "source": ["# GET /a\n", "print(1)"]}]
-})");
+})nb");
   ASSERT_TRUE(nb) << nb.error().message;
-EXPECT_EQ(nb->kernel_name, "python3");
-EXPECT_EQ(nb->language, "python");
-EXPECT_EQ(nb->code_cells, (std::vector<std::string>{"# GET /a\nprint(1)"}));
-EXPECT_EQ(nb->all_cells.size(), 2u);
-EXPECT_EQ(notebook_title(nb->path), "h\xc3\xa9llo");
-EXPECT_EQ(notebook_title("weirdly%20named#notebook.ipynb"), "weirdly%20named#notebook");
-EXPECT_EQ(notebook_title(".hidden"), ".hidden");
-// Markdown cells count in the Swagger spec, as in Kernel Gateway's.
-EXPECT_EQ(swagger_json(*nb, "#"),
-          R"({"swagger": "2.0", "paths": {"/md": {"get": {"responses": {"200": {"description": )"
-          R"("Success"}}}}, "/a": {"get": {"responses": {"200": {"description": "Success"}}}}}, )"
-          R"("info": {"version": "0.0.0", "title": "h\u00e9llo"}})");
-for (const char* bad : {"", "[]", R"({"nbformat": 3, "cells": []})", R"({"nbformat": 4})",
-                        R"({"nbformat": 4, "cells": [{"cell_type": "code", "source": 1}]})",
-                        R"({"nbformat": 4, "cells": [{"cell_type": "code", "source": [1]}]})"}) {
-  EXPECT_FALSE(parse_notebook("x.ipynb", bad)) << bad;
-}
-std::string deep = R"({"nbformat": 4, "cells": [], "metadata": )" + std::string(100000, '[');
-EXPECT_FALSE(parse_notebook("deep.ipynb", deep));
-EXPECT_FALSE(parse_notebook("huge.ipynb", std::string(kMaxNotebookBytes + 1, ' ')));
-EXPECT_FALSE(load_notebook("/nonexistent/x.ipynb"));
+  EXPECT_EQ(nb->kernel_name, "python3");
+  EXPECT_EQ(nb->language, "python");
+  EXPECT_EQ(nb->code_cells, (std::vector<std::string>{"# GET /a\nprint(1)"}));
+  EXPECT_EQ(nb->all_cells.size(), 2u);
+  EXPECT_EQ(notebook_title(nb->path), "h\xc3\xa9llo");
+  EXPECT_EQ(notebook_title("weirdly%20named#notebook.ipynb"), "weirdly%20named#notebook");
+  EXPECT_EQ(notebook_title(".hidden"), ".hidden");
+  // Markdown cells count in the Swagger spec, as in Kernel Gateway's.
+  EXPECT_EQ(swagger_json(*nb, "#"),
+            R"({"swagger": "2.0", "paths": {"/md": {"get": {"responses": {"200": {"description": )"
+            R"("Success"}}}}, "/a": {"get": {"responses": {"200": {"description": "Success"}}}}}, )"
+            R"("info": {"version": "0.0.0", "title": "h\u00e9llo"}})");
+  for (const char* bad : {"", "[]", R"({"nbformat": 3, "cells": []})", R"({"nbformat": 4})",
+                          R"({"nbformat": 4, "cells": [{"cell_type": "code", "source": 1}]})",
+                          R"({"nbformat": 4, "cells": [{"cell_type": "code", "source": [1]}]})"}) {
+    EXPECT_FALSE(parse_notebook("x.ipynb", bad)) << bad;
+  }
+  std::string deep = R"({"nbformat": 4, "cells": [], "metadata": )" + std::string(100000, '[');
+  EXPECT_FALSE(parse_notebook("deep.ipynb", deep));
+  EXPECT_FALSE(parse_notebook("huge.ipynb", std::string(kMaxNotebookBytes + 1, ' ')));
+  EXPECT_FALSE(load_notebook("/nonexistent/x.ipynb"));
 }
 
 }  // namespace
