@@ -499,7 +499,11 @@ def test_a_gigabyte_of_output_is_capped(server, kernel):
     assert answer["status"] == "ok", {k: v for k, v in answer.items() if k != "stdout"}
     assert answer["truncated"]["stdout"] is True, answer["truncated"]
     assert len(answer["stdout"]) == STREAM_BYTES, len(answer["stdout"])
-    assert answer["truncated"]["dropped_bytes"] >= total - STREAM_BYTES, answer["truncated"]
+    # What the gateway counts is what reached it: a kernel's iopub PUB socket drops messages
+    # silently past its high-water mark when a loaded machine reads slower than the kernel
+    # writes (seen once on a busy run: 32 MiB of 1 GiB never arrived). Never more than was sent.
+    dropped = answer["truncated"]["dropped_bytes"]
+    assert total // 2 <= dropped <= total - STREAM_BYTES, answer["truncated"]
     assert any("stdout" in str(n) for n in answer["notices"]), answer["notices"]
     growth_mib = (max(peak[0], hwm1) - rss0) / 1024
     assert growth_mib < 300, f"the gateway grew {growth_mib:.0f} MiB for a 1 MiB cap"
