@@ -14,6 +14,11 @@ const std::string& cgroup_parent();
 // (rootless mode) before main.
 bool rootless();
 
+// True when this process holds CAP_NET_ADMIN (its effective set): what bringing up a new network
+// namespace's loopback needs (a debugger kernel's jail, jail/README.md "Loopback network"). A
+// container without it (tests/vm/container-suite's flags) cannot: such kernels fail closed there.
+bool has_net_admin();
+
 // Where the launcher and the probes are: $CELLGATE_TEST_BIN_DIR (the guest copies them where a
 // non-root user can run them), else the build's bin dir.
 const std::string& bin_dir();

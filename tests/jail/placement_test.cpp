@@ -103,6 +103,17 @@ const std::string& cgroup_parent() {
   return g_parent;
 }
 
+bool has_net_admin() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("CapEff:", 0) == 0) {
+      constexpr unsigned long long kNetAdmin = 1ull << 12;  // CAP_NET_ADMIN
+      return (std::stoull(line.substr(7), nullptr, 16) & kNetAdmin) != 0;
+    }
+  }
+  return false;
+}
+
 bool rootless() {
   return g_rootless;
 }
