@@ -22,6 +22,7 @@ import { fileURLToPath } from 'node:url';
 import { chromium } from 'playwright-core';
 
 import { buildPage } from './debugger_page/build.mjs';
+import { servePort } from './serve_port.mjs';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const BIN_DIR = path.resolve(HERE, process.env.CELLGATE_BIN_DIR || '../../build/bin');
@@ -77,25 +78,7 @@ async function startGateway() {
      '--pool-size', '0', '--state-dir', path.join(gw.dir, 'state')],
     { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, JUPYTER_PATH: path.join(gw.dir, 'jupyter') } },
   );
-  gw.exited = new Promise(resolve => gw.proc.once('exit', (code, signal) => resolve({ code, signal })));
-  gw.proc.stderr.on('data', d => gw.log.push(d.toString()));
-  gw.port = await new Promise((resolve, reject) => {
-    let out = '';
-    const timer = setTimeout(() => reject(new Error(`no "listening on" line within 30 s:\n${logTail()}`)), 30_000);
-    gw.exited.then(({ code, signal }) => {
-      clearTimeout(timer);
-      reject(new Error(`cellgate serve exited (${code ?? signal}) before listening:\n${logTail()}`));
-    });
-    gw.proc.stdout.on('data', d => {
-      out += d.toString();
-      gw.log.push(d.toString());
-      const m = /listening on http:\/\/127\.0\.0\.1:(\d+)\//.exec(out);
-      if (m) {
-        clearTimeout(timer);
-        resolve(Number(m[1]));
-      }
-    });
-  });
+  gw.port = await servePort(gw, logTail);
 }
 
 before(async () => {

@@ -19,6 +19,7 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { LATEST_PROTOCOL_VERSION } from '@modelcontextprotocol/sdk/types.js';
+import { servePort } from './serve_port.mjs';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const BIN = path.join(path.resolve(HERE, process.env.CELLGATE_BIN_DIR || '../../build/bin'), 'cellgate');
@@ -38,25 +39,7 @@ async function startGateway() {
   gw.proc = spawn(BIN, ['serve', '--ip', '127.0.0.1', '--port', '0', '--token', gw.token,
                         '--state-dir', path.join(gw.dir, 'state')],
                   { stdio: ['ignore', 'pipe', 'pipe'] });
-  gw.exited = new Promise(resolve => gw.proc.once('exit', (code, signal) => resolve({ code, signal })));
-  gw.proc.stderr.on('data', d => gw.log.push(d.toString()));
-  gw.port = await new Promise((resolve, reject) => {
-    let out = '';
-    const timer = setTimeout(() => reject(new Error(`no "listening on" line within 30 s:\n${logTail()}`)), 30_000);
-    gw.exited.then(({ code, signal }) => {
-      clearTimeout(timer);
-      reject(new Error(`cellgate serve exited (${code ?? signal}) before listening:\n${logTail()}`));
-    });
-    gw.proc.stdout.on('data', d => {
-      out += d.toString();
-      gw.log.push(d.toString());
-      const m = /listening on http:\/\/127\.0\.0\.1:(\d+)\//.exec(out);
-      if (m) {
-        clearTimeout(timer);
-        resolve(Number(m[1]));
-      }
-    });
-  });
+  gw.port = await servePort(gw, logTail);
   gw.base = `http://127.0.0.1:${gw.port}`;
 }
 

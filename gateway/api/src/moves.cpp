@@ -17,9 +17,7 @@
 // archive is hashed as it arrives and unpacked only when it is exactly the size and digest the
 // signed manifest names. A manifest is taken once (its nonce), by the node it names, before it
 // expires. The API token alone (a client's) cannot move a kernel onto a node.
-#include <openssl/crypto.h>
 #include <openssl/evp.h>
-#include <openssl/hmac.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
@@ -33,6 +31,7 @@
 #include "cellgate/http/limits.hpp"
 #include "cellgate/http/message.hpp"
 #include "cellgate/kernel/connection.hpp"
+#include "cellgate/protocol/codec.hpp"
 #include "cellgate/protocol/node_ids.hpp"
 #include "peers.hpp"
 #include "spdlog/spdlog.h"
@@ -67,17 +66,10 @@ std::string to_hex(const unsigned char* p, std::size_t n) {
   return out;
 }
 
-std::string sign(const std::string& key, const std::string& text) {
-  unsigned char mac[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-       reinterpret_cast<const unsigned char*>(text.data()), text.size(), mac, &len);
-  return to_hex(mac, len);
-}
-
-bool signature_ok(const std::string& key, const std::string& text, const std::string& given) {
-  const std::string want = sign(key, text);
-  return given.size() == want.size() && CRYPTO_memcmp(given.data(), want.data(), want.size()) == 0;
+// The manifest's HMAC-SHA256 under the move key, hex: the Jupyter wire's own signer over one
+// part (HMAC of the concatenated parts; the others empty). Constant-time verify.
+protocol::Signer move_signer(const std::string& key) {
+  return std::move(protocol::Signer::create("hmac-sha256", key).value());
 }
 
 std::int64_t unix_now() {
@@ -278,7 +270,8 @@ Result<std::string> Api::send_kernel(const kernels::MovedKernel& moved, const st
   };
   auto opened = client.request(
       "POST", "/api/node/imports",
-      json{{"manifest", manifest}, {"signature", sign(options_.node.move_key, manifest.dump())}}
+      json{{"manifest", manifest},
+           {"signature", move_signer(options_.node.move_key).sign(manifest.dump(), "", "", "")}}
           .dump(),
       kPeerAsk * 5);
   if (!opened || opened->status != 201) {
@@ -311,7 +304,7 @@ Result<std::string> Api::send_kernel(const kernels::MovedKernel& moved, const st
   if (!restored || restored->status != 201) {
     return failed("could not restore the kernel", restored);
   }
-  return "node " + target_tag;
+  return target_tag;
 }
 
 void Api::add_move_routes() {
@@ -338,14 +331,12 @@ void Api::add_move_routes() {
               }
             }
           }
-          std::string where;
-          auto moved = registry_.move_out(id, [&](const kernels::MovedKernel& m) {
-            auto sent = send_kernel(m, to, sessions);
-            if (sent) {
-              where = *sent;
-            }
-            return sent;
-          });
+          std::string tag;
+          auto moved =
+              registry_.move_out(id, [&](const kernels::MovedKernel& m) -> Result<std::string> {
+                CELLGATE_ASSIGN_OR_RETURN(tag, send_kernel(m, to, sessions));
+                return "node " + tag;
+              });
           if (!moved) {
             return error_response(req, moved.error());
           }
@@ -354,13 +345,11 @@ void Api::add_move_routes() {
             MutexLock lock(sessions_mu_);
             for (const auto& s : sessions) {
               sessions_.erase(s.id);
-              protocol::note_moved(s.id, where);
+              protocol::note_moved(s.id, "node " + tag);
               ids.push_back(s.id);
             }
           }
-          return json_response(
-              req, Status::ok,
-              json{{"id", id}, {"node", where.substr(where.find(' ') + 1)}, {"sessions", ids}});
+          return json_response(req, Status::ok, json{{"id", id}, {"node", tag}, {"sessions", ids}});
         },
         [ex = c.exchange](Response r) { ex->reply(std::move(r)); });
   });
@@ -376,7 +365,8 @@ void Api::add_move_routes() {
                                "the body is {\"manifest\": {...}, \"signature\": \"<hex>\"}"));
     }
     const json& m = body["manifest"];
-    if (!signature_ok(options_.node.move_key, m.dump(), body["signature"].get<std::string>())) {
+    if (!move_signer(options_.node.move_key)
+             .verify(body["signature"].get<std::string>(), m.dump(), "", "", "")) {
       spdlog::warn("a kernel archive's manifest with a bad signature was refused");
       return c.fail(make_error(ErrorCode::kPermissionDenied, "bad_move_signature",
                                "the manifest is not signed with this cluster's move key"));

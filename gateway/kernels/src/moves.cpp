@@ -78,8 +78,7 @@ Result<void> KernelRegistry::Impl::move_out(const std::string& id, const MoveSen
     return std::move(running).error();
   }
   auto& [process, connection] = *running;
-  const auto stamp = protocol::node();
-  auto sid = store.reserve(stamp ? stamp->prefix() : std::string());
+  auto sid = reserve_stamped(store);
   if (!sid) {
     (void)k->resumed(std::move(*running));
     return std::move(sid).error();
@@ -173,8 +172,8 @@ Result<KernelModel> KernelRegistry::Impl::move_in(const MovedKernel& moved) {
     }
   } arrived{*this, moved.id};
   CELLGATE_ASSIGN_OR_RETURN(checkpoint::ImageStore store, snapshot_store());
+  CELLGATE_ASSIGN_OR_RETURN(std::string sid, reserve_stamped(store));
   const auto stamp = protocol::node();
-  CELLGATE_ASSIGN_OR_RETURN(std::string sid, store.reserve(stamp ? stamp->prefix() : ""));
   const std::string dir = store.dir_of(sid);
   auto model = [&]() -> Result<KernelModel> {
     if (::mkdir(dir.c_str(), 0700) != 0) {

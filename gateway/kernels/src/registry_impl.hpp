@@ -141,6 +141,8 @@ class KernelRegistry::Impl {
 
   // ---- snapshots.cpp ----
   Result<checkpoint::ImageStore> snapshot_store() const;
+  // A fresh image id in `store`, stamped with this node (a router finds the node by it).
+  static Result<std::string> reserve_stamped(const checkpoint::ImageStore& store);
   // Gives a copy just restored (not yet connected) a connection key of its own.
   Result<void> rekey(const ManagedKernel& k, kernel::KernelProcessHandle& process);
 

@@ -92,6 +92,11 @@ Result<checkpoint::ImageStore> KernelRegistry::Impl::snapshot_store() const {
                                       options_.hibernate_disk_max);
 }
 
+Result<std::string> KernelRegistry::Impl::reserve_stamped(const checkpoint::ImageStore& store) {
+  const auto stamp = protocol::node();
+  return store.reserve(stamp ? stamp->prefix() : std::string());
+}
+
 Result<SnapshotModel> KernelRegistry::Impl::snapshot(const std::string& kernel_id, bool compress) {
   CELLGATE_ASSIGN_OR_RETURN(auto k, find(kernel_id));
   if (!options_.checkpoints_unavailable.empty()) {
@@ -105,8 +110,7 @@ Result<SnapshotModel> KernelRegistry::Impl::snapshot(const std::string& kernel_i
     return std::move(running).error();
   }
   auto& [process, connection] = *running;
-  const auto stamp = protocol::node();
-  auto sid = store.reserve(stamp ? stamp->prefix() : std::string());
+  auto sid = reserve_stamped(store);
   if (!sid) {
     (void)k->resumed(std::move(*running));
     return std::move(sid).error();

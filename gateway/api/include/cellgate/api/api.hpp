@@ -109,7 +109,7 @@ class Api : public http::Handler {
   // moves.cpp: POST /api/kernels/{id}/move here, /api/node/imports… on the receiving node.
   void add_move_routes();
   // moves.cpp: the courier of registry_.move_out(): signs the manifest and uploads the archive
-  // to the peer with tag `to` ("": the one with the most room); answers "node <tag>".
+  // to the peer with tag `to` ("": the one with the most room); answers that peer's tag.
   Result<std::string> send_kernel(const kernels::MovedKernel& moved, const std::string& to,
                                   const std::vector<Session>& sessions);
   void start_detached(http::Call& c, const std::string& kernel_id, execute::ExecuteRequest request);
