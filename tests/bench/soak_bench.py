@@ -3,7 +3,7 @@
 
 Starts one `cellgate serve` (loopback, --port 0, its own temp state dir, --max-kernels 16, a warm
 pool of 1, --memory 384 MiB and --pids 64 per kernel, --max-ws-queue-bytes 32 MiB) and runs, for
---minutes (default 10; --quick: 60 s), every one of these at once, each in its own thread, each
+--minutes (default 10; --quick: 30 s), every one of these at once, each in its own thread, each
 paced and bounded:
 
   normal work (a failure here not caused by a hostile client is an infrastructure failure):
@@ -580,7 +580,7 @@ def main():
     here = pathlib.Path(__file__).resolve()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=10.0, help="length of the run (default 10)")
-    ap.add_argument("--quick", action="store_true", help="CI smoke: a 60 s run, a sample every 5 s")
+    ap.add_argument("--quick", action="store_true", help="CI smoke: a 30 s run, a sample every 5 s")
     ap.add_argument("--interval", type=float, default=None, help="seconds between samples (5 quick, else 15)")
     ap.add_argument("--idle-sockets", type=int, default=40, help="idle connections held at once (default 40)")
     ap.add_argument("--bin-dir", default=str(here.parents[2] / "build" / "bin"),
@@ -592,7 +592,7 @@ def main():
     only = {w for w in args.only.split(",") if w}
     if only - set(WORKERS):
         ap.error(f"unknown workers {', '.join(sorted(only - set(WORKERS)))} (workers: {', '.join(WORKERS)})")
-    duration = 60.0 if args.quick else args.minutes * 60
+    duration = 30.0 if args.quick else args.minutes * 60
     interval = args.interval or (5.0 if args.quick else 15.0)
     tmp = tempfile.mkdtemp(prefix="cellgate-soak-")
     signal.signal(signal.SIGTERM, gb._interrupted)

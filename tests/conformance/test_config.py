@@ -1,7 +1,8 @@
 """`cellgate serve`'s configuration as a Kernel Gateway user moves into it: every option from a
 CELLGATE_* variable, Kernel Gateway's KG_* names, config files and their precedence,
 --print-config naming each value's source, sizes with units, --version, and — on a running
-gateway — KG_* settings in effect, --default-kernel, KERNEL_GATEWAY=1 in kernels,
+gateway — KG_* settings in effect, --default-kernel, force_kernel_name and list_kernels,
+KERNEL_GATEWAY=1 in kernels,
 JUPYTER_DATA_DIR in kernelspec discovery and --client-ca (mutual TLS)."""
 import json
 import os
@@ -177,7 +178,8 @@ class Gateway:
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         self.lines = queue.Queue()
-        threading.Thread(target=self._drain, daemon=True).start()
+        self.drain = threading.Thread(target=self._drain, daemon=True)
+        self.drain.start()
 
     def _drain(self):
         with open(self.log, "wb") as log:
@@ -201,7 +203,9 @@ class Gateway:
         raise AssertionError("no 'listening on' line:\n" + self.log.read_text(errors="replace"))
 
     def wait_exit(self, timeout=60):
-        return self.proc.wait(timeout=timeout)
+        code = self.proc.wait(timeout=timeout)
+        self.drain.join(timeout=timeout)  # its last lines are in the log once the pipe is read
+        return code
 
     def stop(self):
         if self.proc.poll() is None:
@@ -266,6 +270,54 @@ def test_kernel_gateway_settings_on_a_running_gateway():
         try:
             assert gw.wait_exit() != 0
             assert "no-such-kernel" in gw.log.read_text(errors="replace")
+        finally:
+            gw.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the jail needs root")
+def test_force_kernel_name_and_list_kernels_in_the_kernel_gateway_spellings():
+    """--KernelGatewayApp.force_kernel_name: every start runs that kernelspec, whatever the
+    request names; --KernelGatewayApp.list_kernels=False: the kernel and session lists are 403
+    (Kernel Gateway's default), while the kernels themselves still answer."""
+    with tempfile.TemporaryDirectory() as tmp:
+        data = pathlib.Path(tmp) / "jupyter-data"
+        spec = data / "kernels" / "forced-python"
+        spec.mkdir(parents=True)
+        spec.joinpath("kernel.json").write_text(json.dumps({
+            "argv": ["/usr/bin/python3", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": "Python (forced)", "language": "python"}))
+        port = gb.free_port()
+        gw = Gateway(tmp, ["--state-dir", str(pathlib.Path(tmp) / "state"), "--no-zygote",
+                           "--ip", "127.0.0.1", "--port", str(port), "--token", "t-forced",
+                           "--pool-size", "0",
+                           "--KernelGatewayApp.force_kernel_name=forced-python",
+                           "--KernelGatewayApp.list_kernels=False"],
+                     clean_env(JUPYTER_DATA_DIR=str(data)))
+        try:
+            gw.wait_listening()
+            base = f"http://127.0.0.1:{port}"
+            status, kernel = request(base + "/api/kernels", "t-forced", "POST", {"name": "python3"})
+            assert status == 201 and kernel["name"] == "forced-python", kernel
+            status, session = request(base + "/api/sessions", "t-forced", "POST",
+                                      {"path": "a.ipynb", "type": "notebook",
+                                       "kernel": {"name": "python3"}})
+            assert status == 201 and session["kernel"]["name"] == "forced-python", session
+            for listing in ("/api/kernels", "/api/sessions"):
+                with pytest.raises(urllib.error.HTTPError) as denied:
+                    request(base + listing, "t-forced")
+                assert denied.value.code == 403, listing
+                assert json.loads(denied.value.read())["error"] == "list_forbidden"
+            status, model = request(base + f"/api/kernels/{kernel['id']}", "t-forced")
+            assert status == 200 and model["name"] == "forced-python", model
+        finally:
+            gw.stop()
+        # A forced kernelspec that does not exist stops the gateway with a clear error.
+        gw = Gateway(tmp, ["--state-dir", str(pathlib.Path(tmp) / "state2"), "--port", "0",
+                           "--force-kernel", "no-such-kernel", "--no-zygote",
+                           "--pool-size", "0"], clean_env())
+        try:
+            assert gw.wait_exit() != 0
+            assert "--force-kernel no-such-kernel" in gw.log.read_text(errors="replace")
         finally:
             gw.stop()
 

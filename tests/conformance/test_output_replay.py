@@ -5,6 +5,8 @@ more. The client reads the first half, leaves (closes its WebSocket), and a file
 the files API lets the cell go on while nobody is connected. A new connection with the same
 session_id gets the second half first, in order, then the cell's idle status and its
 execute_reply: every line exactly once. A connection with another session_id gets none of it.
+
+Also: a client connected when its kernel is deleted sees the kernel's iopub shutdown_reply.
 """
 
 import datetime
@@ -98,5 +100,31 @@ def test_a_client_back_with_its_session_gets_what_it_missed():
             # What was replayed is gone: it runs on as an ordinary connection.
             assert back.run_stdout("print('after')") == "after\n"
             back.close()
+        finally:
+            server.stop()
+
+
+def test_a_deleted_kernels_clients_see_its_shutdown_reply_on_iopub():
+    """DELETE /api/kernels/{id} asks the kernel to shut down while its clients still listen:
+    ipykernel's iopub shutdown_reply reaches a connected WebSocket before the socket closes, as
+    with jupyter_server (which forwards iopub until the kernel is gone)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        server = gb.start_cellgate(BIN_DIR, tmp, 4, ("--pool-size", "0"))
+        try:
+            kid = gb.start_kernel(server)
+            client = connect(server, kid, uuid.uuid4().hex)
+            assert client.run_stdout("print('attached')") == "attached\n"  # listening now
+            status, body = gb.http_request(server, "DELETE", f"/api/kernels/{kid}")
+            assert status == 204, body
+            seen = []
+            client.timeout = 30.0
+            try:
+                while True:
+                    msg = client.recv()
+                    seen.append((msg.get("channel"), msg["header"]["msg_type"]))
+            except gb.InfraError:
+                pass  # the gateway closes the socket once the kernel is gone
+            assert ("iopub", "shutdown_reply") in seen, seen
+            client.close()
         finally:
             server.stop()

@@ -31,6 +31,12 @@ using nlohmann::json;
 constexpr const char* kApiVersion = "2.14.0";  // the jupyter_server REST level we follow
 constexpr const char* kGatewayVersion = "0.1.0";
 
+// serve --list-kernels=false: Kernel Gateway's answer to a list it keeps to itself.
+Error listing_forbidden(const std::string& what) {
+  return make_error(ErrorCode::kPermissionDenied, "list_forbidden",
+                    "listing " + what + " is turned off on this gateway (--list-kernels)");
+}
+
 std::string content_type_for(const std::string& file) {
   auto ext = fs::path(file).extension().string();
   if (ext == ".png") {
@@ -377,6 +383,9 @@ void Api::add_jupyter_routes() {
 
   // ---- kernels ----
   router_.add(Verb::get, "/api/kernels", [this](Call& c) {
+    if (!options_.list_kernels) {
+      return c.fail(listing_forbidden("kernels"));
+    }
     json list = json::array();
     for (const auto& m : registry_.list()) {
       list.push_back(m.to_json());
@@ -520,6 +529,9 @@ void Api::add_jupyter_routes() {
 
   // ---- sessions ----
   router_.add(Verb::get, "/api/sessions", [this](Call& c) {
+    if (!options_.list_kernels) {
+      return c.fail(listing_forbidden("sessions"));
+    }
     std::vector<Session> all;
     {
       MutexLock lock(sessions_mu_);

@@ -263,8 +263,9 @@ CLI::App* add_serve_command(CLI::App& app, ServeCommandLine& serve) {
       ->check(CLI::IsMember({"jupyter-websocket", "notebook-http"}))
       ->capture_default_str();
   cmd->add_option("--seed", o.seed,
-                  "a notebook (.ipynb): with --api notebook-http its annotated cells are the "
-                  "endpoints and its other code cells seed every kernel of the pool "
+                  "a notebook (.ipynb) whose code cells run in every new kernel of its "
+                  "language before a client gets it; with --api notebook-http its annotated "
+                  "cells are the endpoints and its other code cells seed the pool's kernels "
                   "(Kernel Gateway's seed_uri; a file, not a URL)");
   cmd->add_option("--prespawn", o.prespawn,
                   "--api notebook-http: kernels in the fixed pool that serves requests (default "
@@ -274,9 +275,13 @@ CLI::App* add_serve_command(CLI::App& app, ServeCommandLine& serve) {
                 "--api notebook-http: serve the --seed notebook at /_api/source");
   cmd->add_option("--static-path", o.static_path,
                   "--api notebook-http: serve this directory's files at /public/");
+  cmd->add_option("--list-kernels", o.list_kernels,
+                  "false: GET /api/kernels and /api/sessions answer 403, as Kernel Gateway's "
+                  "default (list_kernels); jupyter_server --gateway-url needs them listed")
+      ->capture_default_str();
   cmd->add_option("--force-kernel", o.force_kernel,
-                  "--api notebook-http: the pool's kernelspec, whatever the notebook names "
-                  "(Kernel Gateway's force_kernel_name)");
+                  "every kernel runs this kernelspec, whatever a request or the --seed "
+                  "notebook names (Kernel Gateway's force_kernel_name)");
   cmd->add_option("--memory", o.jail.memory_bytes, "per-kernel memory limit (a size: 2G, 512M)")
       ->capture_default_str();
   cmd->add_option("--cpus", o.jail.cpus, "per-kernel CPU quota")->capture_default_str();

@@ -41,6 +41,7 @@ constexpr Alias kAliases[] = {
     {"KG_API", "api"},
     {"KG_SEED_URI", "seed"},
     {"KG_FORCE_KERNEL_NAME", "force-kernel"},
+    {"KG_LIST_KERNELS", "list-kernels"},
     {"KG_ALLOW_NOTEBOOK_DOWNLOAD", "allow-notebook-download"},
     {"KG_STATIC_PATH", "static-path"},
 };
@@ -59,6 +60,7 @@ constexpr Alias kTraitAliases[] = {
     {"KernelGatewayApp.prespawn_count", "prespawn"},
     {"KernelGatewayApp.default_kernel_name", "default-kernel"},
     {"KernelGatewayApp.force_kernel_name", "force-kernel"},
+    {"KernelGatewayApp.list_kernels", "list-kernels"},
     {"KernelGatewayApp.certfile", "certfile"},
     {"KernelGatewayApp.keyfile", "keyfile"},
     {"KernelGatewayApp.client_ca", "client-ca"},

@@ -396,6 +396,19 @@ void ManagedKernel::on_iopub(const protocol::EnvelopePtr& msg) {
   for (auto& l : targets) {
     l->deliver(msg);
   }
+  if (msg->header().msg_type == "shutdown_reply") {
+    {
+      MutexLock lock(mu_);
+      shutdown_published_ = true;
+    }
+    shutdown_published_cv_.notify_all();
+  }
+}
+
+bool ManagedKernel::wait_shutdown_published(std::chrono::milliseconds timeout) {
+  UniqueLock lock(mu_);
+  return shutdown_published_cv_.wait_for(
+      lock, timeout, [this]() CELLGATE_REQUIRES(mu_) { return shutdown_published_; });
 }
 
 void ManagedKernel::on_unrouted(const protocol::EnvelopePtr& msg) {
@@ -441,6 +454,7 @@ Result<void> ManagedKernel::started(Running running, bool client_restart) {
     MutexLock lock(mu_);
     if (state_ == KernelState::kStarting || state_ == KernelState::kRestarting) {
       running_ = std::move(running);
+      shutdown_published_ = false;  // a restart's shutdown_reply is not this process's
       state_ = KernelState::kIdle;
       reason_.clear();
       if (client_restart) {

@@ -26,6 +26,7 @@
 #include "kernelspecs.hpp"
 #include "records.hpp"
 #include "registry_impl.hpp"
+#include "seeding.hpp"
 
 namespace cellgate::kernels {
 namespace {
@@ -101,7 +102,8 @@ WarmPoolOptions pool_options(const RegistryOptions& o, const std::string& defaul
 KernelRegistry::Impl::Impl(RegistryOptions options, kernel::KernelBackend& backend, Now now,
                            util::Loop* loop)
     : options_(std::move(options)),
-      default_kernel_(choose_default_kernel(options_.default_kernel)),
+      default_kernel_(choose_default_kernel(options_.force_kernel.empty() ? options_.default_kernel
+                                                                          : options_.force_kernel)),
       backend_(backend),
       now_(loop != nullptr ? Now([loop] { return loop->now(); }) : std::move(now)),
       uids_(uid_options(options_)),
@@ -299,7 +301,13 @@ Result<ManagedKernel::Running> KernelRegistry::Impl::launch(const std::shared_pt
   if (copy != nullptr) {
     CELLGATE_TRY(rekey(*k, *process));
   }
-  return connect(k, std::move(process));
+  CELLGATE_ASSIGN_OR_RETURN(auto running, connect(k, std::move(process)));
+  if (copy == nullptr && seeds(options_.seed, k->spec())) {
+    CELLGATE_TRY(
+        seed_kernel(options_.seed, *running.connection, k->id(),
+                    std::chrono::milliseconds(std::llround(options_.kernel_start_timeout * 1000))));
+  }
+  return running;
 }
 
 Result<ManagedKernel::Running> KernelRegistry::Impl::connect(
@@ -411,7 +419,9 @@ Result<KernelModel> KernelRegistry::Impl::start(const std::string& name, const j
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
   };
   CELLGATE_ASSIGN_OR_RETURN(auto client_env, filter_env(env, options_.env_allowlist));
-  const std::string spec_name = name.empty() ? default_kernel_ : name;
+  const std::string spec_name = !options_.force_kernel.empty() ? options_.force_kernel
+                                : name.empty()                 ? default_kernel_
+                                                               : name;
   if (pool_.pools(spec_name)) {
     // A pooled kernel started with no client env: it can only stand in for a start without one.
     if (client_env.empty()) {
@@ -594,15 +604,22 @@ Result<void> KernelRegistry::Impl::shutdown(const std::string& id) {
     place = std::move(it->second.place);
     kernels_.erase(it);
   }
+  // A polite shutdown first, so the kernel can clean up (its cgroup is killed either way), while
+  // its clients still listen: ipykernel answers on control, then publishes a shutdown_reply on
+  // iopub as it exits, which jupyter_server's clients see before their kernel goes.
+  bool asked = false;
+  if (auto polite = k->connection(); polite && polite->is_alive()) {
+    asked = true;
+    auto reply = polite->request(Channel::kControl, "shutdown_request", json{{"restart", false}},
+                                 std::chrono::seconds(2), false);
+    if (reply) {
+      (void)k->wait_shutdown_published(std::chrono::seconds(1));
+    }
+  }
   ManagedKernel::Ended ended = k->end();
   auto& [process, connection] = ended.running;
-  if (connection && connection->is_alive()) {
-    // A polite shutdown first, so the kernel can clean up; the cgroup is killed either way.
-    (void)connection->request(Channel::kControl, "shutdown_request", json{{"restart", false}},
-                              std::chrono::seconds(2), false);
-    if (process) {
-      process->wait_exit(std::chrono::seconds(1));
-    }
+  if (asked && process) {
+    process->wait_exit(std::chrono::seconds(1));
   }
   connection.reset();
   process.reset();

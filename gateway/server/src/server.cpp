@@ -37,6 +37,7 @@
 #include "cellgate/kernels/uid_allocator.hpp"
 #include "cellgate/mcp/http_endpoint.hpp"
 #include "cellgate/mcp/server.hpp"
+#include "cellgate/notebook_http/notebook.hpp"
 #include "cellgate/notebook_http/service.hpp"
 #include "cellgate/protocol/node_ids.hpp"
 #include "cellgate/sys/file.hpp"
@@ -83,6 +84,26 @@ std::vector<std::string> work_dir_aliases() {
 }
 
 // Every part below the front ends, from `cellgate serve`'s options.
+// --seed in the jupyter-websocket mode: the notebook's code cells, for every new kernel of its
+// language (metadata.language_info.name, else its kernelspec's). A notebook that cannot be read
+// stops serve before anything starts.
+kernels::SeedOptions seed_options(const std::string& path) {
+  auto notebook = notebook_http::load_notebook(path);
+  if (!notebook) {
+    throw std::invalid_argument("--seed: " + notebook.error().message);
+  }
+  kernels::SeedOptions seed;
+  seed.source = path;
+  seed.language = notebook->language;
+  if (seed.language.empty() && !notebook->kernel_name.empty()) {
+    if (auto spec = kernel::find_kernelspec(notebook->kernel_name)) {
+      seed.language = spec->language;
+    }
+  }
+  seed.cells = std::move(notebook->code_cells);
+  return seed;
+}
+
 engine::EngineOptions engine_options(const ServeOptions& o) {
   engine::EngineOptions e;
   kernels::RegistryOptions& r = e.registry;
@@ -97,6 +118,7 @@ engine::EngineOptions engine_options(const ServeOptions& o) {
   r.env_allowlist = o.env_allowlist;
   r.kernel_env = {{"KERNEL_GATEWAY", "1"}};  // as Kernel Gateway sets it in its kernels
   r.default_kernel = o.default_kernel;
+  r.force_kernel = o.force_kernel;
   r.restart_limit = o.restart_limit;
   r.kernel_start_timeout = o.kernel_start_timeout;
   r.heartbeat_timeout = o.heartbeat_timeout;
@@ -182,6 +204,9 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   impl_->token = o.no_token ? "" : o.token;
 
   engine::EngineOptions eo = engine_options(o);
+  if (o.api != "notebook-http" && !o.seed.empty()) {
+    eo.registry.seed = seed_options(o.seed);
+  }
   if (backend) {
     eo.registry.privilege_separated = true;
     // The broker's jails would have to be checkpointed by the broker, which cannot yet.
@@ -208,6 +233,7 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   ao.max_file_bytes = o.max_file_bytes;
   ao.jailed = !o.no_jail;
   ao.allow_debugger = o.allow_debugger;
+  ao.list_kernels = o.list_kernels;
   ao.node.peers = o.peers;
   if (!o.move_key_file.empty()) {
     // Fail closed: a node asked to take moved kernels never does so without its key.
@@ -376,6 +402,12 @@ Result<int> Server::start() {
     if (auto spec = impl_->engine->registry().kernelspec(o.default_kernel); !spec) {
       return make_error(ErrorCode::kInvalidArgument, "default_kernel",
                         "--default-kernel " + o.default_kernel + ": " + spec.error().message);
+    }
+  }
+  if (!o.force_kernel.empty()) {
+    if (auto spec = impl_->engine->registry().kernelspec(o.force_kernel); !spec) {
+      return make_error(ErrorCode::kInvalidArgument, "force_kernel",
+                        "--force-kernel " + o.force_kernel + ": " + spec.error().message);
     }
   }
   if (o.e2b_port != 0 && o.e2b_no_token && !http::is_loopback(o.ip)) {

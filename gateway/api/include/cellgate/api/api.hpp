@@ -53,6 +53,9 @@ struct ApiOptions {
   double execute_keepalive = 3;            // seconds between keepalive events when streaming
   std::size_t max_file_bytes = 16u << 20;  // the files API and one-shot files
   bool jailed = true;                      // kernelspec display names say "(cellgate, jailed)"
+  // GET /api/kernels and GET /api/sessions answer 403 when false (Kernel Gateway's
+  // list_kernels, whose default is false; cellgate's is true, as jupyter_server's).
+  bool list_kernels = true;
   // serve --allow-debugger. Jailed, a kernelspec's metadata.debugger (what JupyterLab's debugger
   // reads) is true only for kernelspecs that set metadata.cellgate.debugger and only then.
   bool allow_debugger = false;

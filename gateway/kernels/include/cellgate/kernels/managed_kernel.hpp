@@ -36,6 +36,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
@@ -170,6 +171,10 @@ class ManagedKernel {
   // Interrupts the running cell as the kernelspec says: SIGINT ("signal"), or an
   // interrupt_request on control ("message"; blocks up to 5 s for the reply).
   Result<void> interrupt();
+  // Waits up to `timeout` until the kernel's iopub shutdown_reply (ipykernel publishes one as it
+  // exits after a shutdown_request) has been handed to every listener: a shutdown that waits
+  // for it before end() lets clients see it, as jupyter_server's do. False on timeout.
+  bool wait_shutdown_published(std::chrono::milliseconds timeout);
   // Why the running kernel has died ("" while it runs, or when it is not idle or busy): the
   // launcher's exit report, or lost heartbeats.
   std::string death_reason() const;
@@ -279,6 +284,8 @@ class ManagedKernel {
   std::map<std::string, std::weak_ptr<ChannelListener>> by_session_ CELLGATE_GUARDED_BY(mu_);
   std::vector<Offline> offline_ CELLGATE_GUARDED_BY(mu_);
   std::size_t offline_bytes_ CELLGATE_GUARDED_BY(mu_) = 0;
+  bool shutdown_published_ CELLGATE_GUARDED_BY(mu_) = false;  // see wait_shutdown_published
+  std::condition_variable_any shutdown_published_cv_;
   std::chrono::system_clock::time_point last_activity_wall_ CELLGATE_GUARDED_BY(mu_);  // model
   util::Clock::time_point last_activity_ CELLGATE_GUARDED_BY(mu_);  // for idle times
 };

@@ -65,6 +65,16 @@ namespace cellgate::kernels {
 
 // What the registry is configured with (the composition root fills it from `cellgate serve`'s
 // options).
+// serve --seed NOTEBOOK in the jupyter-websocket mode (Kernel Gateway's seed_uri): these code
+// cells run, in order, in every new kernel of the language before a client sees it — fresh,
+// pooled and restarted kernels; not copies restored from a snapshot or image, which carry the
+// state they were seeded with. A cell that fails fails the kernel's start (seed_failed).
+struct SeedOptions {
+  std::string source;              // the notebook's path, for messages
+  std::string language;            // the notebook's language ("": every kernel)
+  std::vector<std::string> cells;  // empty: no seeding
+};
+
 struct RegistryOptions {
   std::string state_dir;  // kernels/<id>.json records, work dirs, run/ (required)
   // The backend is a privileged broker (broker.hpp) and this gateway is not root: kernels' work
@@ -87,6 +97,10 @@ struct RegistryOptions {
   std::map<std::string, std::string> kernel_env;
   // The kernelspec started when a request names none ("": python3, else the first found).
   std::string default_kernel;
+  // When set, every start runs this kernelspec, whatever the request names (Kernel Gateway's
+  // force_kernel_name); it is the default kernel too.
+  std::string force_kernel;
+  SeedOptions seed;
   int restart_limit = 5;             // auto-restarts of a dying kernel before it is dead
   double kernel_start_timeout = 60;  // seconds for the launcher's report and the first kernel_info
   // Seconds a kernel may go without answering heartbeats while its process uses no CPU before it

@@ -63,6 +63,7 @@ struct ServeOptions {
   // Kernelspecs with metadata.cellgate.debugger start with a loopback network (serve
   // --allow-debugger; jail/README.md, "Loopback network"). Off: they are refused.
   bool allow_debugger = false;
+  bool list_kernels = true;  // false: GET /api/kernels and /api/sessions are 403 (KG's default)
   // Not an option: why kernels cannot hibernate here ("" when they can), which run_serve takes
   // from engine::prepare_host (RegistryOptions::checkpoints_unavailable).
   std::string checkpoints_unavailable = "this gateway was not set up for checkpoints";
