@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# JupyterLab's @jupyterlab/services against `cellgate serve`. Needs Node >= 20 and npm.
+# The JavaScript clients (tests/js/*.test.mjs) against `cellgate serve`: the files named, else
+# every one. Needs Node >= 20 and npm.
 # CELLGATE_BIN_DIR: where `cellgate` is (default ../../build/bin, relative to this directory).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
@@ -10,11 +11,15 @@ if [[ ! -x "${CELLGATE_BIN_DIR}/cellgate" ]]; then
   exit 1
 fi
 
-# Install exactly what package-lock.json pins, again whenever the lock file is newer.
-if [[ ! -d node_modules || package-lock.json -nt node_modules ]]; then
-  npm ci --no-audit --no-fund --loglevel=error
-  touch node_modules
-fi
+# Install exactly what package-lock.json pins, again whenever the lock file is newer; one install
+# at a time (CTest runs the test files side by side), under a lock on this directory.
+(
+  flock 9
+  if [[ ! -d node_modules || package-lock.json -nt node_modules ]]; then
+    npm ci --no-audit --no-fund --loglevel=error
+    touch node_modules
+  fi
+) 9<.
 
 # Test files named on the command line, else every one.
 if [[ $# -eq 0 ]]; then
