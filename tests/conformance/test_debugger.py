@@ -260,3 +260,52 @@ def test_the_broker_of_a_privilege_separated_gateway_gives_the_same_network():
                 client.close()
         finally:
             server.stop()
+
+
+def test_a_kernel_with_its_debugger_attached_hibernates_and_stops_at_a_breakpoint_after():
+    """Checkpoints of debugger kernels: debugpy's adapter and pydevd talk over TCP on the kernel's
+    own loopback; CRIU dumps and restores those established connections with the netns (its
+    --tcp-established). The resumed kernel keeps its variables, and the same debug session sets a
+    breakpoint and stops at it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["JUPYTER_PATH"] = write_debug_kernelspec(tmp)
+        server = gb.start_cellgate(BIN_DIR, tmp, 4, ["--pool-size", "0", "--allow-debugger",
+                                                      "--no-zygote", "--checkpoint-without-landlock"],
+                                   label="hibernate")
+        try:
+            status, model = start_kernel(server, DEBUG_SPEC)
+            assert status == 201, model
+            kid = model["id"]
+            client = Client(server, kid)
+            client.debug("initialize", {"clientID": "t", "adapterID": "", "pathFormat": "path",
+                                        "linesStartAt1": True, "columnsStartAt1": True})
+            client.debug("attach")
+            reply, _ = client.run_stdout("kept = 41")
+            assert reply["status"] == "ok", reply
+            client.close()
+            status, body = gb.http_request(server, "POST", f"/api/kernels/{kid}/hibernate",
+                                           timeout=300)
+            if status == 501:
+                pytest.skip(f"checkpoints are unavailable here: {body}")
+            assert status == 200 and json.loads(body)["hibernated"] is True, body
+
+            client = Client(server, kid)  # its first message resumes the kernel
+            try:
+                reply, out = client.run_stdout("print(kept + 1)")
+                assert reply["status"] == "ok" and out == "42\n", (reply, out)
+                source = client.debug("dumpCell", {"code": CELL})["body"]["sourcePath"]
+                bps = client.debug("setBreakpoints", {"breakpoints": [{"line": 2}],
+                                                      "source": {"path": source},
+                                                      "sourceModified": False})
+                assert bps["body"]["breakpoints"][0]["verified"], bps
+                client.debug("configurationDone")
+                cell = client.execute(CELL)
+                stopped = client.event("stopped")
+                assert stopped["body"]["reason"] == "breakpoint", stopped
+                client.debug("continue", {"threadId": stopped["body"]["threadId"]})
+                reply, out = client.finish(cell)
+                assert reply["status"] == "ok" and out == "5\n", (reply, out)
+            finally:
+                client.close()
+        finally:
+            server.stop()

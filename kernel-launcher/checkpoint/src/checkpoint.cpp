@@ -329,6 +329,11 @@ Result<DumpFigures> dump_jail(const DumpRequest& request) {
                                    "-o", "dump.log",
                                    // The jail has no network of its own to freeze.
                                    "--network-lock", "skip",
+                                   // A debugger kernel's TCP connections on its own loopback
+                                   // (debugpy's adapter and pydevd): both ends are in the
+                                   // dumped tree and its network namespace. Other kernels have
+                                   // no TCP socket at all (seccomp).
+                                   "--tcp-established",
                                    // Binds of host paths (/usr, /etc files): found by path.
                                    "--external", "mnt[]"};
   json meta = {{"version", 1},
@@ -393,8 +398,8 @@ Result<Restored> restore_jail(const RestoreRequest& request) {
   const std::string images = request.image_dir + "/criu";
   std::vector<std::string> args = {"restore", "-o", "restore.log", "-d",
                                    // The restored pid 1 becomes our child, to wait for.
-                                   "--restore-sibling", "--network-lock", "skip", "--external",
-                                   "mnt[]"};
+                                   "--restore-sibling", "--network-lock", "skip",
+                                   "--tcp-established", "--external", "mnt[]"};
   std::vector<int> keep;
   auto need = [&](const char* what, const std::string& value) -> Result<void> {
     if (value.empty()) {
