@@ -250,6 +250,11 @@ CLI::App* add_serve_command(CLI::App& app, ServeCommandLine& serve) {
                   "shares to sign the kernels they move to each other (cellgate drain --move; "
                   "docs/scale-out.md); without it this node neither sends nor takes kernels")
       ->envname("CELLGATE_MOVE_KEY_FILE");
+  cmd->add_option("--tenant-max-sandboxes", o.tenant_max_sandboxes,
+                  "E2B sandboxes one tenant (an API key of `cellgate keys`) may have at once "
+                  "(0: no limit but --max-kernels); more: 429, as E2B answers")
+      ->envname("CELLGATE_TENANT_MAX_SANDBOXES")
+      ->capture_default_str();
   cmd->add_flag("--e2b-no-token", o.e2b_no_token,
                 "accept E2B requests without a token, as E2B's SDK in debug mode sends "
                 "none (only with a loopback --ip)");

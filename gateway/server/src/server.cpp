@@ -39,8 +39,11 @@
 #include "cellgate/mcp/server.hpp"
 #include "cellgate/notebook_http/service.hpp"
 #include "cellgate/protocol/node_ids.hpp"
+#include "cellgate/sandboxes/front.hpp"
+#include "cellgate/sandboxes/registry.hpp"
 #include "cellgate/sys/file.hpp"
 #include "cellgate/sys/text.hpp"
+#include "cellgate/tenants/keys.hpp"
 #include "metrics.hpp"
 #include "node.hpp"
 #include "privsep.hpp"
@@ -152,6 +155,10 @@ struct Server::Impl {
   std::unique_ptr<engine::Engine> engine;  // the parts the front ends below are built over
   std::unique_ptr<api::Api> api;
   std::unique_ptr<api::E2bApi> e2b;
+  // E2B's control plane on the E2B port, over the tenants' keys (sandboxes/front.hpp).
+  std::unique_ptr<tenants::KeyStore> keys;
+  std::unique_ptr<sandboxes::SandboxRegistry> sandboxes;
+  std::unique_ptr<sandboxes::E2bFront> e2b_front;
   std::unique_ptr<client::Kernels> mcp_kernels;  // the MCP server at /mcp, over the same parts
   std::unique_ptr<mcp::Server> mcp;
   std::unique_ptr<mcp::HttpEndpoint> mcp_endpoint;
@@ -231,8 +238,22 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   e2b_options.execute_max_timeout = o.execute_max_timeout;
   e2b_options.execute_keepalive = o.execute_keepalive;
   e2b_options.stats = impl_->http_stats;
-  impl_->e2b =
-      std::make_unique<api::E2bApi>(registry, executor, std::move(e2b_options), impl_->offload());
+  impl_->e2b = std::make_unique<api::E2bApi>(registry, executor, e2b_options, impl_->offload());
+  impl_->keys = std::make_unique<tenants::KeyStore>(tenants::keys_path(o.state_dir));
+  sandboxes::SandboxOptions so;
+  so.state_dir = o.state_dir;
+  so.max_per_tenant = o.tenant_max_sandboxes;
+  so.shape.cpu_count = std::max(1, static_cast<int>(std::ceil(o.jail.cpus)));
+  so.shape.memory_mb = static_cast<int>(o.jail.memory_bytes >> 20);
+  so.shape.disk_mb = static_cast<int>(o.jail.work_bytes >> 20);
+  impl_->sandboxes = std::make_unique<sandboxes::SandboxRegistry>(
+      registry, executor, impl_->engine->loop(), impl_->offload(), std::move(so));
+  sandboxes::FrontOptions fo;
+  fo.token = impl_->token;
+  fo.e2b = std::move(e2b_options);
+  impl_->e2b_front =
+      std::make_unique<sandboxes::E2bFront>(*impl_->sandboxes, impl_->keys.get(), *impl_->e2b,
+                                            registry, executor, std::move(fo), impl_->offload());
 
   client::Options mo;
   mo.client = "mcp";
@@ -342,6 +363,8 @@ Server::~Server() {
   impl_->engine->stop();
   impl_->notebook.reset();
   impl_->notebook_kernels.reset();
+  impl_->e2b_front.reset();
+  impl_->sandboxes.reset();
   impl_->e2b.reset();
   impl_->mcp_endpoint.reset();
   impl_->mcp.reset();
@@ -358,6 +381,12 @@ kernels::KernelRegistry& Server::registry() {
 }
 const ServeOptions& Server::options() const {
   return impl_->options;
+}
+sandboxes::SandboxRegistry& Server::sandboxes() {
+  return *impl_->sandboxes;
+}
+void Server::set_envd(http::Handler* envd) {
+  impl_->e2b_front->set_envd(envd);
 }
 int Server::e2b_port() const {
   return impl_->e2b_listener ? impl_->e2b_listener->port() : 0;
@@ -412,12 +441,13 @@ Result<int> Server::start() {
   }
   if (o.e2b_socket >= 0) {
     CELLGATE_ASSIGN_OR_RETURN(impl_->e2b_listener,
-                              http::Listener::adopt(impl_->network, o.e2b_socket, *impl_->e2b,
+                              http::Listener::adopt(impl_->network, o.e2b_socket, *impl_->e2b_front,
                                                     impl_->http_options, impl_->tls));
   } else if (o.e2b_port != 0) {
-    CELLGATE_ASSIGN_OR_RETURN(impl_->e2b_listener,
-                              http::Listener::open(impl_->network, o.ip, o.e2b_port, *impl_->e2b,
-                                                   impl_->http_options, impl_->tls));
+    CELLGATE_ASSIGN_OR_RETURN(
+        impl_->e2b_listener,
+        http::Listener::open(impl_->network, o.ip, o.e2b_port, *impl_->e2b_front,
+                             impl_->http_options, impl_->tls));
   }
   if (o.agent_port != 0) {
     auto& registry = impl_->engine->registry();
@@ -427,6 +457,7 @@ Result<int> Server::start() {
                               }));
   }
   impl_->engine->start();
+  impl_->sandboxes->start();  // after the kernels' adoption: the sandboxes of adopted kernels
   impl_->listener->start();
   if (impl_->e2b_listener) {
     impl_->e2b_listener->start();
