@@ -178,7 +178,7 @@ test('setTimeout: the sandbox is killed when it expires', { timeout: 60_000 }, a
   assert.equal(await sbx.isRunning(), false);
 });
 
-test('pause keeps the kernel\'s variables; connect resumes; state filter', { timeout: 180_000 , skip: NO_CHECKPOINTS }, async () => {
+test('pause keeps the kernel\'s variables; connect resumes; state filter', { timeout: 180_000, skip: NO_CHECKPOINTS }, async () => {
   const tag = randomBytes(4).toString('hex');
   const sbx = await Sandbox.create({ metadata: { pause: tag } });
   const other = await Sandbox.create({ metadata: { pause: tag } });
@@ -207,7 +207,7 @@ test('pause keeps the kernel\'s variables; connect resumes; state filter', { tim
   }
 });
 
-test('onTimeout pause: expiry pauses, connect resumes', { timeout: 120_000 , skip: NO_CHECKPOINTS }, async () => {
+test('onTimeout pause: expiry pauses, connect resumes', { timeout: 120_000, skip: NO_CHECKPOINTS }, async () => {
   const sbx = await Sandbox.create({ timeoutMs: 2_000, lifecycle: { onTimeout: 'pause' } });
   try {
     await sbx.runCode('y = "kept"');
@@ -221,8 +221,9 @@ test('onTimeout pause: expiry pauses, connect resumes', { timeout: 120_000 , ski
   }
 });
 
-test('snapshots: create, start from one, list, delete; fork', { timeout: 240_000 , skip: NO_CHECKPOINTS }, async () => {
-  const sbx = await Sandbox.create();
+test('snapshots: create, start from one, list, delete; fork', { timeout: 240_000, skip: NO_CHECKPOINTS }, async () => {
+  // The operator's key: four sandboxes at once, past a tenant's limit.
+  const sbx = await Sandbox.create({ apiKey: `e2b_${gw.token}` });
   const made = [];
   try {
     await sbx.runCode('z = 7');
@@ -326,3 +327,37 @@ test('a tenant over its limit gets 429 (RateLimitError)', { timeout: 180_000 }, 
     }
   }
 });
+
+test('a tenant\'s key on the Jupyter and agent routes reaches its own kernels only',
+  { timeout: 120_000 }, async () => {
+    const api = `http://127.0.0.1:${gw.port}`;
+    const call = (key, method, route, body) => fetch(`${api}${route}`, {
+      method,
+      headers: { Authorization: `token ${key}`, 'Content-Type': 'application/json' },
+      body: body === undefined ? undefined : JSON.stringify(body),
+      signal: AbortSignal.timeout(60_000),
+    });
+    const started = await call(gw.keys.alice, 'POST', '/api/kernels', {});
+    assert.equal(started.status, 201, await started.clone().text());
+    const { id } = await started.json();
+    try {
+      const ids = async key => (await (await call(key, 'GET', '/api/kernels')).json()).map(k => k.id);
+      assert.deepEqual(await ids(gw.keys.alice), [id]);
+      assert.ok(!(await ids(gw.keys.bob)).includes(id));
+      assert.ok((await ids(gw.token)).includes(id), 'the operator sees every kernel');
+      assert.equal((await call(gw.keys.bob, 'GET', `/api/kernels/${id}`)).status, 404);
+      assert.equal((await call(gw.keys.bob, 'POST', `/api/kernels/${id}/execute`, { code: '1' })).status, 404);
+      const ran = await call(gw.keys.alice, 'POST', `/api/kernels/${id}/execute`, { code: 'print(6 * 7)' });
+      assert.equal(ran.status, 200);
+      assert.equal((await ran.json()).stdout, '42\n');
+      // A session naming another's kernel, the operator's routes, a key nobody made.
+      assert.equal((await call(gw.keys.bob, 'POST', '/api/sessions',
+        { path: 'x.ipynb', type: 'notebook', kernel: { id } })).status, 404);
+      assert.equal((await call(gw.keys.bob, 'GET', '/api/snapshots')).status, 403);
+      assert.equal((await call(gw.keys.bob, 'GET', '/metrics')).status, 403);
+      assert.equal((await call(`e2b_${'1'.repeat(40)}`, 'GET', '/api/kernels')).status, 403);
+      assert.equal((await call(gw.keys.bob, 'DELETE', `/api/kernels/${id}`)).status, 404);
+    } finally {
+      assert.equal((await call(gw.keys.alice, 'DELETE', `/api/kernels/${id}`)).status, 204);
+    }
+  });

@@ -147,6 +147,7 @@ void SandboxRegistry::start() {
         seq_ = std::max(seq_, s->seq);
         Entry& entry = entries_[s->id];
         entry.sandbox = *s;
+        note_owner(*s);
         arm_locked(entry);
         spdlog::info("sandboxes: {} kept (kernel {}, {})", s->id, s->kernel_id,
                      to_string(s->state));
@@ -329,11 +330,19 @@ Result<Sandbox> SandboxRegistry::adopt_kernel(const Caller& caller, const std::s
   s.seq = ++seq_;
   Entry& entry = entries_[s.id];
   entry.sandbox = s;
+  note_owner(s);
   save_locked(s);
   arm_locked(entry);
   spdlog::info("sandbox {} created (kernel {}, template {}, tenant {})", s.id, kernel_id,
                template_id, s.tenant.empty() ? "-" : s.tenant);
   return s;
+}
+
+void SandboxRegistry::note_owner(const Sandbox& s) const {
+  if (options_.owners != nullptr && !s.tenant.empty()) {
+    options_.owners->set(s.kernel_id, s.tenant,
+                         [this](const std::string& id) { return bool(kernels_.find(id)); });
+  }
 }
 
 void SandboxRegistry::arm_locked(Entry& entry) {

@@ -152,6 +152,7 @@ Result<std::vector<Result<Sandbox>>> SandboxRegistry::fork(const Caller& caller,
       auto& stored = entries_.at(copy->id).sandbox;
       stored.env_vars = s.env_vars;
       stored.tenant = s.tenant;
+      note_owner(stored);
       save_locked(stored);
       copy->env_vars = s.env_vars;
       copy->tenant = s.tenant;

@@ -44,6 +44,7 @@
 #include "cellgate/sys/file.hpp"
 #include "cellgate/sys/text.hpp"
 #include "cellgate/tenants/keys.hpp"
+#include "cellgate/tenants/owners.hpp"
 #include "metrics.hpp"
 #include "node.hpp"
 #include "privsep.hpp"
@@ -157,6 +158,7 @@ struct Server::Impl {
   std::unique_ptr<api::E2bApi> e2b;
   // E2B's control plane on the E2B port, over the tenants' keys (sandboxes/front.hpp).
   std::unique_ptr<tenants::KeyStore> keys;
+  tenants::KernelOwners owners;  // which tenant's each kernel is (api/src/tenancy.cpp)
   std::unique_ptr<sandboxes::SandboxRegistry> sandboxes;
   std::unique_ptr<sandboxes::E2bFront> e2b_front;
   std::unique_ptr<client::Kernels> mcp_kernels;  // the MCP server at /mcp, over the same parts
@@ -231,6 +233,9 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   }
   ao.state_dir = o.state_dir;
   ao.node.own_port = o.port;
+  impl_->keys = std::make_unique<tenants::KeyStore>(tenants::keys_path(o.state_dir));
+  ao.keys = impl_->keys.get();
+  ao.owners = &impl_->owners;
   impl_->api = std::make_unique<api::Api>(registry, executor, std::move(ao), impl_->offload());
   api::E2bOptions e2b_options;
   e2b_options.token = impl_->token;
@@ -239,10 +244,10 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   e2b_options.execute_keepalive = o.execute_keepalive;
   e2b_options.stats = impl_->http_stats;
   impl_->e2b = std::make_unique<api::E2bApi>(registry, executor, e2b_options, impl_->offload());
-  impl_->keys = std::make_unique<tenants::KeyStore>(tenants::keys_path(o.state_dir));
   sandboxes::SandboxOptions so;
   so.state_dir = o.state_dir;
   so.max_per_tenant = o.tenant_max_sandboxes;
+  so.owners = &impl_->owners;
   so.shape.cpu_count = std::max(1, static_cast<int>(std::ceil(o.jail.cpus)));
   so.shape.memory_mb = static_cast<int>(o.jail.memory_bytes >> 20);
   so.shape.disk_mb = static_cast<int>(o.jail.work_bytes >> 20);

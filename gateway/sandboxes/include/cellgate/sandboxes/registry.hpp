@@ -37,6 +37,7 @@
 #include "cellgate/kernels/registry.hpp"
 #include "cellgate/mutex.hpp"
 #include "cellgate/sandboxes/model.hpp"
+#include "cellgate/tenants/owners.hpp"
 #include "cellgate/util/loop.hpp"
 
 namespace cellgate::sandboxes {
@@ -52,6 +53,9 @@ struct SandboxOptions {
   Shape shape;            // cpu, memory and disk as the SDK is told
   // Sandboxes one tenant may have at once (running or paused); 0: no limit but max_kernels.
   std::size_t max_per_tenant = 0;
+  // Where a tenant's sandbox kernels are recorded as its own, so its key reaches them through
+  // the Jupyter and agent routes too; null: nowhere.
+  tenants::KernelOwners* owners = nullptr;
   std::chrono::milliseconds metrics_interval{5000};
   std::size_t metrics_kept = 720;
   std::chrono::seconds setup_timeout{30};  // the kernel's first silent cell (cwd, env vars)
@@ -150,6 +154,7 @@ class SandboxRegistry {
                                const CreateRequest& request, bool set_up);
   Result<void> admit(const Caller& caller) const;
   void arm_locked(Entry& entry) CELLGATE_REQUIRES(mu_);
+  void note_owner(const Sandbox& s) const;  // in options_.owners
   void expire(const std::string& id);
   void save_locked(const Sandbox& s) const CELLGATE_REQUIRES(mu_);
   void save_snapshots_locked() const CELLGATE_REQUIRES(mu_);
