@@ -6,13 +6,15 @@
 // Flags this file assumes of `cellgate serve`:
 //   --ip 127.0.0.1 --port 0 --token <t> --state-dir <d> --e2b-port <free port>
 //   --no-zygote --checkpoint-without-landlock --pool-size 0   (pause, snapshots and fork: CRIU)
-//   --tenant-max-sandboxes 2
+//   --tenant-max-sandboxes 2 --tenant-max-kernels 1
+//   --e2b-webhook http://127.0.0.1:<receiver>/hook --e2b-webhook-secret-file <file>
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile, spawn } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
+import { createHmac, randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import http from 'node:http';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -39,6 +41,8 @@ for (const name of Object.keys(process.env)) {
 }
 
 const gw = { proc: null, dir: null, port: 0, e2bPort: 0, token: '', log: [], keys: {} };
+// The webhook receiver: every event as {body, signature}.
+const hooks = { server: null, secret: randomBytes(24).toString('hex'), events: [] };
 const logTail = (n = 60) => gw.log.join('').split('\n').slice(-n).join('\n');
 const sleep = ms => new Promise(resolve => setTimeout(resolve, ms));
 
@@ -85,11 +89,24 @@ before(async () => {
   gw.keys.alice = await makeKey('alice');
   gw.keys.bob = await makeKey('bob');
   gw.e2bPort = await freePort();
+  hooks.server = http.createServer((req, res) => {
+    let body = '';
+    req.on('data', d => { body += d; });
+    req.on('end', () => {
+      hooks.events.push({ body, signature: req.headers['x-cellgate-signature'] });
+      res.writeHead(204).end();
+    });
+  });
+  await new Promise(resolve => hooks.server.listen(0, '127.0.0.1', resolve));
+  const secretFile = path.join(gw.dir, 'webhook-secret');
+  await writeFile(secretFile, hooks.secret + '\n', { mode: 0o600 });
   gw.proc = spawn(CELLGATE,
     ['serve', '--ip', '127.0.0.1', '--port', '0', '--token', gw.token,
      '--state-dir', path.join(gw.dir, 'state'), '--e2b-port', String(gw.e2bPort),
      '--no-zygote', '--checkpoint-without-landlock', '--pool-size', '0',
-     '--tenant-max-sandboxes', String(MAX_PER_TENANT)],
+     '--tenant-max-sandboxes', String(MAX_PER_TENANT), '--tenant-max-kernels', '1',
+     '--e2b-webhook', `http://127.0.0.1:${hooks.server.address().port}/hook`,
+     '--e2b-webhook-secret-file', secretFile],
     { stdio: ['ignore', 'pipe', 'pipe'] });
   gw.port = await servePort(gw, logTail);
   const url = `http://127.0.0.1:${gw.e2bPort}`;
@@ -108,7 +125,22 @@ after(async () => {
     }
   }
   await rm(gw.dir, { recursive: true, force: true }).catch(() => {});
+  hooks.server?.close();
 }, { timeout: 40_000 });
+
+// The lifecycle events of one sandbox, each signed with the shared secret, once they arrived.
+async function eventsOf(sandboxId, labels) {
+  return waitFor(() => {
+    const mine = hooks.events.map(e => ({ ...e, json: JSON.parse(e.body) }))
+      .filter(e => e.json.sandboxId === sandboxId);
+    for (const e of mine) {
+      const want = 'sha256=' + createHmac('sha256', hooks.secret).update(e.body).digest('hex');
+      assert.equal(e.signature, want, `the signature of ${e.body}`);
+    }
+    const seen = mine.map(e => e.json.eventLabel);
+    return labels.every(l => seen.includes(l)) && mine;
+  }, `webhooks ${labels} of ${sandboxId}`, 10_000);
+}
 
 async function listAll(opts) {
   const paginator = Sandbox.list(opts);
@@ -144,6 +176,12 @@ test('create, getInfo, list by metadata, kill twice, isRunning', { timeout: 120_
   assert.equal(await sbx.isRunning(), false);
   await assert.rejects(Sandbox.getInfo(sbx.sandboxId), SandboxNotFoundError);
   assert.deepEqual(await listAll({ query: { metadata: { suite: tag } } }), []);
+
+  const events = await eventsOf(sbx.sandboxId, ['created', 'killed']);
+  const created = events.find(e => e.json.eventLabel === 'created').json;
+  assert.equal(created.type, 'sandbox.lifecycle.created');
+  assert.equal(created.sandboxTeamId, 'alice');
+  assert.deepEqual(created.sandboxMetadata, { suite: tag });
 });
 
 test('list: limit 1 gives two pages, newest first', { timeout: 120_000 }, async () => {
@@ -201,6 +239,7 @@ test('pause keeps the kernel\'s variables; connect resumes; state filter', { tim
     assert.equal(await again.isRunning(), true);
     const execution = await again.runCode('x + 1');
     assert.equal(execution.text, '42', JSON.stringify(execution));
+    await eventsOf(sbx.sandboxId, ['created', 'paused', 'resumed']);
   } finally {
     await sbx.kill();
     await other.kill();
@@ -231,6 +270,7 @@ test('snapshots: create, start from one, list, delete; fork', { timeout: 240_000
     assert.match(snap.snapshotId, /^[0-9a-f]{32}$/);
     assert.deepEqual(snap.names, ['seven']);
     const listed = await sbx.listSnapshots().nextItems();  // the sandbox's own key
+    await eventsOf(sbx.sandboxId, ['snapshotted']);
     assert.deepEqual(listed.map(s => s.snapshotId), [snap.snapshotId]);
 
     const copy = await Sandbox.create(snap.snapshotId, { apiKey: `e2b_${gw.token}` });
@@ -357,6 +397,9 @@ test('a tenant\'s key on the Jupyter and agent routes reaches its own kernels on
       assert.equal((await call(gw.keys.bob, 'GET', '/metrics')).status, 403);
       assert.equal((await call(`e2b_${'1'.repeat(40)}`, 'GET', '/api/kernels')).status, 403);
       assert.equal((await call(gw.keys.bob, 'DELETE', `/api/kernels/${id}`)).status, 404);
+      // --tenant-max-kernels 1: alice's second kernel is refused as Jupyter refuses a limit.
+      const second = await call(gw.keys.alice, 'POST', '/api/kernels', {});
+      assert.equal(second.status, 403, await second.text());
     } finally {
       assert.equal((await call(gw.keys.alice, 'DELETE', `/api/kernels/${id}`)).status, 204);
     }

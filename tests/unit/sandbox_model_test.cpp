@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cellgate/sandboxes/model.hpp"
+#include "cellgate/sandboxes/webhooks.hpp"
 
 namespace cellgate::sandboxes {
 namespace {
@@ -157,6 +158,34 @@ TEST(SandboxModel, RecordsRoundTripAndShapes) {
   EXPECT_EQ(parse_iso8601("2023-11-14T22:14:27Z"), s.end_at);
   EXPECT_FALSE(parse_iso8601("2023-11-14"));
   EXPECT_EQ(sandbox_json(s, shape)["envdVersion"], std::string(kEnvdVersion));
+}
+
+}  // namespace
+}  // namespace cellgate::sandboxes
+
+namespace cellgate::sandboxes {
+namespace {
+
+TEST(SandboxWebhooks, RefusedWithoutASecretOrAnHttpUrl) {
+  auto offload = [](std::function<void()> fn) { fn(); };
+  EXPECT_FALSE(Webhooks::create({.urls = {"http://127.0.0.1:1/x"}, .secret = "short"}, offload));
+  EXPECT_FALSE(Webhooks::create({.urls = {"ftp://h/x"}, .secret = std::string(16, 's')}, offload));
+  auto hooks =
+      Webhooks::create({.urls = {"http://127.0.0.1:1/x"}, .secret = std::string(16, 's')}, offload);
+  ASSERT_TRUE(hooks) << hooks.error().message;
+  Sandbox s = make(1, {{"k", "v"}});
+  s.tenant = "alice";
+  auto body = nlohmann::json::parse(Webhooks::body("killed", s));
+  EXPECT_EQ(body["type"], "sandbox.lifecycle.killed");
+  EXPECT_EQ(body["eventLabel"], "killed");
+  EXPECT_EQ(body["sandboxId"], "sb1");
+  EXPECT_EQ(body["sandboxTeamId"], "alice");
+  EXPECT_EQ(body["sandboxMetadata"]["k"], "v");
+  const std::string sig = (*hooks)->signature("payload");
+  EXPECT_EQ(sig.rfind("sha256=", 0), 0u);
+  EXPECT_EQ(sig.size(), 7u + 64u);
+  EXPECT_EQ(sig, (*hooks)->signature("payload"));
+  EXPECT_NE(sig, (*hooks)->signature("payload2"));
 }
 
 }  // namespace

@@ -114,6 +114,20 @@ std::optional<Response> Api::tenant_gate(Call& call, const std::string& tenant) 
                                [this](const std::string& k) { return bool(registry_.find(k)); });
         });
   };
+  // A start past the tenant's kernels (--tenant-max-kernels); racing starts may pass it by as
+  // many as run at once.
+  auto over_limit = [&]() -> std::optional<Response> {
+    if (options_.tenant_max_kernels == 0 ||
+        options_.owners->count(tenant, [this](const std::string& k) {
+          return bool(registry_.find(k));
+        }) < options_.tenant_max_kernels) {
+      return std::nullopt;
+    }
+    return http::error_response(
+        call.req, make_error(ErrorCode::kResourceExhausted, "tenant_limit",
+                             "this tenant has " + std::to_string(options_.tenant_max_kernels) +
+                                 " kernels, its most (--tenant-max-kernels); shut one down"));
+  };
   const std::string& what = parts[1];
   if (what == "kernels") {
     if (parts.size() == 2) {
@@ -124,6 +138,9 @@ std::optional<Response> Api::tenant_gate(Call& call, const std::string& tenant) 
       auto body = http::body_object(call.req);
       if (body && body->contains("snapshot")) {
         return refuse();  // snapshots are the operator's here (E2B's control plane has its own)
+      }
+      if (auto full = over_limit()) {
+        return full;
       }
       record(false);
       return std::nullopt;
@@ -162,6 +179,11 @@ std::optional<Response> Api::tenant_gate(Call& call, const std::string& tenant) 
           return http::error_response(call.req,
                                       make_error(ErrorCode::kFailedPrecondition, "path_in_use",
                                                  "another session uses path " + path));
+        }
+      }
+      if (asked.empty()) {
+        if (auto full = over_limit()) {
+          return full;
         }
       }
       record(true);

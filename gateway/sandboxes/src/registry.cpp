@@ -335,6 +335,7 @@ Result<Sandbox> SandboxRegistry::adopt_kernel(const Caller& caller, const std::s
   arm_locked(entry);
   spdlog::info("sandbox {} created (kernel {}, template {}, tenant {})", s.id, kernel_id,
                template_id, s.tenant.empty() ? "-" : s.tenant);
+  emit("created", s);
   return s;
 }
 
@@ -342,6 +343,12 @@ void SandboxRegistry::note_owner(const Sandbox& s) const {
   if (options_.owners != nullptr && !s.tenant.empty()) {
     options_.owners->set(s.kernel_id, s.tenant,
                          [this](const std::string& id) { return bool(kernels_.find(id)); });
+  }
+}
+
+void SandboxRegistry::emit(std::string_view label, const Sandbox& s) const {
+  if (options_.webhooks != nullptr) {
+    options_.webhooks->emit(label, s);
   }
 }
 
@@ -386,6 +393,7 @@ void SandboxRegistry::expire(const std::string& id) {
         it->second.sandbox.state = State::kPaused;
         save_locked(it->second.sandbox);
         arm_locked(it->second);
+        emit("paused", it->second.sandbox);
       }
       spdlog::info("sandbox {}: its timeout passed; paused", id);
       return;
@@ -400,6 +408,7 @@ void SandboxRegistry::expire(const std::string& id) {
 
 void SandboxRegistry::end(const std::string& id, bool kill_kernel) {
   std::string kernel_id;
+  Sandbox ended;
   {
     MutexLock lock(mu_);
     auto it = entries_.find(id);
@@ -409,6 +418,7 @@ void SandboxRegistry::end(const std::string& id, bool kill_kernel) {
     if (it->second.timer) {
       it->second.timer->cancel();
     }
+    ended = it->second.sandbox;
     kernel_id = it->second.sandbox.kernel_id;
     entries_.erase(it);
     if (const std::string dir = records_dir(); !dir.empty()) {
@@ -422,6 +432,7 @@ void SandboxRegistry::end(const std::string& id, bool kill_kernel) {
       spdlog::warn("sandbox {}: its kernel {}: {}", id, kernel_id, down.error().message);
     }
   }
+  emit("killed", ended);
   if (on_ended_) {
     on_ended_(id);
   }
@@ -467,6 +478,7 @@ Result<bool> SandboxRegistry::pause(const Caller& caller, const std::string& id)
     it->second.sandbox.state = State::kPaused;
     save_locked(it->second.sandbox);
     arm_locked(it->second);
+    emit("paused", it->second.sandbox);
   }
   spdlog::info("sandbox {} paused", id);
   return true;
@@ -496,6 +508,9 @@ Result<SandboxRegistry::Connected> SandboxRegistry::connect(const Caller& caller
   save_locked(s);
   arm_locked(it->second);
   out.sandbox = s;
+  if (out.resumed) {
+    emit("resumed", s);
+  }
   return out;
 }
 

@@ -65,6 +65,7 @@ Result<SnapshotRecord> SandboxRegistry::snapshot(const Caller& caller, const std
   r.seq = ++seq_;
   snapshots_[r.id] = r;
   save_snapshots_locked();
+  emit("snapshotted", s);
   spdlog::info("sandbox {}: snapshot {} taken", id, r.id);
   return r;
 }

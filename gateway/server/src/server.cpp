@@ -41,6 +41,7 @@
 #include "cellgate/protocol/node_ids.hpp"
 #include "cellgate/sandboxes/front.hpp"
 #include "cellgate/sandboxes/registry.hpp"
+#include "cellgate/sandboxes/webhooks.hpp"
 #include "cellgate/sys/file.hpp"
 #include "cellgate/sys/text.hpp"
 #include "cellgate/tenants/keys.hpp"
@@ -159,6 +160,7 @@ struct Server::Impl {
   // E2B's control plane on the E2B port, over the tenants' keys (sandboxes/front.hpp).
   std::unique_ptr<tenants::KeyStore> keys;
   tenants::KernelOwners owners;  // which tenant's each kernel is (api/src/tenancy.cpp)
+  std::unique_ptr<sandboxes::Webhooks> webhooks;  // E2B lifecycle events; null: none
   std::unique_ptr<sandboxes::SandboxRegistry> sandboxes;
   std::unique_ptr<sandboxes::E2bFront> e2b_front;
   std::unique_ptr<client::Kernels> mcp_kernels;  // the MCP server at /mcp, over the same parts
@@ -236,6 +238,7 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   impl_->keys = std::make_unique<tenants::KeyStore>(tenants::keys_path(o.state_dir));
   ao.keys = impl_->keys.get();
   ao.owners = &impl_->owners;
+  ao.tenant_max_kernels = o.tenant_max_kernels;
   impl_->api = std::make_unique<api::Api>(registry, executor, std::move(ao), impl_->offload());
   api::E2bOptions e2b_options;
   e2b_options.token = impl_->token;
@@ -244,7 +247,28 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   e2b_options.execute_keepalive = o.execute_keepalive;
   e2b_options.stats = impl_->http_stats;
   impl_->e2b = std::make_unique<api::E2bApi>(registry, executor, e2b_options, impl_->offload());
+  if (!o.e2b_webhooks.empty()) {
+    // Fail closed: webhooks are always signed.
+    std::string secret;
+    if (o.e2b_webhook_secret_file.empty()) {
+      throw std::invalid_argument(
+          "--e2b-webhook needs --e2b-webhook-secret-file (they are signed)");
+    }
+    auto key = sys::read_file(o.e2b_webhook_secret_file, 4096, "--e2b-webhook-secret-file");
+    if (!key) {
+      throw std::invalid_argument(key.error().message);
+    }
+    sandboxes::WebhookOptions wo;
+    wo.urls = o.e2b_webhooks;
+    wo.secret = std::string(sys::trim(*key));
+    auto hooks = sandboxes::Webhooks::create(std::move(wo), impl_->offload());
+    if (!hooks) {
+      throw std::invalid_argument(hooks.error().message);
+    }
+    impl_->webhooks = std::move(hooks).value();
+  }
   sandboxes::SandboxOptions so;
+  so.webhooks = impl_->webhooks.get();
   so.state_dir = o.state_dir;
   so.max_per_tenant = o.tenant_max_sandboxes;
   so.owners = &impl_->owners;
@@ -370,6 +394,7 @@ Server::~Server() {
   impl_->notebook_kernels.reset();
   impl_->e2b_front.reset();
   impl_->sandboxes.reset();
+  impl_->webhooks.reset();
   impl_->e2b.reset();
   impl_->mcp_endpoint.reset();
   impl_->mcp.reset();

@@ -69,6 +69,9 @@ struct ApiOptions {
   // only that tenant's kernels, in `owners`; null: the gateway's token only.
   tenants::KeyStore* keys = nullptr;
   tenants::KernelOwners* owners = nullptr;
+  // Kernels one tenant may have at once (its E2B sandboxes' included); more: 403, as
+  // max_kernels. 0: no limit but max_kernels.
+  std::size_t tenant_max_kernels = 0;
 };
 
 struct Session {

@@ -37,6 +37,7 @@
 #include "cellgate/kernels/registry.hpp"
 #include "cellgate/mutex.hpp"
 #include "cellgate/sandboxes/model.hpp"
+#include "cellgate/sandboxes/webhooks.hpp"
 #include "cellgate/tenants/owners.hpp"
 #include "cellgate/util/loop.hpp"
 
@@ -56,6 +57,7 @@ struct SandboxOptions {
   // Where a tenant's sandbox kernels are recorded as its own, so its key reaches them through
   // the Jupyter and agent routes too; null: nowhere.
   tenants::KernelOwners* owners = nullptr;
+  Webhooks* webhooks = nullptr;  // lifecycle events; null: none
   std::chrono::milliseconds metrics_interval{5000};
   std::size_t metrics_kept = 720;
   std::chrono::seconds setup_timeout{30};  // the kernel's first silent cell (cwd, env vars)
@@ -154,7 +156,8 @@ class SandboxRegistry {
                                const CreateRequest& request, bool set_up);
   Result<void> admit(const Caller& caller) const;
   void arm_locked(Entry& entry) CELLGATE_REQUIRES(mu_);
-  void note_owner(const Sandbox& s) const;  // in options_.owners
+  void note_owner(const Sandbox& s) const;                    // in options_.owners
+  void emit(std::string_view label, const Sandbox& s) const;  // to options_.webhooks
   void expire(const std::string& id);
   void save_locked(const Sandbox& s) const CELLGATE_REQUIRES(mu_);
   void save_snapshots_locked() const CELLGATE_REQUIRES(mu_);

@@ -28,6 +28,9 @@ class KernelOwners {
            const std::function<bool(const std::string&)>& alive = nullptr);
   std::optional<std::string> owner(const std::string& kernel_id) const;
   bool owned_by(const std::string& kernel_id, const std::string& tenant) const;
+  // The kernels of `tenant` that `alive` says still run.
+  std::size_t count(const std::string& tenant,
+                    const std::function<bool(const std::string&)>& alive) const;
   void erase(const std::string& kernel_id);
 
  private:
