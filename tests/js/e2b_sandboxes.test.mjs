@@ -46,6 +46,13 @@ const hooks = { server: null, secret: randomBytes(24).toString('hex'), events: [
 const logTail = (n = 60) => gw.log.join('').split('\n').slice(-n).join('\n');
 const sleep = ms => new Promise(resolve => setTimeout(resolve, ms));
 
+// The gateway's exit ({code, signal}), or null if it has not exited within `ms`.
+function exitWithin(ms) {
+  let timer;
+  return Promise.race([gw.exited, new Promise(resolve => { timer = setTimeout(() => resolve(null), ms); })])
+    .finally(() => clearTimeout(timer));
+}
+
 async function freePort() {
   const server = net.createServer();
   await new Promise(resolve => server.listen(0, '127.0.0.1', resolve));
@@ -80,6 +87,12 @@ async function waitFor(probe, what, ms = 60_000) {
   throw new Error(`${what}: not within ${ms} ms (last: ${last})\n${logTail()}`);
 }
 
+async function startGateway() {
+  gw.log = [];
+  gw.proc = spawn(CELLGATE, gw.args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  gw.port = await servePort(gw, logTail);
+}
+
 // Options every SDK call of `tenant` gets (the environment holds alice's key).
 const as = tenant => ({ apiKey: gw.keys[tenant] });
 
@@ -100,15 +113,13 @@ before(async () => {
   await new Promise(resolve => hooks.server.listen(0, '127.0.0.1', resolve));
   const secretFile = path.join(gw.dir, 'webhook-secret');
   await writeFile(secretFile, hooks.secret + '\n', { mode: 0o600 });
-  gw.proc = spawn(CELLGATE,
-    ['serve', '--ip', '127.0.0.1', '--port', '0', '--token', gw.token,
-     '--state-dir', path.join(gw.dir, 'state'), '--e2b-port', String(gw.e2bPort),
-     '--no-zygote', '--checkpoint-without-landlock', '--pool-size', '0',
-     '--tenant-max-sandboxes', String(MAX_PER_TENANT), '--tenant-max-kernels', '1',
-     '--e2b-webhook', `http://127.0.0.1:${hooks.server.address().port}/hook`,
-     '--e2b-webhook-secret-file', secretFile],
-    { stdio: ['ignore', 'pipe', 'pipe'] });
-  gw.port = await servePort(gw, logTail);
+  gw.args = ['serve', '--ip', '127.0.0.1', '--port', '0', '--token', gw.token,
+    '--state-dir', path.join(gw.dir, 'state'), '--e2b-port', String(gw.e2bPort),
+    '--no-zygote', '--checkpoint-without-landlock', '--pool-size', '0',
+    '--tenant-max-sandboxes', String(MAX_PER_TENANT), '--tenant-max-kernels', '1',
+    '--e2b-webhook', `http://127.0.0.1:${hooks.server.address().port}/hook`,
+    '--e2b-webhook-secret-file', secretFile];
+  await startGateway();
   const url = `http://127.0.0.1:${gw.e2bPort}`;
   process.env.E2B_API_URL = url;
   process.env.E2B_SANDBOX_URL = url;
@@ -119,7 +130,7 @@ before(async () => {
 after(async () => {
   if (gw.proc && gw.proc.exitCode === null && gw.proc.signalCode === null) {
     gw.proc.kill('SIGTERM');
-    await Promise.race([gw.exited, sleep(30_000)]);
+    await exitWithin(30_000);
     if (gw.proc.exitCode === null && gw.proc.signalCode === null) {
       gw.proc.kill('SIGKILL');
     }
@@ -404,3 +415,23 @@ test('a tenant\'s key on the Jupyter and agent routes reaches its own kernels on
       assert.equal((await call(gw.keys.alice, 'DELETE', `/api/kernels/${id}`)).status, 204);
     }
   });
+
+test('a sandbox outlives a gateway restart that keeps its kernel (SIGUSR2)', { timeout: 120_000 }, async () => {
+  const sbx = await Sandbox.create({ metadata: { kept: 'yes' }, timeoutMs: 600_000 });
+  try {
+    await sbx.runCode('w = 5');
+    const before = await sbx.getInfo();
+    gw.proc.kill('SIGUSR2');  // hand the kernels over to the next gateway on the state dir
+    const done = await exitWithin(30_000);
+    assert.ok(done && done.code === 0, `exit after SIGUSR2: ${JSON.stringify(done)}\n${logTail()}`);
+    await startGateway();
+    const after = await sbx.getInfo();
+    assert.equal(after.state, 'running');
+    assert.deepEqual(after.metadata, { kept: 'yes' });
+    assert.equal(after.endAt.getTime(), before.endAt.getTime());
+    assert.equal((await sbx.runCode('w * 2')).text, '10', logTail());
+    assert.equal(await sbx.isRunning(), true);
+  } finally {
+    await sbx.kill();
+  }
+});
