@@ -9,6 +9,7 @@
 
 #include "cellgate/cli/drain.hpp"
 #include "cellgate/cli/exec.hpp"
+#include "cellgate/cli/keys.hpp"
 #include "cellgate/cli/mcp.hpp"
 #include "cellgate/cli/serve.hpp"
 #include "cellgate/notebooks/run.hpp"
@@ -24,6 +25,8 @@ int main(int argc, char** argv) {
   auto* run_cmd = cellgate::notebooks::add_run_command(app, run);
   cellgate::cli::DrainOptions drain;
   auto* drain_cmd = cellgate::cli::add_drain_command(app, drain);
+  cellgate::cli::KeysOptions keys;
+  auto* keys_cmd = cellgate::cli::add_keys_command(app, keys);
   cellgate::cli::McpOptions mcp;
   auto* mcp_cmd = cellgate::cli::add_mcp_command(app, mcp);
 
@@ -55,6 +58,9 @@ int main(int argc, char** argv) {
   }
   if (drain_cmd->parsed()) {
     return cellgate::cli::run_drain(drain);
+  }
+  if (keys_cmd->parsed()) {
+    return cellgate::cli::run_keys(keys);
   }
   if (mcp_cmd->parsed()) {
     return cellgate::cli::run_mcp(mcp);

@@ -64,7 +64,24 @@ E2bApi::E2bApi(kernels::KernelRegistry& registry, execute::Executor& executor, E
       executor_(executor),
       options_(std::move(options)),
       offload_(std::move(offload)) {
+  if (!options_.default_python_kernel.empty()) {
+    MutexLock lock(mu_);
+    default_ids_[std::string(e2b::kLanguage)] = options_.default_python_kernel;
+  }
   add_routes();
+}
+
+std::vector<std::string> E2bApi::context_kernels() const {
+  MutexLock lock(mu_);
+  std::set<std::string> ids;
+  for (const auto& [id, ctx] : contexts_) {
+    ids.insert(id);
+  }
+  for (const auto& [language, id] : default_ids_) {
+    ids.insert(id);
+  }
+  ids.erase(options_.default_python_kernel);
+  return {ids.begin(), ids.end()};
 }
 
 E2bApi::~E2bApi() = default;
@@ -279,6 +296,15 @@ void E2bApi::execute(Call& c) {
   auto parsed = e2b::parse_run_code_request(c.req.body());
   if (!parsed) {
     return c.reply(error_text(c.req, parsed.error()));
+  }
+  if (parsed->context_id && !options_.default_python_kernel.empty() &&
+      *parsed->context_id != options_.default_python_kernel) {
+    // A sandbox's code interpreter runs its own contexts only, never another kernel by its id.
+    MutexLock lock(mu_);
+    if (contexts_.count(*parsed->context_id) == 0) {
+      return c.reply(
+          text_response(c.req, Status::not_found, "context " + *parsed->context_id + " not found"));
+    }
   }
   if (parsed->context_id && !registry_.find(*parsed->context_id)) {
     return c.reply(

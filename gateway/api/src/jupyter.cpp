@@ -133,7 +133,8 @@ void Api::decorate(const Request& req, Response& res) const {
   res.set(http::Field::access_control_allow_methods, "GET, PUT, POST, PATCH, DELETE, OPTIONS");
 }
 
-std::optional<Response> Api::authenticate(const Request& req, const http::Target& target) const {
+std::optional<Response> Api::authenticate(const Request& req, const http::Target& target,
+                                          std::string* tenant) const {
   if (options_.token.empty()) {
     return std::nullopt;
   }
@@ -163,6 +164,12 @@ std::optional<Response> Api::authenticate(const Request& req, const http::Target
                                           "or '?token=<token>'"));
   }
   if (!http::token_equals(given, options_.token)) {
+    if (tenant != nullptr && options_.keys != nullptr) {
+      if (auto who = options_.keys->tenant_of(given)) {
+        *tenant = *who;
+        return std::nullopt;
+      }
+    }
     return error_response(
         req, make_error(ErrorCode::kPermissionDenied, "bad_token", "the token is not valid"));
   }
@@ -242,8 +249,9 @@ void Api::handle(Request req, std::shared_ptr<http::Exchange> exchange) {
   }
   const auto parts = http::split_path(target.path);
   const bool open_route = parts.size() == 1 && parts[0] == "api" && req.method() == Verb::get;
+  std::string tenant;  // "" : the gateway's token (or an open route)
   if (!open_route) {
-    if (auto refusal = authenticate(req, target)) {
+    if (auto refusal = authenticate(req, target, &tenant)) {
       if (options_.stats) {
         options_.stats->rejected.add("unauthenticated");
       }
@@ -256,6 +264,15 @@ void Api::handle(Request req, std::shared_ptr<http::Exchange> exchange) {
       return;
     }
   }
+  if (!tenant.empty() && mount != mounts_.end()) {
+    // /mcp and /metrics are the operator's (MCP's sessions are not scoped by tenant yet).
+    Response refusal = error_response(
+        req, make_error(ErrorCode::kPermissionDenied, "tenant_key",
+                        "this route is the operator's; a tenant's API key is refused here"));
+    decorate(req, refusal);
+    exchange->reply(std::move(refusal));
+    return;
+  }
   if (mount != mounts_.end()) {
     auto decorated =
         std::make_shared<DecoratedExchange>(*this, Request(req.base(), ""), std::move(exchange));
@@ -265,6 +282,12 @@ void Api::handle(Request req, std::shared_ptr<http::Exchange> exchange) {
   Call call{std::move(req), nullptr, std::move(target), {}};
   call.exchange =
       std::make_shared<DecoratedExchange>(*this, Request(call.req.base(), ""), std::move(exchange));
+  if (!tenant.empty()) {
+    if (auto refusal = tenant_gate(call, tenant)) {
+      call.reply(std::move(*refusal));
+      return;
+    }
+  }
   switch (router_.dispatch(call)) {
     case http::Router::Match::kFound:
       return;
@@ -308,8 +331,14 @@ http::Upgrade Api::decide_upgrade(const Request& req) {
                                                 "origin not allowed (see --allow-origin)"));
     return up;
   }
-  if (auto refusal = authenticate(req, target)) {
+  std::string tenant;
+  if (auto refusal = authenticate(req, target, &tenant)) {
     up.refusal = std::move(refusal);
+    return up;
+  }
+  if (!tenant.empty() && !tenant_owns(tenant, parts[2])) {
+    up.refusal = error_response(req, make_error(ErrorCode::kNotFound, "no_such_kernel",
+                                                "Kernel does not exist: " + parts[2]));
     return up;
   }
   auto k = registry_.find(parts[2]);

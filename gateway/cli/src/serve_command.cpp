@@ -250,6 +250,25 @@ CLI::App* add_serve_command(CLI::App& app, ServeCommandLine& serve) {
                   "shares to sign the kernels they move to each other (cellgate drain --move; "
                   "docs/scale-out.md); without it this node neither sends nor takes kernels")
       ->envname("CELLGATE_MOVE_KEY_FILE");
+  cmd->add_option("--tenant-max-sandboxes", o.tenant_max_sandboxes,
+                  "E2B sandboxes one tenant (an API key of `cellgate keys`) may have at once "
+                  "(0: no limit but --max-kernels); more: 429, as E2B answers")
+      ->envname("CELLGATE_TENANT_MAX_SANDBOXES")
+      ->capture_default_str();
+  cmd->add_option("--tenant-max-kernels", o.tenant_max_kernels,
+                  "kernels one tenant may have at once through the Jupyter and agent routes, "
+                  "its E2B sandboxes' counted (0: no limit but --max-kernels); more: 403")
+      ->envname("CELLGATE_TENANT_MAX_KERNELS")
+      ->capture_default_str();
+  cmd->add_option("--e2b-webhook", o.e2b_webhooks,
+                  "POST E2B's sandbox lifecycle events (created, paused, resumed, snapshotted, "
+                  "killed) as JSON to this URL (repeat for more), signed: X-Cellgate-Signature "
+                  "sha256=HMAC-SHA256(secret, body)")
+      ->envname("CELLGATE_E2B_WEBHOOKS")
+      ->delimiter(',');
+  cmd->add_option("--e2b-webhook-secret-file", o.e2b_webhook_secret_file,
+                  "a file holding the webhooks' signing secret (16+ characters)")
+      ->envname("CELLGATE_E2B_WEBHOOK_SECRET_FILE");
   cmd->add_flag("--e2b-no-token", o.e2b_no_token,
                 "accept E2B requests without a token, as E2B's SDK in debug mode sends "
                 "none (only with a loopback --ip)");

@@ -275,7 +275,7 @@ struct Call {
 // Builds the request, resolves the host (blocking), and runs the exchange over TCP or TLS.
 // Errors name the request: "POST http://127.0.0.1:8888/api/kernels: cannot connect: ...".
 Result<int> perform(const Url& url, const std::string& token, const std::string& user_agent,
-                    Call call) {
+                    const Client::Headers& headers, Call call) {
   const http::verb verb = http::string_to_verb(call.method);
   if (verb == http::verb::unknown) {
     return make_error(ErrorCode::kInternal, "bad_method", "unknown HTTP method");
@@ -286,6 +286,9 @@ Result<int> perform(const Url& url, const std::string& token, const std::string&
   req.set(http::field::accept, call.accept);
   if (!token.empty()) {
     req.set(http::field::authorization, "token " + token);
+  }
+  for (const auto& [name, value] : headers) {
+    req.set(name, value);
   }
   if (!call.body.empty() || verb == http::verb::post || verb == http::verb::put) {
     req.set(http::field::content_type, call.content_type);
@@ -342,7 +345,7 @@ Result<Response> Client::request(std::string_view method, const std::string& tar
   Response res;
   auto collect = [&res](int, std::string_view piece) { res.body.append(piece); };
   CELLGATE_ASSIGN_OR_RETURN(
-      res.status, perform(url_, token_, user_agent_,
+      res.status, perform(url_, token_, user_agent_, headers_,
                           Call{method, target, std::move(body), content_type, "application/json",
                                Deadlines::from({.head = timeout, .idle = {}, .total = timeout}),
                                body_limit, collect}));
@@ -362,7 +365,7 @@ Result<Response> Client::stream(std::string_view method, const std::string& targ
     }
   };
   CELLGATE_ASSIGN_OR_RETURN(
-      res.status, perform(url_, token_, user_agent_,
+      res.status, perform(url_, token_, user_agent_, headers_,
                           Call{method, target, std::move(body), "application/json", accept,
                                Deadlines::from(limits), std::nullopt, route}));
   return res;

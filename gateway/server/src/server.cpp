@@ -40,8 +40,13 @@
 #include "cellgate/notebook_http/notebook.hpp"
 #include "cellgate/notebook_http/service.hpp"
 #include "cellgate/protocol/node_ids.hpp"
+#include "cellgate/sandboxes/front.hpp"
+#include "cellgate/sandboxes/registry.hpp"
+#include "cellgate/sandboxes/webhooks.hpp"
 #include "cellgate/sys/file.hpp"
 #include "cellgate/sys/text.hpp"
+#include "cellgate/tenants/keys.hpp"
+#include "cellgate/tenants/owners.hpp"
 #include "metrics.hpp"
 #include "node.hpp"
 #include "privsep.hpp"
@@ -174,6 +179,12 @@ struct Server::Impl {
   std::unique_ptr<engine::Engine> engine;  // the parts the front ends below are built over
   std::unique_ptr<api::Api> api;
   std::unique_ptr<api::E2bApi> e2b;
+  // E2B's control plane on the E2B port, over the tenants' keys (sandboxes/front.hpp).
+  std::unique_ptr<tenants::KeyStore> keys;
+  tenants::KernelOwners owners;  // which tenant's each kernel is (api/src/tenancy.cpp)
+  std::unique_ptr<sandboxes::Webhooks> webhooks;  // E2B lifecycle events; null: none
+  std::unique_ptr<sandboxes::SandboxRegistry> sandboxes;
+  std::unique_ptr<sandboxes::E2bFront> e2b_front;
   std::unique_ptr<client::Kernels> mcp_kernels;  // the MCP server at /mcp, over the same parts
   std::unique_ptr<mcp::Server> mcp;
   std::unique_ptr<mcp::HttpEndpoint> mcp_endpoint;
@@ -250,6 +261,10 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   }
   ao.state_dir = o.state_dir;
   ao.node.own_port = o.port;
+  impl_->keys = std::make_unique<tenants::KeyStore>(tenants::keys_path(o.state_dir));
+  ao.keys = impl_->keys.get();
+  ao.owners = &impl_->owners;
+  ao.tenant_max_kernels = o.tenant_max_kernels;
   impl_->api = std::make_unique<api::Api>(registry, executor, std::move(ao), impl_->offload());
   api::E2bOptions e2b_options;
   e2b_options.token = impl_->token;
@@ -257,8 +272,43 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   e2b_options.execute_max_timeout = o.execute_max_timeout;
   e2b_options.execute_keepalive = o.execute_keepalive;
   e2b_options.stats = impl_->http_stats;
-  impl_->e2b =
-      std::make_unique<api::E2bApi>(registry, executor, std::move(e2b_options), impl_->offload());
+  impl_->e2b = std::make_unique<api::E2bApi>(registry, executor, e2b_options, impl_->offload());
+  if (!o.e2b_webhooks.empty()) {
+    // Fail closed: webhooks are always signed.
+    std::string secret;
+    if (o.e2b_webhook_secret_file.empty()) {
+      throw std::invalid_argument(
+          "--e2b-webhook needs --e2b-webhook-secret-file (they are signed)");
+    }
+    auto key = sys::read_file(o.e2b_webhook_secret_file, 4096, "--e2b-webhook-secret-file");
+    if (!key) {
+      throw std::invalid_argument(key.error().message);
+    }
+    sandboxes::WebhookOptions wo;
+    wo.urls = o.e2b_webhooks;
+    wo.secret = std::string(sys::trim(*key));
+    auto hooks = sandboxes::Webhooks::create(std::move(wo), impl_->offload());
+    if (!hooks) {
+      throw std::invalid_argument(hooks.error().message);
+    }
+    impl_->webhooks = std::move(hooks).value();
+  }
+  sandboxes::SandboxOptions so;
+  so.webhooks = impl_->webhooks.get();
+  so.state_dir = o.state_dir;
+  so.max_per_tenant = o.tenant_max_sandboxes;
+  so.owners = &impl_->owners;
+  so.shape.cpu_count = std::max(1, static_cast<int>(std::ceil(o.jail.cpus)));
+  so.shape.memory_mb = static_cast<int>(o.jail.memory_bytes >> 20);
+  so.shape.disk_mb = static_cast<int>(o.jail.work_bytes >> 20);
+  impl_->sandboxes = std::make_unique<sandboxes::SandboxRegistry>(
+      registry, executor, impl_->engine->loop(), impl_->offload(), std::move(so));
+  sandboxes::FrontOptions fo;
+  fo.token = impl_->token;
+  fo.e2b = std::move(e2b_options);
+  impl_->e2b_front =
+      std::make_unique<sandboxes::E2bFront>(*impl_->sandboxes, impl_->keys.get(), *impl_->e2b,
+                                            registry, executor, std::move(fo), impl_->offload());
 
   client::Options mo;
   mo.client = "mcp";
@@ -368,6 +418,9 @@ Server::~Server() {
   impl_->engine->stop();
   impl_->notebook.reset();
   impl_->notebook_kernels.reset();
+  impl_->e2b_front.reset();
+  impl_->sandboxes.reset();
+  impl_->webhooks.reset();
   impl_->e2b.reset();
   impl_->mcp_endpoint.reset();
   impl_->mcp.reset();
@@ -384,6 +437,12 @@ kernels::KernelRegistry& Server::registry() {
 }
 const ServeOptions& Server::options() const {
   return impl_->options;
+}
+sandboxes::SandboxRegistry& Server::sandboxes() {
+  return *impl_->sandboxes;
+}
+void Server::set_envd(http::Handler* envd) {
+  impl_->e2b_front->set_envd(envd);
 }
 int Server::e2b_port() const {
   return impl_->e2b_listener ? impl_->e2b_listener->port() : 0;
@@ -444,12 +503,13 @@ Result<int> Server::start() {
   }
   if (o.e2b_socket >= 0) {
     CELLGATE_ASSIGN_OR_RETURN(impl_->e2b_listener,
-                              http::Listener::adopt(impl_->network, o.e2b_socket, *impl_->e2b,
+                              http::Listener::adopt(impl_->network, o.e2b_socket, *impl_->e2b_front,
                                                     impl_->http_options, impl_->tls));
   } else if (o.e2b_port != 0) {
-    CELLGATE_ASSIGN_OR_RETURN(impl_->e2b_listener,
-                              http::Listener::open(impl_->network, o.ip, o.e2b_port, *impl_->e2b,
-                                                   impl_->http_options, impl_->tls));
+    CELLGATE_ASSIGN_OR_RETURN(
+        impl_->e2b_listener,
+        http::Listener::open(impl_->network, o.ip, o.e2b_port, *impl_->e2b_front,
+                             impl_->http_options, impl_->tls));
   }
   if (o.agent_port != 0) {
     auto& registry = impl_->engine->registry();
@@ -459,6 +519,7 @@ Result<int> Server::start() {
                               }));
   }
   impl_->engine->start();
+  impl_->sandboxes->start();  // after the kernels' adoption: the sandboxes of adopted kernels
   impl_->listener->start();
   if (impl_->e2b_listener) {
     impl_->e2b_listener->start();

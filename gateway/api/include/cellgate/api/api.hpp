@@ -10,6 +10,9 @@
 // /api/kernels/{id}/channels (both formats; channels.hpp). Agent routes: /api/kernels/{id}/execute,
 // /api/execute, /api/kernels/{id}/artifacts, /api/artifacts/{sha256}, /api/kernels/{id}/files/….
 // Errors are JSON {"reason", "message", "error"} with the status from http::status_for().
+// Tenants: the gateway's token sees everything; a tenant's API key (ApiOptions::keys) reaches the
+// kernelspecs and its own kernels and sessions only (another's id is 404, lists are filtered,
+// what it starts is recorded as its own), and nothing else (403): tenancy.cpp.
 //
 // Thread-safety: handle() and upgrade() may be called from any network thread. Blocking work
 // (kernel starts, restarts, shutdowns, file I/O) goes to `offload`; cells never block a thread.
@@ -27,6 +30,8 @@
 #include "cellgate/http/stats.hpp"
 #include "cellgate/kernels/registry.hpp"
 #include "cellgate/mutex.hpp"
+#include "cellgate/tenants/keys.hpp"
+#include "cellgate/tenants/owners.hpp"
 #include "cellgate/util/loop.hpp"
 
 namespace cellgate::api {
@@ -63,6 +68,13 @@ struct ApiOptions {
   NodeOptions node;
   // Detached cells' events go to <state_dir>/executions ("": kept in memory only).
   std::string state_dir;
+  // Tenants (tenancy.cpp): a request whose token is a tenant's API key (`cellgate keys`) reaches
+  // only that tenant's kernels, in `owners`; null: the gateway's token only.
+  tenants::KeyStore* keys = nullptr;
+  tenants::KernelOwners* owners = nullptr;
+  // Kernels one tenant may have at once (its E2B sandboxes' included); more: 403, as
+  // max_kernels. 0: no limit but max_kernels.
+  std::size_t tenant_max_kernels = 0;
 };
 
 struct Session {
@@ -100,8 +112,14 @@ class Api : public http::Handler {
   }
 
  private:
-  std::optional<http::Response> authenticate(const http::Request& req,
-                                             const http::Target& target) const;
+  // The refusal of a request without a valid token; nullopt when it may go on. A tenant's key
+  // (options_.keys) is valid only where `tenant` is given, which then names the tenant.
+  std::optional<http::Response> authenticate(const http::Request& req, const http::Target& target,
+                                             std::string* tenant = nullptr) const;
+  // tenancy.cpp: what a tenant's request may reach (a refusal, else nullopt, its exchange maybe
+  // wrapped to filter a list or record what it started).
+  std::optional<http::Response> tenant_gate(http::Call& call, const std::string& tenant);
+  bool tenant_owns(const std::string& tenant, const std::string& kernel_id) const;
   // Removes base_url from the front of `path`; false when the path is not under it.
   bool strip_base(std::string& path) const;
   http::Upgrade decide_upgrade(const http::Request& req);

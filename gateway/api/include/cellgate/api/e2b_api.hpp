@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "cellgate/execute/executor.hpp"
 #include "cellgate/http/handler.hpp"
@@ -40,6 +41,9 @@ struct E2bOptions {
   double execute_max_timeout = 600;
   double execute_keepalive = 3;
   std::shared_ptr<http::HttpStats> stats;  // requests timed for /metrics; null: not timed
+  // One E2B sandbox's code interpreter (sandboxes/front.hpp makes one E2bApi per sandbox): its
+  // default python context is this kernel, already set up. "": started on first use.
+  std::string default_python_kernel;
 };
 
 class E2bApi : public http::Handler {
@@ -50,6 +54,9 @@ class E2bApi : public http::Handler {
 
   void handle(http::Request req, std::shared_ptr<http::Exchange> exchange) override;
   http::Upgrade upgrade(const http::Request& req) override;
+  // The kernels of the contexts made through POST /contexts and the default contexts started
+  // here (not default_python_kernel): what ends with a sandbox.
+  std::vector<std::string> context_kernels() const;
 
  private:
   struct Context {
@@ -76,7 +83,7 @@ class E2bApi : public http::Handler {
   util::Offload offload_;
   http::Router router_;
 
-  Mutex mu_;
+  mutable Mutex mu_;
   std::map<std::string, Context> contexts_ CELLGATE_GUARDED_BY(mu_);  // by kernel id
   // language → kernel id
   std::map<std::string, std::string> default_ids_ CELLGATE_GUARDED_BY(mu_);

@@ -27,6 +27,8 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "cellgate/result.hpp"
 
@@ -63,8 +65,13 @@ struct StreamLimits {
 
 class Client {
  public:
-  Client(Url url, std::string token, std::string user_agent)
-      : url_(std::move(url)), token_(std::move(token)), user_agent_(std::move(user_agent)) {}
+  using Headers = std::vector<std::pair<std::string, std::string>>;
+  // `headers`: more request headers, sent as given (a webhook's signature).
+  Client(Url url, std::string token, std::string user_agent, Headers headers = {})
+      : url_(std::move(url)),
+        token_(std::move(token)),
+        user_agent_(std::move(user_agent)),
+        headers_(std::move(headers)) {}
 
   // `target` is below the base URL ("/api/kernels"). A body is sent as application/json
   // unless content_type says otherwise. The whole exchange must finish within `timeout`; a body
@@ -89,6 +96,7 @@ class Client {
   Url url_;
   std::string token_;
   std::string user_agent_;
+  Headers headers_;
 };
 
 }  // namespace cellgate::http::client

@@ -116,6 +116,16 @@ struct ServeOptions {
   // A file holding the secret the cluster's nodes share to sign the kernels they move to each
   // other (POST /api/kernels/{id}/move; cellgate drain --move); "": no moves from or to here.
   std::string move_key_file;
+  // E2B sandboxes one tenant (an API key's, `cellgate keys`) may have at once; 0: no limit
+  // but max_kernels. Over it: 429, as E2B answers.
+  std::size_t tenant_max_sandboxes = 0;
+  // Kernels one tenant may have at once through the Jupyter and agent routes, its sandboxes'
+  // kernels counted; 0: no limit but max_kernels. Over it: 403 (Jupyter's limit answer).
+  std::size_t tenant_max_kernels = 0;
+  // E2B lifecycle events (created, paused, resumed, snapshotted, killed) POSTed to these URLs,
+  // signed with the secret in e2b_webhook_secret_file (sandboxes/webhooks.hpp).
+  std::vector<std::string> e2b_webhooks;
+  std::string e2b_webhook_secret_file;
   // E2B's SDK in debug mode sends no token: allow token-less E2B requests (loopback --ip only).
   bool e2b_no_token = false;
   // Kernel Gateway's modes (docs/kernel-gateway.md). api: "jupyter-websocket" (the Jupyter REST

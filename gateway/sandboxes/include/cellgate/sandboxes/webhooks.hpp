@@ -1,0 +1,64 @@
+// Lifecycle webhooks: what E2B's events API reports about a sandbox (created, paused, resumed,
+// snapshotted, killed), POSTed as JSON to every URL the operator configured (`serve
+// --e2b-webhook URL --e2b-webhook-secret-file FILE`), signed: `X-Cellgate-Signature:
+// sha256=<hex>`, the HMAC-SHA256 of the body under the shared secret (protocol::Signer, the
+// Jupyter wire's own signer). The body:
+//
+//   {"id", "type": "sandbox.lifecycle.killed", "eventCategory": "lifecycle", "eventLabel":
+//    "killed", "sandboxId", "sandboxTemplateId", "sandboxTeamId" (the tenant, or "operator"),
+//    "sandboxMetadata", "timestamp"}
+//
+// Each delivery is one attempt on the offload pool with a deadline (5 s); a receiver that fails
+// or is slow is logged, never retried, and at most `max_in_flight` deliveries wait at once (the
+// rest are dropped and counted in the log): a webhook can never hold a sandbox's lifecycle up.
+//
+//   auto hooks = Webhooks::create({.urls = {"http://127.0.0.1:9000/hook"}, .secret = s}, offload);
+//   hooks.value()->emit("created", sandbox);
+//
+// Thread-safety: emit() may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cellgate/http/client.hpp"
+#include "cellgate/protocol/codec.hpp"
+#include "cellgate/result.hpp"
+#include "cellgate/sandboxes/model.hpp"
+#include "cellgate/util/loop.hpp"
+
+namespace cellgate::sandboxes {
+
+struct WebhookOptions {
+  std::vector<std::string> urls;  // http:// or https://
+  std::string secret;             // 16 characters at least
+  std::chrono::milliseconds timeout{5000};
+  int max_in_flight = 64;
+};
+
+class Webhooks {
+ public:
+  // kInvalidArgument for a URL that is not http(s), or a secret shorter than 16 characters.
+  static Result<std::unique_ptr<Webhooks>> create(WebhookOptions options, util::Offload offload);
+  // `label`: created | paused | resumed | snapshotted | killed.
+  void emit(std::string_view label, const Sandbox& sandbox);
+  // The body emit() sends and its signature header's value (tests; receivers' documentation).
+  static std::string body(std::string_view label, const Sandbox& sandbox);
+  std::string signature(std::string_view body) const;
+
+ private:
+  Webhooks(WebhookOptions options, std::vector<http::client::Url> urls, protocol::Signer signer,
+           util::Offload offload);
+
+  const WebhookOptions options_;
+  const std::vector<http::client::Url> urls_;
+  const protocol::Signer signer_;
+  util::Offload offload_;
+  std::shared_ptr<std::atomic<int>> in_flight_ = std::make_shared<std::atomic<int>>(0);
+};
+
+}  // namespace cellgate::sandboxes
