@@ -25,7 +25,6 @@ using nlohmann::json;
 
 constexpr std::size_t kIdDigits = 12;
 constexpr std::size_t kMaxKeys = 10000;
-constexpr std::chrono::milliseconds kMissRecheck{100};
 
 bool lower_hex(std::string_view s) {
   return std::all_of(s.begin(), s.end(),
@@ -234,9 +233,10 @@ std::optional<std::string> KeyStore::tenant_of(std::string_view key) {
   refresh_locked(recheck_);
   auto it = by_hash_.find(hash);
   if (it == by_hash_.end()) {
-    // A key just made is looked for again sooner, at most every kMissRecheck (a flood of bad
-    // keys costs a stat() each that often, no more).
-    refresh_locked(std::min(recheck_, kMissRecheck));
+    // A key it does not know: the file is stat()ed again at once (and read only if it changed),
+    // so a key just made works on its first request. A flood of bad keys costs a stat() each.
+    // (Rate-limiting this by time refused a new key used within the limit of a bad one.)
+    refresh_locked(std::chrono::milliseconds(0));
     it = by_hash_.find(hash);
   }
   if (it != by_hash_.end()) {

@@ -10,7 +10,7 @@
 //
 // A running gateway sees a new or revoked key without a restart: KeyStore re-reads the file when
 // its inode, size or mtime changed, checking at most once per `recheck` (a second by default),
-// and for a key it does not know at most every 100 ms (so a key just made works at once).
+// and at once for a key it does not know (a stat(); so a key just made works on its first request).
 //
 // Thread-safety: KeyStore's methods may be called from any thread. The file functions take the
 // file's lock, so two `cellgate keys` at once never lose each other's change.
