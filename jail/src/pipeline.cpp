@@ -93,10 +93,15 @@ Result<void> contain_exec(const JailSpec& spec, uid_t uid, gid_t gid, const Exec
          return {};
        }},
       {"credentials", [&] { return drop_privileges(uid, gid); }},
-      // After the credentials, which clear it. The helper outside waits for us; if it dies, so
-      // do we (the jail's pid 1, our reaper otherwise, does not know us).
+      // After the credentials, which clear both: the change of uid sets "dumpable" from
+      // fs.suid_dumpable, and this process still holds the helper's memory and environment until
+      // its execve (which makes the command dumpable again, as any process of the kernel's uid).
+      // The helper outside waits for us; if it dies, so do we (the jail's pid 1 does not know us).
       {"parent death",
        []() -> Result<void> {
+         if (::prctl(PR_SET_DUMPABLE, 0) != 0) {
+           return errno_error(ErrorCode::kInternal, "prctl", "prctl(PR_SET_DUMPABLE, 0)", errno);
+         }
          if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) {
            return errno_error(ErrorCode::kInternal, "prctl", "prctl(PR_SET_PDEATHSIG)", errno);
          }

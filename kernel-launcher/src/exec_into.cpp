@@ -176,8 +176,8 @@ int run_exec_into(const LaunchOptions& o) {
     }
     size = *parsed;
   }
-  const bool no_cgroup = spec->optional.count("memory") && spec->optional.count("pids") &&
-                         spec->optional.count("cpu");
+  const bool no_cgroup =
+      spec->optional.count("memory") && spec->optional.count("pids") && spec->optional.count("cpu");
   auto entry = jail::enter_jail(o.exec_into, o.cgroup_dirs, no_cgroup);
   if (!entry) {
     return fail(entry.error().message);

@@ -36,7 +36,7 @@ namespace cellgate::jail {
 
 // What enter_jail() joined.
 struct JailEntry {
-  sys::PidFd init;            // the jail's pid 1: setns was done through it (no pid reuse)
+  sys::PidFd init;                  // the jail's pid 1: setns was done through it (no pid reuse)
   std::vector<std::string> joined;  // the namespaces joined ("mnt", "pid", …), for the log
 };
 
