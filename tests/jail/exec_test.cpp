@@ -238,11 +238,12 @@ TEST_P(JailExec, SeesOnlyTheJailsProcessesAndFiles) {
 }
 
 TEST_P(JailExec, KeepsTheSeccompTableAndHasNoPrivileges) {
-  auto o = sh(*k_,
-              "grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Seccomp):' /proc/self/status;"
-              "unshare -r true 2>/dev/null || echo unshare-refused;"
-              "mount -t tmpfs x /tmp 2>/dev/null || echo mount-refused;"
-              "python3 -c 'import socket; socket.socket(socket.AF_INET)' 2>/dev/null || echo inet-refused");
+  auto o = sh(
+      *k_,
+      "grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Seccomp):' /proc/self/status;"
+      "unshare -r true 2>/dev/null || echo unshare-refused;"
+      "mount -t tmpfs x /tmp 2>/dev/null || echo mount-refused;"
+      "python3 -c 'import socket; socket.socket(socket.AF_INET)' 2>/dev/null || echo inet-refused");
   ASSERT_TRUE(o) << o.error().describe();
   for (const char* cap : {"CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"}) {
     EXPECT_NE(o->out.find(std::string(cap) + ":\t0000000000000000"), std::string::npos) << cap;
@@ -275,21 +276,22 @@ TEST_P(JailExec, CannotCatchTheHelperOnItsWayIn) {
   // commands join; the joining processes must never give it the launcher (exe) or its
   // environment (the canary).
   CommandRequest watch;
-  watch.argv = {"/usr/bin/python3", "-c",
-                "import os,sys,time\n"
-                "seen=set(); end=time.time()+60\n"
-                "print('ready', flush=True)\n"
-                "while time.time()<end and not os.path.exists('/tmp/stop-watch'):\n"
-                "  for p in os.listdir('/proc'):\n"
-                "    if not p.isdigit(): continue\n"
-                "    for f in ('exe','environ','mem','fd'):\n"
-                "      try:\n"
-                "        if f=='exe': seen.add(os.readlink('/proc/%s/exe'%p))\n"
-                "        elif f=='fd': seen.update(os.readlink('/proc/%s/fd/%s'%(p,x)) for x in "
-                "os.listdir('/proc/%s/fd'%p))\n"
-                "        else: seen.add(open('/proc/%s/%s'%(p,f),'rb').read(4096).decode('latin1'))\n"
-                "      except Exception: pass\n"
-                "print('\\n'.join(sorted(seen)))\n"};
+  watch.argv = {
+      "/usr/bin/python3", "-c",
+      "import os,sys,time\n"
+      "seen=set(); end=time.time()+60\n"
+      "print('ready', flush=True)\n"
+      "while time.time()<end and not os.path.exists('/tmp/stop-watch'):\n"
+      "  for p in os.listdir('/proc'):\n"
+      "    if not p.isdigit(): continue\n"
+      "    for f in ('exe','environ','mem','fd'):\n"
+      "      try:\n"
+      "        if f=='exe': seen.add(os.readlink('/proc/%s/exe'%p))\n"
+      "        elif f=='fd': seen.update(os.readlink('/proc/%s/fd/%s'%(p,x)) for x in "
+      "os.listdir('/proc/%s/fd'%p))\n"
+      "        else: seen.add(open('/proc/%s/%s'%(p,f),'rb').read(4096).decode('latin1'))\n"
+      "      except Exception: pass\n"
+      "print('\\n'.join(sorted(seen)))\n"};
   auto watcher = JailCommand::start(k_->target, watch);
   ASSERT_TRUE(watcher) << watcher.error().describe();
   std::string ready;
@@ -406,8 +408,7 @@ TEST(JailExecRefusals, AReusedPidOrAForeignCgroupIsRefused) {
       << refused.error().message;
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, JailExec, ::testing::Values(Mode::kCold, Mode::kZygote),
-                         mode_name);
+INSTANTIATE_TEST_SUITE_P(Modes, JailExec, ::testing::Values(Mode::kCold, Mode::kZygote), mode_name);
 
 }  // namespace
 }  // namespace cellgate::kernel

@@ -91,6 +91,12 @@ bool E2bApi::authorized(const http::Request& req) const {
 }
 
 void E2bApi::handle(http::Request req, std::shared_ptr<http::Exchange> exchange) {
+  if (options_.envd != nullptr) {
+    // envd's port, routed by header (E2B_SANDBOX_URL mode): envd checks its own tokens.
+    if (auto port = req.find("E2b-Sandbox-Port"); port != req.end() && port->value() == "49983") {
+      return options_.envd->handle(std::move(req), std::move(exchange));
+    }
+  }
   http::Target target = http::Target::parse(req.target());
   if (options_.stats) {
     auto timed = std::make_shared<http::TimedExchange>(options_.stats, http::method_label(req),

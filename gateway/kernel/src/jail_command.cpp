@@ -55,13 +55,9 @@ Result<std::unique_ptr<JailCommand>> JailCommand::start(const JailTarget& target
     return errno_error(ErrorCode::kResourceExhausted, "exec", "fcntl(F_DUPFD_CLOEXEC)", errno);
   }
 
-  std::vector<std::string> args = {target.launcher_path,
-                                    "--exec-into",
-                                    std::to_string(target.init_pid),
-                                    "--spec",
-                                    target.spec_file,
-                                    "--control-fd",
-                                    std::to_string(kCommandControlFd)};
+  std::vector<std::string> args = {
+      target.launcher_path, "--exec-into",  std::to_string(target.init_pid),  "--spec",
+      target.spec_file,     "--control-fd", std::to_string(kCommandControlFd)};
   for (const auto& dir : target.cgroup_dirs) {
     args.insert(args.end(), {"--cgroup", dir});
   }
@@ -149,7 +145,7 @@ Result<std::unique_ptr<JailCommand>> JailCommand::start(const JailTarget& target
   CELLGATE_ASSIGN_OR_RETURN(auto ev, launcher::StatusEvent::parse_line(first->data));
   if (ev.kind != launcher::StatusEvent::Kind::kStarted) {
     return make_error(ev.message.find("execve(") != std::string::npos ? ErrorCode::kNotFound
-                                                                        : ErrorCode::kInternal,
+                                                                      : ErrorCode::kInternal,
                       "exec_failed", ev.message.empty() ? "the command did not start" : ev.message);
   }
   c->pid_ = ev.pid;

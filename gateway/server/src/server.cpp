@@ -30,6 +30,7 @@
 #include "cellgate/client/kernels.hpp"
 #include "cellgate/engine/engine.hpp"
 #include "cellgate/engine/host.hpp"
+#include "cellgate/envd/envd_api.hpp"
 #include "cellgate/http/listener.hpp"
 #include "cellgate/kernel/backend.hpp"
 #include "cellgate/kernel/connection.hpp"
@@ -152,6 +153,7 @@ struct Server::Impl {
   std::unique_ptr<engine::Engine> engine;  // the parts the front ends below are built over
   std::unique_ptr<api::Api> api;
   std::unique_ptr<api::E2bApi> e2b;
+  std::unique_ptr<envd::EnvdApi> envd;  // E2B's envd on the E2B port (E2b-Sandbox-Port 49983)
   std::unique_ptr<client::Kernels> mcp_kernels;  // the MCP server at /mcp, over the same parts
   std::unique_ptr<mcp::Server> mcp;
   std::unique_ptr<mcp::HttpEndpoint> mcp_endpoint;
@@ -231,6 +233,29 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   e2b_options.execute_max_timeout = o.execute_max_timeout;
   e2b_options.execute_keepalive = o.execute_keepalive;
   e2b_options.stats = impl_->http_stats;
+  // Until the control plane's sandboxes exist, a sandbox id is a running kernel's id and its
+  // access token the gateway's own.
+  envd::EnvdOptions envd_options;
+  envd_options.find =
+      [&registry, token = impl_->token](std::string_view id) -> std::optional<envd::SandboxTarget> {
+    auto kernel = registry.find(std::string(id));
+    if (id.empty() || !kernel) {
+      return std::nullopt;
+    }
+    const auto state = (*kernel)->state();
+    envd::SandboxTarget t;
+    t.sandbox_id = t.kernel_id = std::string(id);
+    t.access_token = token;
+    t.running = state == kernels::KernelState::kIdle || state == kernels::KernelState::kBusy;
+    return t;
+  };
+  envd_options.jail_of = [&registry](const std::string& id) -> Result<kernel::JailTarget> {
+    CELLGATE_ASSIGN_OR_RETURN(auto kernel, registry.find(id));
+    return kernel->jail_target();
+  };
+  envd_options.offload = impl_->offload();
+  impl_->envd = std::make_unique<envd::EnvdApi>(std::move(envd_options));
+  e2b_options.envd = impl_->envd.get();
   impl_->e2b =
       std::make_unique<api::E2bApi>(registry, executor, std::move(e2b_options), impl_->offload());
 
@@ -338,6 +363,7 @@ Server::~Server() {
   impl_->listener.reset();
   impl_->e2b_listener.reset();
   impl_->agent.reset();
+  impl_->envd.reset();  // its commands killed, their pumps done, before the engine stops
   // Kernels end, then the threads (engine.hpp's teardown); then the front ends, then the engine.
   impl_->engine->stop();
   impl_->notebook.reset();

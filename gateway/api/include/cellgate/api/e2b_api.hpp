@@ -40,6 +40,9 @@ struct E2bOptions {
   double execute_max_timeout = 600;
   double execute_keepalive = 3;
   std::shared_ptr<http::HttpStats> stats;  // requests timed for /metrics; null: not timed
+  // envd (gateway/envd): requests with `E2b-Sandbox-Port: 49983` (the SDK's envd calls with
+  // E2B_SANDBOX_URL) go there. Null: none. Not owned.
+  http::Handler* envd = nullptr;
 };
 
 class E2bApi : public http::Handler {
