@@ -206,3 +206,43 @@ test('deleting the sandbox cuts its streams; /health answers 502', { timeout: 60
   // The other sandbox runs on.
   assert.equal((await sbx.commands.run('echo alive')).stdout, 'alive\n');
 });
+
+test('a client that stops reading holds the command back; once it leaves, the command runs on', { timeout: 90_000 }, async () => {
+  await sbx.commands.run('rm -f /tmp/flood-done');
+  const before = await gatewayRssKiB();
+  // Start through the raw Connect protocol: the SDK always reads its streams.
+  const body = Buffer.from(JSON.stringify({
+    process: { cmd: '/bin/bash', args: ['-l', '-c', 'head -c 400000000 /dev/zero; touch /tmp/flood-done'] },
+  }));
+  const envelope = Buffer.concat([Buffer.from([0, 0, 0, 0, 0]), body]);
+  envelope.writeUInt32BE(body.length, 1);
+  const controller = new AbortController();
+  const res = await fetch(`http://127.0.0.1:${gw.e2bPort}/process.Process/Start`, {
+    method: 'POST',
+    headers: {
+      'Content-Type': 'application/connect+json', 'Connect-Protocol-Version': '1',
+      'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '49983', 'X-Access-Token': gw.token,
+    },
+    body: envelope,
+    signal: controller.signal,
+  });
+  assert.equal(res.status, 200);
+  // Unread for a while: the command must not get far through its 400 MB, nor the gateway grow.
+  const listed = async () => (await sbx.commands.list()).filter(p => p.args.join(' ').includes('400000000'));
+  const deadline = Date.now() + 3_000;
+  while (Date.now() < deadline) {
+    assert.equal((await listed()).length, 1, 'the flooding command ended while its client read nothing');
+    await new Promise(resolve => setTimeout(resolve, 250));
+  }
+  assert.equal((await sbx.commands.run('test -e /tmp/flood-done && echo done || echo held')).stdout, 'held\n');
+  const grown = (await gatewayRssKiB()) - before;
+  assert.ok(grown < 64 * 1024, `the gateway grew by ${grown} KiB for a client that reads nothing`);
+  // The client leaves: the command is not killed, its output is dropped, it finishes.
+  controller.abort();
+  const done = Date.now() + 60_000;
+  while ((await listed()).length > 0) {
+    assert.ok(Date.now() < done, 'the command never finished after its client left');
+    await new Promise(resolve => setTimeout(resolve, 100));
+  }
+  assert.equal((await sbx.commands.run('test -e /tmp/flood-done && echo done')).stdout, 'done\n');
+});

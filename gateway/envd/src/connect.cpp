@@ -48,11 +48,11 @@ int http_status(std::string_view code) {
     int status;
   };
   static constexpr Row kRows[] = {
-      {"canceled", 499},          {"invalid_argument", 400},  {"deadline_exceeded", 504},
-      {"not_found", 404},         {"already_exists", 409},    {"permission_denied", 403},
+      {"canceled", 499},           {"invalid_argument", 400},    {"deadline_exceeded", 504},
+      {"not_found", 404},          {"already_exists", 409},      {"permission_denied", 403},
       {"resource_exhausted", 429}, {"failed_precondition", 400}, {"aborted", 409},
-      {"out_of_range", 400},      {"unimplemented", 501},     {"internal", 500},
-      {"unavailable", 503},       {"data_loss", 500},         {"unauthenticated", 401},
+      {"out_of_range", 400},       {"unimplemented", 501},       {"internal", 500},
+      {"unavailable", 503},        {"data_loss", 500},           {"unauthenticated", 401},
   };
   for (const auto& row : kRows) {
     if (row.code == code) {

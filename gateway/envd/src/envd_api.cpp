@@ -2,10 +2,10 @@
 #include "cellgate/envd/envd_api.hpp"
 
 #include <signal.h>
+#include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
 
 #include "cellgate/envd/connect.hpp"
 #include "cellgate/http/limits.hpp"
@@ -105,7 +105,8 @@ void stream_timing(const http::Request& req, Watcher& w) {
     }
   }
   const std::string ping = header(req, "Keepalive-Ping-Interval");
-  if (!ping.empty() && ping.size() <= 4 && ping.find_first_not_of("0123456789") == std::string::npos) {
+  if (!ping.empty() && ping.size() <= 4 &&
+      ping.find_first_not_of("0123456789") == std::string::npos) {
     w.keepalive = std::chrono::seconds(std::clamp(std::stoi(ping), 1, 300));
   }
 }
@@ -153,9 +154,9 @@ void EnvdApi::handle(http::Request req, std::shared_ptr<http::Exchange> exchange
   if (target.path == "/health") {
     // 204 while the sandbox runs; 502 when it is unknown, paused or gone (E2B's proxy's answer,
     // which the SDK reads as "the sandbox was killed or reached its end of life").
-    http::Response res{sandbox && sandbox->running ? http::Status::no_content
-                                                   : http::Status::bad_gateway,
-                       req.version()};
+    http::Response res{
+        sandbox && sandbox->running ? http::Status::no_content : http::Status::bad_gateway,
+        req.version()};
     res.set(http::Field::server, "cellgate");
     res.keep_alive(req.keep_alive());
     res.prepare_payload();
@@ -163,21 +164,21 @@ void EnvdApi::handle(http::Request req, std::shared_ptr<http::Exchange> exchange
   }
   if (!sandbox) {
     return exchange->reply(unary_error(
-        req, make_error(ErrorCode::kNotFound, "no_such_sandbox",
-                        "sandbox '" + header(req, "E2b-Sandbox-Id").substr(0, 128) +
-                            "' not found")));
+        req,
+        make_error(ErrorCode::kNotFound, "no_such_sandbox",
+                   "sandbox '" + header(req, "E2b-Sandbox-Id").substr(0, 128) + "' not found")));
   }
   if (!sandbox->access_token.empty() &&
       !http::token_equals(header(req, "X-Access-Token"), sandbox->access_token)) {
-    return exchange->reply(unary_error(
-        req, make_error(ErrorCode::kUnauthenticated, "unauthenticated",
-                        "a valid access token is required (X-Access-Token)")));
+    return exchange->reply(
+        unary_error(req, make_error(ErrorCode::kUnauthenticated, "unauthenticated",
+                                    "a valid access token is required (X-Access-Token)")));
   }
   const std::string prefix = "/process.Process/";
   if (target.path.rfind(prefix, 0) != 0 || req.method() != http::Verb::post) {
-    return exchange->reply(unary_error(
-        req, make_error(ErrorCode::kNotFound, "no_route",
-                        "no route for " + std::string(req.target()).substr(0, 256))));
+    return exchange->reply(
+        unary_error(req, make_error(ErrorCode::kNotFound, "no_route",
+                                    "no route for " + std::string(req.target()).substr(0, 256))));
   }
   const std::string method = target.path.substr(prefix.size());
   const bool streaming = method == "Start" || method == "Connect";
@@ -303,9 +304,8 @@ void EnvdApi::start(Call& call) {
     }
     request.pty = *size;
   }
-  const bool stdin_open = call.body.value("stdin", json(true)).is_boolean()
-                              ? call.body.value("stdin", true)
-                              : true;
+  const bool stdin_open =
+      call.body.value("stdin", json(true)).is_boolean() ? call.body.value("stdin", true) : true;
   request.argv.push_back(config.cmd);
   request.argv.insert(request.argv.end(), config.args.begin(), config.args.end());
   {

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -11,7 +12,6 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
-#include <spdlog/spdlog.h>
 
 #include "cellgate/util/text.hpp"
 
@@ -109,8 +109,9 @@ Result<void> Process::send_input(const std::string& bytes, bool to_pty) {
   MutexLock lock(in_mu_);
   if (to_pty != pty_) {
     return make_error(ErrorCode::kInvalidArgument, "wrong_input",
-                      to_pty ? "the process has no terminal" : "the process has a terminal: send "
-                                                               "its input as pty");
+                      to_pty ? "the process has no terminal"
+                             : "the process has a terminal: send "
+                               "its input as pty");
   }
   if (!input_) {
     return make_error(ErrorCode::kFailedPrecondition, "stdin_closed",
@@ -130,13 +131,13 @@ Result<void> Process::send_input(const std::string& bytes, bool to_pty) {
     if (n < 0 && errno != EAGAIN) {
       return errno_error(ErrorCode::kFailedPrecondition, "stdin_closed", "write(stdin)", errno);
     }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     pollfd p{input_.get(), POLLOUT, 0};
     if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) {
       return make_error(ErrorCode::kResourceExhausted, "stdin_full",
-                        "the process did not read its input within 5 s (" +
-                            std::to_string(done) + " of " + std::to_string(bytes.size()) +
-                            " bytes taken)");
+                        "the process did not read its input within 5 s (" + std::to_string(done) +
+                            " of " + std::to_string(bytes.size()) + " bytes taken)");
     }
   }
   return {};
@@ -203,8 +204,8 @@ void Process::pump() {
       MutexLock lock(mu_);
       std::erase_if(watchers_, [&](Watcher& w) {
         if (w.deadline && now >= *w.deadline) {
-          w.exchange->write(end_of_stream(ConnectError{"deadline_exceeded",
-                                                       "the stream's Connect-Timeout-Ms passed"}));
+          w.exchange->write(end_of_stream(
+              ConnectError{"deadline_exceeded", "the stream's Connect-Timeout-Ms passed"}));
           w.exchange->end();
           return true;
         }
@@ -213,6 +214,11 @@ void Process::pump() {
           if (!w.exchange->write(event_frame({{"keepalive", json::object()}}))) {
             return true;
           }
+        }
+        // A client that left while we held back for it (nothing was written to notice): an
+        // empty write only asks whether it is still there.
+        if (!w.exchange->write(std::string())) {
+          return true;
         }
         next = std::min(next, w.next_keepalive);
         if (w.deadline) {
@@ -272,8 +278,8 @@ void Process::pump() {
         continue;
       }
       broadcast({{"data",
-                  {{outputs[i].name,
-                    cellgate::base64_encode(std::string_view(buf.data(), static_cast<std::size_t>(n)))}}}});
+                  {{outputs[i].name, cellgate::base64_encode(std::string_view(
+                                         buf.data(), static_cast<std::size_t>(n)))}}}});
     }
     if (fds[3].fd >= 0 && fds[3].revents != 0) {
       MutexLock lock(mu_);

@@ -3,8 +3,8 @@
 //
 //   auto p = Process::create(std::move(cmd), config, stdin_open, hooks);
 //   p->attach(stream);         // before run()
-//   p->run();                  // the pump thread starts        // {"start": {pid}} first, then data, keepalives, the end
-//   p->send_input(bytes, /*pty=*/false);
+//   p->run();                  // the pump thread starts        // {"start": {pid}} first, then
+//   data, keepalives, the end p->send_input(bytes, /*pty=*/false);
 //
 // Bounded: the pump reads at most 32 KiB at a time and stops reading (the command then blocks on
 // its pipe: back-pressure) while any watching stream has more than kHighWater bytes unsent to its
@@ -66,8 +66,7 @@ class Process : public std::enable_shared_from_this<Process> {
   // The process of a started command; run() starts its pump (after the first watcher is
   // attached, so that it sees the start event before any output).
   static std::shared_ptr<Process> create(std::unique_ptr<kernel::JailCommand> command,
-                                         ProcessConfig config, bool stdin_open,
-                                         ProcessHooks hooks);
+                                         ProcessConfig config, bool stdin_open, ProcessHooks hooks);
   void run();
   ~Process();
   Process(const Process&) = delete;

@@ -45,7 +45,7 @@ struct EnvdOptions {
   std::function<std::optional<SandboxTarget>(std::string_view sandbox_id)> find;
   // The jail of a sandbox's kernel, to run commands in.
   std::function<Result<kernel::JailTarget>(const std::string& kernel_id)> jail_of;
-  util::Offload offload;  // where a command's start (a launcher spawn) waits
+  util::Offload offload;           // where a command's start (a launcher spawn) waits
   std::size_t max_processes = 64;  // live processes per sandbox
   // E2B's `base` conventions: commands start here with HOME here, USER and LOGNAME this user.
   std::string home = "/home/user";
