@@ -71,6 +71,7 @@ Result<std::vector<std::string>> command_environment(const jail::JailSpec& spec,
     env[entry.substr(0, eq)] = entry.substr(eq + 1);
   }
   std::vector<std::string> out;
+  out.reserve(env.size());
   for (const auto& [k, v] : env) {
     out.push_back(k + "=" + v);
   }
@@ -109,6 +110,7 @@ Result<std::vector<std::string>> command_environment(const jail::JailSpec& spec,
   }
   argv.push_back(nullptr);
   std::vector<char*> envp;
+  envp.reserve(env.size() + 1);
   for (const auto& e : env) {
     envp.push_back(const_cast<char*>(e.c_str()));
   }
@@ -143,7 +145,7 @@ int run_exec_into(const LaunchOptions& o) {
     return 127;
   };
   if (control < 3) {
-    std::fprintf(stderr, "cellgate-kernel: --exec-into needs --control-fd (3 or above)\n");
+    (void)std::fprintf(stderr, "cellgate-kernel: --exec-into needs --control-fd (3 or above)\n");
     return 127;
   }
   // Nothing of ours but stdio and the control socket goes further (CVE-2024-21626).

@@ -327,6 +327,7 @@ std::vector<std::string> kernel_environment(const jail::JailSpec& spec) {
     env.emplace(name, cpus);
   }
   std::vector<std::string> out;
+  out.reserve(env.size());
   for (const auto& [k, v] : env) {
     out.push_back(k + "=" + v);
   }
