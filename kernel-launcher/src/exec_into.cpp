@@ -208,6 +208,17 @@ int run_exec_into(const LaunchOptions& o) {
   }
   err_write.reset();
   pty_write.reset();
+  // The command's stdio are its own now: holding them would keep its pipes open after it closed
+  // them (no EOF, no EPIPE for the gateway). /dev/null is the jail's (we are in its mounts).
+  const int null_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (null_fd < 0 || ::dup2(null_fd, fd) != fd) {
+      ::close(fd);
+    }
+  }
+  if (null_fd > 2) {
+    ::close(null_fd);
+  }
   auto reaped = sys::Child::adopt(child);
   if (!reaped) {
     ::kill(child, SIGKILL);

@@ -246,3 +246,38 @@ test('a client that stops reading holds the command back; once it leaves, the co
   }
   assert.equal((await sbx.commands.run('test -e /tmp/flood-done && echo done')).stdout, 'done\n');
 });
+
+test('filesystem: exists, getInfo, list, makeDir, rename, remove, in the jail', { timeout: 60_000 }, async () => {
+  await sbx.commands.run('mkdir -p fsdir && echo hi > fsdir/a.txt && ln -sf a.txt fsdir/link');
+  assert.equal(await sbx.files.exists('fsdir/a.txt'), true);
+  assert.equal(await sbx.files.exists('/home/user/nope'), false);
+  const info = await sbx.files.getInfo('/home/user/fsdir/a.txt');
+  assert.equal(info.type, 'file');
+  assert.equal(Number(info.size), 3);
+  assert.equal(info.path, '/home/user/fsdir/a.txt');
+  const listed = await sbx.files.list('/home/user/fsdir');
+  assert.deepEqual(listed.map(e => e.name).sort(), ['a.txt', 'link']);
+  assert.equal(await sbx.files.makeDir('/home/user/fsdir/sub/deeper'), true);
+  assert.equal(await sbx.files.makeDir('/home/user/fsdir/sub/deeper'), false);
+  const moved = await sbx.files.rename('/home/user/fsdir/a.txt', '/home/user/fsdir/sub/b.txt');
+  assert.equal(moved.path, '/home/user/fsdir/sub/b.txt');
+  assert.equal((await sbx.commands.run('cat fsdir/sub/b.txt')).stdout, 'hi\n');
+  await sbx.files.remove('/home/user/fsdir');
+  assert.equal(await sbx.files.exists('/home/user/fsdir'), false);
+  // The jail's tree, not the host's, and its read-only /usr.
+  assert.equal(await sbx.files.exists('/etc/shadow'), false);
+  await assert.rejects(sbx.files.remove('/usr/bin/python3'));
+});
+
+test('input to a process that closed its stdin is an error, not the end of the gateway', { timeout: 60_000 }, async () => {
+  const h = await sbx.commands.run('exec 0<&-; echo closed; sleep 60', { background: true, stdin: true });
+  const deadline = Date.now() + 30_000;
+  while (!h.stdout.includes('closed')) {
+    assert.ok(Date.now() < deadline, 'the command never closed its stdin');
+    await new Promise(resolve => setTimeout(resolve, 20));
+  }
+  await assert.rejects(sbx.commands.sendStdin(h.pid, 'x'.repeat(100_000)));
+  assert.equal(gw.proc.exitCode, null, logTail());
+  assert.equal((await sbx.commands.run('echo still here')).stdout, 'still here\n');
+  await sbx.commands.kill(h.pid);
+});

@@ -24,7 +24,8 @@ TEST(EnvdConnect, EnvelopesRoundTrip) {
   EXPECT_EQ(*back, "{\"a\":1}");
   const std::string end = end_of_stream(ConnectError{"not_found", "gone"});
   EXPECT_EQ(static_cast<unsigned char>(end[0]), kEndStreamFlag);
-  EXPECT_EQ(json::parse(end.substr(5)), (json{{"error", {{"code", "not_found"}, {"message", "gone"}}}}));
+  EXPECT_EQ(json::parse(end.substr(5)),
+            (json{{"error", {{"code", "not_found"}, {"message", "gone"}}}}));
   EXPECT_EQ(end_of_stream(std::nullopt).substr(5), "{}");
 }
 
@@ -32,9 +33,9 @@ TEST(EnvdConnect, RefusesWhatIsNotOneEnvelope) {
   EXPECT_FALSE(read_envelope(""));
   EXPECT_FALSE(read_envelope("{}"));
   std::string e = envelope("{}");
-  EXPECT_FALSE(read_envelope(e + "x"));                         // trailing bytes
-  EXPECT_FALSE(read_envelope(e.substr(0, e.size() - 1)));       // cut short
-  EXPECT_FALSE(read_envelope(envelope("{}", 0x01)));            // compressed
+  EXPECT_FALSE(read_envelope(e + "x"));                               // trailing bytes
+  EXPECT_FALSE(read_envelope(e.substr(0, e.size() - 1)));             // cut short
+  EXPECT_FALSE(read_envelope(envelope("{}", 0x01)));                  // compressed
   EXPECT_FALSE(read_envelope(std::string("\0\xff\xff\xff\xff", 5)));  // a length from nowhere
 }
 
@@ -79,8 +80,8 @@ class EnvdRefusals : public ::testing::Test {
     req.body() = body;
     req.prepare_payload();
     http::Response out;
-    api_->handle(std::move(req),
-                 std::make_shared<http::LambdaExchange>([&](http::Response r) { out = std::move(r); }));
+    api_->handle(std::move(req), std::make_shared<http::LambdaExchange>(
+                                     [&](http::Response r) { out = std::move(r); }));
     return out;
   }
 
@@ -117,8 +118,8 @@ TEST_F(EnvdRefusals, StreamingErrorsEndTheStream) {
             "invalid_argument");  // not an envelope
   EXPECT_EQ(end_error(call("/process.Process/Start", "live", envelope("[1]"), "sesame", ct)),
             "invalid_argument");
-  EXPECT_EQ(end_error(call("/process.Process/Start", "live",
-                           envelope(R"({"process":{"cmd":""}})"), "sesame", ct)),
+  EXPECT_EQ(end_error(call("/process.Process/Start", "live", envelope(R"({"process":{"cmd":""}})"),
+                           "sesame", ct)),
             "invalid_argument");
   EXPECT_EQ(end_error(call("/process.Process/Start", "live",
                            envelope(R"({"process":{"cmd":"/bin/true","envs":{"A=B":"x"}}})"),
@@ -132,8 +133,8 @@ TEST_F(EnvdRefusals, StreamingErrorsEndTheStream) {
   EXPECT_EQ(end_error(call("/process.Process/Start", "live",
                            envelope(R"({"process":{"cmd":"/bin/true"}})"), "sesame", ct)),
             "failed_precondition");
-  EXPECT_EQ(end_error(call("/process.Process/Connect", "live",
-                           envelope(R"({"process":{"pid":7}})"), "sesame", ct)),
+  EXPECT_EQ(end_error(call("/process.Process/Connect", "live", envelope(R"({"process":{"pid":7}})"),
+                           "sesame", ct)),
             "not_found");
   auto deep = std::string(300, '[') + std::string(300, ']');
   EXPECT_EQ(end_error(call("/process.Process/Start", "live", envelope(deep), "sesame", ct)),

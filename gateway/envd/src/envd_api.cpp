@@ -7,6 +7,7 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 
+#include "call.hpp"
 #include "cellgate/envd/connect.hpp"
 #include "cellgate/http/limits.hpp"
 #include "cellgate/http/router.hpp"
@@ -30,29 +31,6 @@ std::string header(const http::Request& req, std::string_view name) {
 
 Error bad(std::string message) {
   return make_error(ErrorCode::kInvalidArgument, "bad_request", std::move(message));
-}
-
-http::Response unary_response(const http::Request& req, int status, std::string body) {
-  http::Response res{static_cast<http::Status>(status), req.version()};
-  res.set(http::Field::server, "cellgate");
-  res.set(http::Field::content_type, "application/json");
-  res.keep_alive(req.keep_alive());
-  res.body() = std::move(body);
-  res.prepare_payload();
-  return res;
-}
-
-http::Response unary_error(const http::Request& req, const Error& error) {
-  const ConnectError ce = connect_error(error);
-  return unary_response(req, http_status(ce.code), error_json(ce));
-}
-
-http::Response stream_head(const http::Request& req) {
-  http::Response head{http::Status::ok, req.version()};
-  head.set(http::Field::server, "cellgate");
-  head.set(http::Field::content_type, "application/connect+json");
-  head.keep_alive(req.keep_alive());
-  return head;
 }
 
 // A streaming call that fails before its first message: 200, then the end of the stream with
@@ -113,13 +91,6 @@ void stream_timing(const http::Request& req, Watcher& w) {
 
 }  // namespace
 
-struct EnvdApi::Call {
-  http::Request req;
-  std::shared_ptr<http::Exchange> exchange;
-  SandboxTarget sandbox;
-  json body;  // the request message
-};
-
 EnvdApi::EnvdApi(EnvdOptions options) : options_(std::move(options)) {}
 
 EnvdApi::~EnvdApi() {
@@ -175,13 +146,15 @@ void EnvdApi::handle(http::Request req, std::shared_ptr<http::Exchange> exchange
                                     "a valid access token is required (X-Access-Token)")));
   }
   const std::string prefix = "/process.Process/";
-  if (target.path.rfind(prefix, 0) != 0 || req.method() != http::Verb::post) {
+  const std::string fs_prefix = "/filesystem.Filesystem/";
+  const bool fs = target.path.rfind(fs_prefix, 0) == 0;
+  if ((target.path.rfind(prefix, 0) != 0 && !fs) || req.method() != http::Verb::post) {
     return exchange->reply(
         unary_error(req, make_error(ErrorCode::kNotFound, "no_route",
                                     "no route for " + std::string(req.target()).substr(0, 256))));
   }
-  const std::string method = target.path.substr(prefix.size());
-  const bool streaming = method == "Start" || method == "Connect";
+  const std::string method = target.path.substr(fs ? fs_prefix.size() : prefix.size());
+  const bool streaming = !fs && (method == "Start" || method == "Connect");
   Call call{std::move(req), std::move(exchange), *sandbox, {}};
   std::string text = call.req.body();
   if (streaming) {
@@ -202,6 +175,9 @@ void EnvdApi::handle(http::Request req, std::shared_ptr<http::Exchange> exchange
                                "the sandbox is not running (paused?)");
     return streaming ? stream_error(*call.exchange, call.req, e)
                      : call.exchange->reply(unary_error(call.req, e));
+  }
+  if (fs) {
+    return filesystem(call, method);
   }
   if (method == "Start") {
     return start(call);

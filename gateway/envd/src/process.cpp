@@ -46,6 +46,24 @@ json end_event(const launcher::StatusEvent& ended) {
             {"status", "exit status " + std::to_string(ended.exit_code)}}}};
 }
 
+// write(2) to a pipe whose reader is gone raises SIGPIPE, which would end the gateway (it does
+// not ignore it; its sockets use MSG_NOSIGNAL). Held for this thread and consumed, as the
+// launcher's StatusSink does: the write then fails with EPIPE.
+ssize_t write_no_sigpipe(int fd, const char* data, std::size_t size) {
+  sigset_t pipe_only, previous;
+  sigemptyset(&pipe_only);
+  sigaddset(&pipe_only, SIGPIPE);
+  ::pthread_sigmask(SIG_BLOCK, &pipe_only, &previous);
+  const ssize_t n = ::write(fd, data, size);
+  const int saved = errno;
+  const timespec none{0, 0};
+  while (::sigtimedwait(&pipe_only, nullptr, &none) == SIGPIPE) {
+  }
+  ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  errno = saved;
+  return n;
+}
+
 void set_nonblocking(int fd) {
   if (fd >= 0) {
     ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
@@ -120,7 +138,7 @@ Result<void> Process::send_input(const std::string& bytes, bool to_pty) {
   const auto deadline = Clock::now() + kInputWait;
   std::size_t done = 0;
   while (done < bytes.size()) {
-    const ssize_t n = ::write(input_.get(), bytes.data() + done, bytes.size() - done);
+    const ssize_t n = write_no_sigpipe(input_.get(), bytes.data() + done, bytes.size() - done);
     if (n > 0) {
       done += static_cast<std::size_t>(n);
       continue;

@@ -1,0 +1,45 @@
+// Internal: one envd call as the RPCs see it, and the answers they share (envd_api.cpp,
+// filesystem.cpp).
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cellgate/envd/connect.hpp"
+#include "cellgate/envd/envd_api.hpp"
+#include "cellgate/http/message.hpp"
+
+namespace cellgate::envd {
+
+struct EnvdApi::Call {
+  http::Request req;
+  std::shared_ptr<http::Exchange> exchange;
+  SandboxTarget sandbox;
+  nlohmann::json body;  // the request message
+};
+
+inline http::Response unary_response(const http::Request& req, int status, std::string body) {
+  http::Response res{static_cast<http::Status>(status), req.version()};
+  res.set(http::Field::server, "cellgate");
+  res.set(http::Field::content_type, "application/json");
+  res.keep_alive(req.keep_alive());
+  res.body() = std::move(body);
+  res.prepare_payload();
+  return res;
+}
+
+inline http::Response unary_error(const http::Request& req, const Error& error) {
+  const ConnectError ce = connect_error(error);
+  return unary_response(req, http_status(ce.code), error_json(ce));
+}
+
+inline http::Response stream_head(const http::Request& req) {
+  http::Response head{http::Status::ok, req.version()};
+  head.set(http::Field::server, "cellgate");
+  head.set(http::Field::content_type, "application/connect+json");
+  head.keep_alive(req.keep_alive());
+  return head;
+}
+
+}  // namespace cellgate::envd
