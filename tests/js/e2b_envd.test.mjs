@@ -281,3 +281,24 @@ test('input to a process that closed its stdin is an error, not the end of the g
   assert.equal((await sbx.commands.run('echo still here')).stdout, 'still here\n');
   await sbx.commands.kill(h.pid);
 });
+
+test('files: write (multipart, several at once), read, empty, missing, in the jail', { timeout: 60_000 }, async () => {
+  const info = await sbx.files.write('/home/user/up/hello.txt', 'hello world');
+  assert.equal(info.path, '/home/user/up/hello.txt');
+  assert.equal(await sbx.files.read('/home/user/up/hello.txt'), 'hello world');
+  assert.equal((await sbx.commands.run('cat up/hello.txt; stat -c %u up/hello.txt')).stdout,
+               `hello world${(await sbx.commands.run('id -u')).stdout}`);
+  const big = 'x'.repeat(3_000_000);
+  await sbx.files.write('up/big.txt', big);
+  assert.equal((await sbx.files.read('up/big.txt')).length, 3_000_000);
+  await sbx.files.write([{ path: 'up/a.txt', data: 'A' }, { path: 'up/b.txt', data: 'B' }]);
+  assert.equal(await sbx.files.read('up/a.txt'), 'A');
+  assert.equal(await sbx.files.read('up/b.txt'), 'B');
+  await sbx.files.write('up/empty.txt', '');
+  assert.equal(await sbx.files.read('up/empty.txt'), '');
+  await assert.rejects(sbx.files.read('up/none.txt'), err => /not found/i.test(String(err)));
+  // The jail decides: the host's files are not there, /usr is read-only.
+  await assert.rejects(sbx.files.read('/etc/shadow'), err => /not found/i.test(String(err)));
+  await assert.rejects(sbx.files.write('/usr/bin/evil', 'x'));
+  await sbx.files.remove('up');
+});

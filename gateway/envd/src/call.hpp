@@ -2,6 +2,10 @@
 // filesystem.cpp).
 #pragma once
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -40,6 +44,24 @@ inline http::Response stream_head(const http::Request& req) {
   head.set(http::Field::content_type, "application/connect+json");
   head.keep_alive(req.keep_alive());
   return head;
+}
+
+// write(2) to a pipe whose reader is gone raises SIGPIPE, which would end the gateway (it does
+// not ignore it; its sockets use MSG_NOSIGNAL). Held for this thread and consumed, as the
+// launcher's StatusSink does: the write then fails with EPIPE.
+inline ssize_t write_no_sigpipe(int fd, const char* data, std::size_t size) {
+  sigset_t pipe_only, previous;
+  sigemptyset(&pipe_only);
+  sigaddset(&pipe_only, SIGPIPE);
+  ::pthread_sigmask(SIG_BLOCK, &pipe_only, &previous);
+  const ssize_t n = ::write(fd, data, size);
+  const int saved = errno;
+  const timespec none{0, 0};
+  while (::sigtimedwait(&pipe_only, nullptr, &none) == SIGPIPE) {
+  }
+  ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  errno = saved;
+  return n;
 }
 
 }  // namespace cellgate::envd

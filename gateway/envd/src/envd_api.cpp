@@ -145,6 +145,11 @@ void EnvdApi::handle(http::Request req, std::shared_ptr<http::Exchange> exchange
         unary_error(req, make_error(ErrorCode::kUnauthenticated, "unauthenticated",
                                     "a valid access token is required (X-Access-Token)")));
   }
+  if (target.path == "/files") {
+    auto path = target.query.find("path");
+    return files(std::move(req), std::move(exchange), *sandbox,
+                 path == target.query.end() ? std::string() : path->second);
+  }
   const std::string prefix = "/process.Process/";
   const std::string fs_prefix = "/filesystem.Filesystem/";
   const bool fs = target.path.rfind(fs_prefix, 0) == 0;

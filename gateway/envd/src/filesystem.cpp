@@ -9,10 +9,10 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 
+#include "call.hpp"
 #include "cellgate/envd/connect.hpp"
 #include "cellgate/envd/envd_api.hpp"
 #include "cellgate/http/limits.hpp"
-#include "call.hpp"
 #include "cellgate/kernel/jail_command.hpp"
 
 namespace cellgate::envd {
@@ -209,8 +209,7 @@ void EnvdApi::filesystem(Call& call, const std::string& method) {
     auto target = options_.jail_of(kernel_id);
     auto answer = target ? run_operation(*target, options_.home, options_.user, op, args)
                          : Result<json>(target.error());
-    ex->reply(answer ? unary_response(req, 200, answer->dump())
-                     : unary_error(req, answer.error()));
+    ex->reply(answer ? unary_response(req, 200, answer->dump()) : unary_error(req, answer.error()));
   });
 }
 

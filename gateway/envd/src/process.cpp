@@ -13,6 +13,7 @@
 #include <csignal>
 #include <cstring>
 
+#include "call.hpp"
 #include "cellgate/util/text.hpp"
 
 namespace cellgate::envd {
@@ -44,24 +45,6 @@ json end_event(const launcher::StatusEvent& ended) {
            {{"exitCode", ended.exit_code},
             {"exited", true},
             {"status", "exit status " + std::to_string(ended.exit_code)}}}};
-}
-
-// write(2) to a pipe whose reader is gone raises SIGPIPE, which would end the gateway (it does
-// not ignore it; its sockets use MSG_NOSIGNAL). Held for this thread and consumed, as the
-// launcher's StatusSink does: the write then fails with EPIPE.
-ssize_t write_no_sigpipe(int fd, const char* data, std::size_t size) {
-  sigset_t pipe_only, previous;
-  sigemptyset(&pipe_only);
-  sigaddset(&pipe_only, SIGPIPE);
-  ::pthread_sigmask(SIG_BLOCK, &pipe_only, &previous);
-  const ssize_t n = ::write(fd, data, size);
-  const int saved = errno;
-  const timespec none{0, 0};
-  while (::sigtimedwait(&pipe_only, nullptr, &none) == SIGPIPE) {
-  }
-  ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
-  errno = saved;
-  return n;
 }
 
 void set_nonblocking(int fd) {

@@ -1,7 +1,7 @@
 // EnvdApi: E2B's in-sandbox daemon (envd, port 49983 in E2B's design), served by the gateway for
 // every sandbox: the process RPCs of process.Process (Start, Connect, List, SendInput,
 // CloseStdin, SendSignal, Update) and filesystem.Filesystem's Stat, ListDir, MakeDir, Move and
-// Remove in Connect's JSON protocol, and GET /health. Each command runs
+// Remove in Connect's JSON protocol, GET and POST /files, and GET /health. Each command runs
 // in the sandbox kernel's jail (kernel::JailCommand, jail/README.md "Exec into a running jail");
 // pids are the jail's. What differs from E2B's envd is in docs/e2b.md.
 //
@@ -76,6 +76,11 @@ class EnvdApi : public http::Handler {
   void update(Call& call);
   // filesystem.cpp: Stat, ListDir, MakeDir, Move, Remove, each run in the sandbox's jail.
   void filesystem(Call& call, const std::string& method);
+  // files.cpp: GET and POST /files?path=…, run in the sandbox's jail.
+  void files(http::Request req, std::shared_ptr<http::Exchange> ex, const SandboxTarget& sandbox,
+             const std::string& path);
+  void read_file(const http::Request& req, const std::shared_ptr<http::Exchange>& ex,
+                 const std::string& kernel_id, const std::string& path);
   // The process a request's {"process": {"pid"|"tag"}} names in the call's sandbox.
   Result<std::shared_ptr<Process>> select(const Call& call, const nlohmann::json& selector);
   bool sandbox_alive(const std::string& sandbox_id) const;
