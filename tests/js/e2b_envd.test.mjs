@@ -92,8 +92,15 @@ before(async () => {
 
 after(async () => {
   if (gw.proc && gw.proc.exitCode === null) {
+    // A command still running (and a client watching it) must not hold the gateway's exit up.
+    const left = sbx ? await sbx.commands.run('sleep 300', { background: true }).catch(() => null) : null;
     gw.proc.kill('SIGTERM');
-    await gw.exited;
+    const done = await Promise.race([gw.exited, new Promise(resolve => setTimeout(() => resolve(null), 30_000))]);
+    if (left) {
+      await left.wait().catch(() => {});
+    }
+    assert.ok(done, `cellgate serve did not exit within 30 s of SIGTERM\n${logTail()}`);
+    assert.equal(done.code, 0, logTail());
   }
   if (gw.dir) {
     await rm(gw.dir, { recursive: true, force: true }).catch(() => {});

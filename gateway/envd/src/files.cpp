@@ -150,7 +150,8 @@ Result<std::string> run_writer(const kernel::JailTarget& target, const std::stri
     if (sent == upload.data.size() && cmd->stdin_fd() >= 0) {
       cmd->close_stdin();
     }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) {
       return make_error(ErrorCode::kDeadlineExceeded, "timeout", "the upload took over 120 s");
     }
