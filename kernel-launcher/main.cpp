@@ -63,7 +63,8 @@ int run(int argc, char** argv) {
                  "append the same status lines to this file too (it outlives the reader)");
   app.add_option("--connection-file", options.connection_file,
                  "the kernel's connection file (rewritten to ipc endpoints in the jail)");
-  app.add_option("--cwd", options.cwd, "working directory (unjailed kernels only)");
+  app.add_option("--cwd", options.cwd,
+                 "working directory (unjailed kernels; with --exec-into, in the jail)");
   app.add_flag("--die-with-parent", options.die_with_parent,
                "kill the kernel when the launcher's parent dies");
   app.add_flag("--no-jail", no_jail, "run the kernel unjailed (explicitly allowed only)");
@@ -85,10 +86,23 @@ int run(int argc, char** argv) {
                "with --checkpoint: a snapshot; the jail runs on, its work files saved too");
   app.add_option("--restore", options.restore_dir,
                  "restore the jail checkpointed in this image dir and supervise it");
+  app.add_option("--exec-into", options.exec_into,
+                 "run the command after -- inside the running jail whose pid 1 is this");
+  app.add_option("--cgroup", options.cgroup_dirs,
+                 "with --exec-into: a cgroup dir of the kernel (repeat per hierarchy)")
+      ->allow_extra_args(false);
+  app.add_option("--env", options.exec_env, "with --exec-into: NAME=VALUE on top of the kernel's")
+      ->allow_extra_args(false);
+  app.add_option("--pty", options.pty, "with --exec-into: a terminal of COLSxROWS");
+  app.add_option("--control-fd", options.control_fd,
+                 "with --exec-into: the gateway's SOCK_SEQPACKET socket (reports, signals)");
   app.add_option("argv", options.argv, "the kernel's command line, after --");
   CLI11_PARSE(app, argc, argv);
   if (probe_host) {
     return cellgate::launcher::run_probe_host();
+  }
+  if (options.exec_into > 0) {
+    return cellgate::launcher::run_exec_into(options);
   }
   if (checkpoint_pid > 0) {
     return cellgate::launcher::run_checkpoint(checkpoint_pid, images, options);

@@ -312,8 +312,8 @@ Result<void> HostJail::find_staging() {
   return {};
 }
 
-void HostJail::build_env() {
-  auto env = spec_.env;
+std::vector<std::string> kernel_environment(const jail::JailSpec& spec) {
+  auto env = spec.env;
   env.emplace("HOME", jail::kJailWorkDir);
   env.emplace("PYDEVD_DISABLE_FILE_VALIDATION", "1");
   // The kernel's CPU count where the affinity mask (the "cpu affinity" step) is not what a
@@ -321,14 +321,32 @@ void HostJail::build_env() {
   // joblib's loky caps os.cpu_count() with LOKY_MAX_CPU_COUNT, and Python 3.13+ returns
   // PYTHON_CPU_COUNT from os.cpu_count() (3.11's reads the host's count; jail/README.md, "CPU").
   // emplace: a kernelspec's or a client's own value wins.
-  const std::string cpus = std::to_string(jail::kernel_cpu_count(spec_.cpus));
+  const std::string cpus = std::to_string(jail::kernel_cpu_count(spec.cpus));
   for (const char* name : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                            "NUMEXPR_NUM_THREADS", "LOKY_MAX_CPU_COUNT", "PYTHON_CPU_COUNT"}) {
     env.emplace(name, cpus);
   }
+  std::vector<std::string> out;
+  out.reserve(env.size());
   for (const auto& [k, v] : env) {
-    env_.push_back(k + "=" + v);
+    out.push_back(k + "=" + v);
   }
+  return out;
+}
+
+std::optional<std::pair<uid_t, gid_t>> spec_identity(const jail::JailSpec& spec) {
+  if (jail::in_single_uid_user_namespace()) {
+    return std::make_pair(uid_t{0}, gid_t{0});
+  }
+  if (!spec.uid) {
+    return std::nullopt;
+  }
+  const gid_t gid = spec.access_gid ? *spec.access_gid : spec.gid.value_or(*spec.uid);
+  return std::make_pair(*spec.uid, gid);
+}
+
+void HostJail::build_env() {
+  env_ = kernel_environment(spec_);
 }
 
 // The forwarded signals and SIGCHLD, blocked from here on: sigwaitinfo/signalfd pick them up,

@@ -27,6 +27,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cellgate/jail/cgroup.hpp"
@@ -108,6 +109,14 @@ class HostJail {
   // What only a kernel that started keeps, undone in reverse order unless report_started() ran.
   std::vector<std::function<void()>> undo_before_start_;
 };
+
+// The kernel's environment (KEY=VALUE): the spec's env, HOME at the work dir, the CPU-count hints
+// for thread pools. Also what a command run in its jail (exec_into.cpp) starts from.
+std::vector<std::string> kernel_environment(const jail::JailSpec& spec);
+
+// The kernel's uid and gid when the spec names them (a gateway's kernels) or the namespace maps
+// only uid 0 (rootless); nullopt otherwise (the launcher then derives them from its pid).
+std::optional<std::pair<uid_t, gid_t>> spec_identity(const jail::JailSpec& spec);
 
 // argv[0] resolved against the spec's PATH (execve does not search).
 std::string resolve_program(const std::string& program, const jail::JailSpec& spec);

@@ -327,6 +327,34 @@ test('getMetrics: sampled from the sandbox\'s cgroup', { timeout: 60_000 }, asyn
   }
 });
 
+test('commands and files run in the sandbox through envd; another sandbox\'s token is refused',
+  { timeout: 120_000 }, async () => {
+    const mine = await Sandbox.create(as('alice'));
+    const theirs = await Sandbox.create(as('bob'));
+    try {
+      const r = await mine.commands.run('echo hi; pwd');
+      assert.equal(r.exitCode, 0, r.stderr);
+      assert.equal(r.stdout, 'hi\n/home/user\n');
+      await mine.files.write('/home/user/note.txt', 'from alice');
+      assert.equal(await mine.files.read('/home/user/note.txt'), 'from alice');
+      // Each sandbox is a jail of its own: bob's has no such file.
+      assert.equal(await theirs.files.exists('/home/user/note.txt'), false);
+      // Alice's sandbox id with bob's envd access token: envd refuses it.
+      const forged = new Sandbox({
+        sandboxId: mine.sandboxId,
+        envdVersion: '0.6.4',
+        envdAccessToken: theirs.envdAccessToken,
+        sandboxUrl: `http://127.0.0.1:${gw.e2bPort}`,
+        debug: false,
+      });
+      await assert.rejects(forged.commands.run('echo no'), AuthenticationError);
+      await assert.rejects(forged.files.read('/home/user/note.txt'), AuthenticationError);
+    } finally {
+      await mine.kill();
+      await theirs.kill();
+    }
+  });
+
 test('tenants: another tenant\'s sandbox is 404, lists are filtered; a bad key is 401',
   { timeout: 120_000 }, async () => {
     const mine = await Sandbox.create(as('alice'));

@@ -50,8 +50,12 @@ template <class Stream>
 class HttpExchange : public Exchange {
  public:
   HttpExchange(std::shared_ptr<HttpSession<Stream>> session,
-               std::shared_ptr<const std::atomic<bool>> gone, std::string peer)
-      : session_(std::move(session)), gone_(std::move(gone)), peer_(std::move(peer)) {}
+               std::shared_ptr<const std::atomic<bool>> gone,
+               std::shared_ptr<std::atomic<std::size_t>> unsent, std::string peer)
+      : session_(std::move(session)),
+        gone_(std::move(gone)),
+        unsent_(std::move(unsent)),
+        peer_(std::move(peer)) {}
   // The exchange lives wherever the answer is made (an offload thread, a cell's strand): its
   // reference to the session is let go on the session's strand, so the session is never
   // destroyed on another thread.
@@ -76,10 +80,20 @@ class HttpExchange : public Exchange {
     if (gone_->load()) {
       return false;
     }
-    net::post(session_->stream_.get_executor(), [s = session_, data = std::move(data)]() mutable {
-      s->stream_chunk(std::move(data));
-    });
+    if (data.empty()) {
+      return true;  // a zero-size chunk would end the answer
+    }
+    std::string framed = chunk(data);
+    unsent_->fetch_add(framed.size());
+    net::post(session_->stream_.get_executor(),
+              [s = session_, framed = std::move(framed)]() mutable {
+                s->stream_push(std::move(framed));
+              });
     return true;
+  }
+  std::size_t unsent() const override { return unsent_->load(); }
+  void abort() override {
+    net::post(session_->stream_.get_executor(), [s = session_] { s->stream_abort(); });
   }
   void end() override {
     net::post(session_->stream_.get_executor(), [s = session_] { s->stream_end(); });
@@ -92,6 +106,7 @@ class HttpExchange : public Exchange {
  private:
   std::shared_ptr<HttpSession<Stream>> session_;
   std::shared_ptr<const std::atomic<bool>> gone_;
+  std::shared_ptr<std::atomic<std::size_t>> unsent_;
   std::string peer_;
 };
 
@@ -289,10 +304,11 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
     phase_ = HttpPhase::kAnswering;
     keep_alive_ = req.keep_alive();
     gone_flag_ = std::make_shared<std::atomic<bool>>(false);
+    unsent_ = std::make_shared<std::atomic<std::size_t>>(0);
     watch_client();
     handler_.handle(std::move(req),
                     std::make_shared<HttpExchange<Stream>>(this->shared_from_this(), gone_flag_,
-                                                           peer_address(stream_)));
+                                                           unsent_, peer_address(stream_)));
   }
 
   // ---- noticing a client that leaves mid-answer ----
@@ -412,11 +428,13 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
     stream_push(chunked_head(std::move(head)));
   }
 
-  void stream_chunk(std::string data) {
-    if (data.empty()) {
+  // The answer cut short: what was queued is dropped and the connection closed.
+  void stream_abort() {
+    if (gone()) {
       return;
     }
-    stream_push(chunk(data));
+    client_gone();
+    close_stream(stream_);
   }
 
   void stream_end() {
@@ -457,6 +475,10 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
   void on_stream_write(beast::error_code ec, std::size_t) {
     const StreamWriter was = std::exchange(writer_, StreamWriter::kIdle);
     stream_queued_ -= std::min(stream_queued_, stream_in_flight_.size());
+    // What the exchange counted (its chunks; the head and the last chunk were never counted).
+    for (std::size_t left = unsent_->load(), sent = stream_in_flight_.size();
+         !unsent_->compare_exchange_weak(left, left - std::min(left, sent));) {
+    }
     stream_in_flight_.clear();
     if (ec) {
       client_gone();
@@ -500,6 +522,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession<Stream>> {
   bool keep_alive_ = true;
   // kGone for the exchange's threads (HttpExchange::write), one flag per request.
   std::shared_ptr<std::atomic<bool>> gone_flag_ = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<std::atomic<std::size_t>> unsent_ = std::make_shared<std::atomic<std::size_t>>(0);
   std::function<void()> on_gone_;
   StreamWriter writer_ = StreamWriter::kIdle;
   std::deque<std::string> stream_queue_;

@@ -82,6 +82,20 @@ Result<void> KernelProcess::checkpointable() const {
   return {};
 }
 
+Result<JailTarget> KernelProcess::jail_target() const {
+  if (!jailed_ || kernel_pid_ <= 0 || exited_ || !started_) {
+    return make_error(ErrorCode::kFailedPrecondition, "no_jail",
+                      "the kernel is not running in a jail of its own");
+  }
+  JailTarget t;
+  t.launcher_path = launcher_path_;
+  t.init_pid = kernel_pid_;
+  t.spec_file = runtime_dir_ + "/jail.json";
+  t.cgroup_dirs = started_->cgroup_paths;
+  t.launcher_env = launcher_environment();
+  return t;
+}
+
 // `cellgate-kernel --checkpoint` on this kernel's jail; a snapshot (`leave_running`) keeps it.
 Result<void> KernelProcess::dump(const std::string& image_dir, bool leave_running, bool compress) {
   CELLGATE_TRY(checkpointable());

@@ -174,6 +174,14 @@ std::optional<ProcessFacts> ManagedKernel::process_facts() const {
   return ProcessFacts::of(*running_.process);
 }
 
+Result<kernel::JailTarget> ManagedKernel::jail_target() const {
+  MutexLock lock(mu_);
+  if (!running_state(state_) || !running_.process) {
+    return make_error(ErrorCode::kUnavailable, "kernel_not_running", "the kernel is not running");
+  }
+  return running_.process->jail_target();
+}
+
 std::string ManagedKernel::death_reason() const {
   MutexLock lock(mu_);
   if (!running_state(state_) || !running_.process) {

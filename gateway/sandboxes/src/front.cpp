@@ -111,6 +111,9 @@ void E2bFront::handle(http::Request req, std::shared_ptr<http::Exchange> exchang
       }
       return code_interpreter(*target, std::move(req), std::move(exchange));
     }
+    if (!target && fallback_) {
+      target = fallback_(sandbox_id);  // envd only: the code interpreter's ids are sandboxes'
+    }
     if (path == "/health") {
       if (target && target->running) {
         return exchange->reply(http::text_response(req, Status::no_content, ""));

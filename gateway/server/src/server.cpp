@@ -30,6 +30,7 @@
 #include "cellgate/client/kernels.hpp"
 #include "cellgate/engine/engine.hpp"
 #include "cellgate/engine/host.hpp"
+#include "cellgate/envd/envd_api.hpp"
 #include "cellgate/http/listener.hpp"
 #include "cellgate/kernel/backend.hpp"
 #include "cellgate/kernel/connection.hpp"
@@ -185,6 +186,7 @@ struct Server::Impl {
   std::unique_ptr<sandboxes::Webhooks> webhooks;  // E2B lifecycle events; null: none
   std::unique_ptr<sandboxes::SandboxRegistry> sandboxes;
   std::unique_ptr<sandboxes::E2bFront> e2b_front;
+  std::unique_ptr<envd::EnvdApi> envd;           // envd behind e2b_front: commands, PTYs, files
   std::unique_ptr<client::Kernels> mcp_kernels;  // the MCP server at /mcp, over the same parts
   std::unique_ptr<mcp::Server> mcp;
   std::unique_ptr<mcp::HttpEndpoint> mcp_endpoint;
@@ -309,6 +311,47 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   impl_->e2b_front =
       std::make_unique<sandboxes::E2bFront>(*impl_->sandboxes, impl_->keys.get(), *impl_->e2b,
                                             registry, executor, std::move(fo), impl_->offload());
+  // envd behind the front: a sandbox of the control plane, or — for the operator, whose token is
+  // then the access token — any running kernel by its id (commands in a Jupyter kernel's jail).
+  auto kernel_target = [&registry, token = impl_->token](
+                           std::string_view id) -> std::optional<sandboxes::SandboxTarget> {
+    auto kernel = registry.find(std::string(id));
+    if (id.empty() || !kernel) {
+      return std::nullopt;
+    }
+    const auto state = (*kernel)->state();
+    sandboxes::SandboxTarget t;
+    t.sandbox_id = t.kernel_id = std::string(id);
+    t.access_token = token;
+    t.running = state == kernels::KernelState::kIdle || state == kernels::KernelState::kBusy;
+    return t;
+  };
+  impl_->e2b_front->set_fallback(kernel_target);
+  envd::EnvdOptions envd_options;
+  envd_options.find = [this,
+                       kernel_target](std::string_view id) -> std::optional<envd::SandboxTarget> {
+    auto found = impl_->sandboxes->find(id);
+    if (!found) {
+      found = kernel_target(id);
+    }
+    if (!found) {
+      return std::nullopt;
+    }
+    envd::SandboxTarget t;
+    t.sandbox_id = found->sandbox_id;
+    t.kernel_id = found->kernel_id;
+    t.access_token = found->access_token;
+    t.tenant = found->tenant;
+    t.running = found->running;
+    return t;
+  };
+  envd_options.jail_of = [&registry](const std::string& id) -> Result<kernel::JailTarget> {
+    CELLGATE_ASSIGN_OR_RETURN(auto kernel, registry.find(id));
+    return kernel->jail_target();
+  };
+  envd_options.offload = impl_->offload();
+  impl_->envd = std::make_unique<envd::EnvdApi>(std::move(envd_options));
+  impl_->e2b_front->set_envd(impl_->envd.get());
 
   client::Options mo;
   mo.client = "mcp";
@@ -414,6 +457,7 @@ Server::~Server() {
   impl_->listener.reset();
   impl_->e2b_listener.reset();
   impl_->agent.reset();
+  impl_->envd.reset();  // its commands killed, their pumps done, before the engine stops
   // Kernels end, then the threads (engine.hpp's teardown); then the front ends, then the engine.
   impl_->engine->stop();
   impl_->notebook.reset();
@@ -440,9 +484,6 @@ const ServeOptions& Server::options() const {
 }
 sandboxes::SandboxRegistry& Server::sandboxes() {
   return *impl_->sandboxes;
-}
-void Server::set_envd(http::Handler* envd) {
-  impl_->e2b_front->set_envd(envd);
 }
 int Server::e2b_port() const {
   return impl_->e2b_listener ? impl_->e2b_listener->port() : 0;

@@ -67,6 +67,22 @@ Result<void> contain_init(const JailSpec& spec, const RootPaths& paths, uid_t ui
 Result<void> contain_kernel(const JailSpec& spec, uid_t uid, gid_t gid,
                             const std::function<Result<void>()>& settle_fds);
 
+// A process entering a running jail (enter.hpp), in the child the helper forks once it joined
+// the jail's namespaces and cgroup: the kernel's steps, in the same order, with its own session,
+// optionally a terminal of the jail's devpts, and the caller's working directory:
+//   "session" → "rlimits" → "cpu affinity" → "umask" → "credentials" → "parent death"
+//   → "terminal" → "no_new_privs" → "landlock" → "work dir" → "file descriptors" → "seccomp"
+struct TerminalSize;
+struct ExecSteps {
+  std::string cwd;  // in the jail; "" = kJailWorkDir
+  // A pty (enter.hpp's open_terminal) as stdin, stdout, stderr and controlling terminal.
+  const TerminalSize* terminal = nullptr;
+  // Given the pty's master (still owned by the step) to pass on to whoever serves it.
+  std::function<Result<void>(int master)> hand_over_master;
+  std::function<Result<void>()> settle_fds;
+};
+Result<void> contain_exec(const JailSpec& spec, uid_t uid, gid_t gid, const ExecSteps& steps);
+
 // Child steps.
 Result<void> enter_cgroup_namespace();
 Result<void> build_root(const JailSpec& spec, const RootPaths& paths, uid_t uid, gid_t gid);

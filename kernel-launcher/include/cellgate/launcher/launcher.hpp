@@ -40,6 +40,15 @@ struct LaunchOptions {
   // its work dir's files are saved in the image.
   bool leave_running = false;
   bool no_compress = false;  // run_checkpoint() only (--no-compress): no zstd on the pages
+  // run_exec_into() only (--exec-into PID): the jail's pid 1, the kernel's cgroup dirs
+  // (--cgroup, one per hierarchy), the command's working directory in the jail (--cwd), its
+  // environment on top of the kernel's (--env K=V), a pty (--pty COLSxROWS) and the control
+  // socket to the gateway (--control-fd).
+  pid_t exec_into = -1;
+  std::vector<std::string> cgroup_dirs;
+  std::vector<std::string> exec_env;
+  std::string pty;
+  int control_fd = -1;
 };
 
 // Runs the kernel to completion. Returns the launcher's exit code: the kernel's exit code,
@@ -64,6 +73,15 @@ int run_restore_mode(const LaunchOptions& options);
 // which binds it has). Prints {"dump_ms":…,"compress_ms":…,"image_bytes":…} on stdout. Returns
 // 0, or 1 with the reason on stderr (the jail then runs on).
 int run_checkpoint(pid_t init_pid, const std::string& image_dir, const LaunchOptions& options);
+
+// Runs `options.argv` inside the running jail whose pid 1 is options.exec_into
+// (src/exec_into.cpp; jail/enter.hpp): its namespaces, cgroup, uid, Landlock, seccomp and
+// rlimits, the kernel's environment plus options.exec_env. Reports on the control socket
+// (a SOCK_SEQPACKET, options.control_fd), one status line per message: {"event":"started",
+// "pid":<the command's pid in the jail>} (with a pty, its master attached), then
+// {"event":"exited",…}; it takes {"signal":N} messages, and kills the command when the socket
+// closes. stdin, stdout and stderr are the command's own. Returns 0, or 127 on a setup error.
+int run_exec_into(const LaunchOptions& options);
 
 // Prints what the host supports (cgroups, user namespaces, Landlock, seccomp) as one line.
 int run_probe_host();

@@ -71,11 +71,17 @@ class Exchange {
   // behind); the producer should then stop and clean up.
   virtual bool write(std::string data) = 0;
   virtual void end() = 0;
+  // Cuts a streamed answer: the connection is closed without the last chunk, so the client sees
+  // the body end early (what a server that died mid-answer looks like). Default: end().
+  virtual void abort() { end(); }
   // Runs `on_gone` (once, from any thread) if the client disconnects before the answer is
   // complete; right away if it already has.
   virtual void watch(std::function<void()> on_gone) = 0;
   // The client's address ("127.0.0.1:51234"), "" when unknown.
   virtual std::string peer() const { return ""; }
+  // Bytes of a streamed answer written but not yet sent to the client (0 when unknown): a
+  // producer that can wait (a process's output) holds back while this is high.
+  virtual std::size_t unsent() const { return 0; }
 };
 
 class LambdaExchange : public Exchange {

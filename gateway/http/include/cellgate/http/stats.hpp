@@ -57,6 +57,11 @@ class TimedExchange : public Exchange {
   void end() override;
   void watch(std::function<void()> on_gone) override { inner_->watch(std::move(on_gone)); }
   std::string peer() const override { return inner_->peer(); }
+  std::size_t unsent() const override { return inner_->unsent(); }
+  void abort() override {
+    inner_->abort();
+    observe();
+  }
 
  private:
   void observe();

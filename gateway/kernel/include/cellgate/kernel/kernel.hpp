@@ -194,6 +194,16 @@ std::string proc_stat_field(pid_t pid, int field);
 std::string process_start_time(pid_t pid);
 
 // A started kernel process.
+// What running a command inside a kernel's jail needs (jail_command.hpp): the launcher, the
+// jail's pid 1, the kernel's jail spec file and cgroup dirs, the launcher's environment.
+struct JailTarget {
+  std::string launcher_path;
+  pid_t init_pid = -1;
+  std::string spec_file;
+  std::vector<std::string> cgroup_dirs;
+  std::vector<std::string> launcher_env;
+};
+
 class KernelProcessHandle {
  public:
   virtual ~KernelProcessHandle() = default;
@@ -217,6 +227,13 @@ class KernelProcessHandle {
   // Lets the kernel run on when the handle goes (a gateway handing its kernels over to the next
   // one on its state dir): nothing is killed, unmounted or removed then.
   virtual void detach() {}
+
+  // How to run a command in this kernel's jail; kFailedPrecondition "no_jail" when it has none
+  // this gateway can enter (unjailed, behind a broker, not running).
+  virtual Result<JailTarget> jail_target() const {
+    return make_error(ErrorCode::kFailedPrecondition, "no_jail",
+                      "this kind of kernel process has no jail to run a command in");
+  }
 
   // ---- hibernation (CRIU: kernel-launcher/checkpoint) ----
   // Why this kernel cannot be checkpointed (reason "not_hibernatable", kFailedPrecondition), or

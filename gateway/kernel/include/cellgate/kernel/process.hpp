@@ -136,6 +136,7 @@ class KernelProcess : public KernelProcessHandle {
   // process_checkpoint.cpp: `cellgate-kernel --checkpoint` and `--restore` on this kernel's
   // runtime dir (its jail spec, connection dir and work dir are reused as they are).
   Result<void> checkpointable() const override;
+  Result<JailTarget> jail_target() const override;
   Result<void> checkpoint(const std::string& image_dir) override;
   Result<void> snapshot(const std::string& image_dir, bool compress) override;
   Result<void> restore(const std::string& image_dir, std::chrono::milliseconds timeout) override;

@@ -168,6 +168,9 @@ class ManagedKernel {
   Result<jail::CgroupStats> cgroup_stats() const;
   // The running process's facts; nullopt without one.
   std::optional<ProcessFacts> process_facts() const;
+  // How to run a command in the running kernel's jail (kernel::JailCommand); kUnavailable
+  // when it is not running.
+  Result<kernel::JailTarget> jail_target() const;
   // Interrupts the running cell as the kernelspec says: SIGINT ("signal"), or an
   // interrupt_request on control ("message"; blocks up to 5 s for the reply).
   Result<void> interrupt();

@@ -6,7 +6,8 @@
 //   E2b-Sandbox-Id: <id>, E2b-Sandbox-Port: 49999     that sandbox's code interpreter: an E2bApi
 //                                                     whose default python context is its kernel
 //   E2b-Sandbox-Id: <id>, GET /health                 204 running, 502 paused, killed or unknown
-//   E2b-Sandbox-Id: <id>, other paths                 envd (set_envd; none: 501 JSON)
+//   E2b-Sandbox-Id: <id>, other paths                 envd (set_envd; none: 501 JSON); an id that
+//                                                     is no sandbox's: set_fallback's (a kernel)
 //   /files, /process.Process/*, /filesystem.*         envd too (signed file URLs carry no header)
 //   the control plane's routes (control_plane.cpp)    with X-API-KEY: a tenant's key, or the
 //                                                     gateway's token (the operator: sees all)
@@ -22,8 +23,10 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,6 +57,12 @@ class E2bFront : public http::Handler {
 
   // envd's handler (commands, PTYs, files); null: those paths answer 501.
   void set_envd(http::Handler* envd) { envd_ = envd; }
+  // Who an E2b-Sandbox-Id names when it is no sandbox of the control plane (the composition root
+  // gives running kernels by id, with the operator's token as their access token: envd in a
+  // Jupyter kernel's jail). Unset: nobody.
+  void set_fallback(std::function<std::optional<SandboxTarget>(std::string_view)> fallback) {
+    fallback_ = std::move(fallback);
+  }
 
   void handle(http::Request req, std::shared_ptr<http::Exchange> exchange) override;
   http::Upgrade upgrade(const http::Request& req) override;
@@ -79,6 +88,7 @@ class E2bFront : public http::Handler {
   const FrontOptions options_;
   util::Offload offload_;
   http::Handler* envd_ = nullptr;
+  std::function<std::optional<SandboxTarget>(std::string_view)> fallback_;
   http::Router router_;
 
   Mutex mu_;

@@ -52,8 +52,6 @@ class Server {
   int e2b_port() const;  // 0 unless --e2b-port
   // E2B's sandboxes (the control plane on the E2B port); envd looks sandboxes up here.
   sandboxes::SandboxRegistry& sandboxes();
-  // envd's handler on the E2B port (sandboxes/front.hpp); before start(). null: 501.
-  void set_envd(http::Handler* envd);
   // The loop every network thread runs (run()): a timer on it stops firing when it stalls.
   boost::asio::io_context& network();
 
