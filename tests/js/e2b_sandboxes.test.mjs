@@ -11,7 +11,7 @@
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile, spawn } from 'node:child_process';
-import { createHmac, randomBytes } from 'node:crypto';
+import { createHash, createHmac, randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import http from 'node:http';
@@ -106,7 +106,7 @@ before(async () => {
     let body = '';
     req.on('data', d => { body += d; });
     req.on('end', () => {
-      hooks.events.push({ body, signature: req.headers['x-cellgate-signature'] });
+      hooks.events.push({ body, signature: req.headers['x-cellgate-signature'], headers: req.headers });
       res.writeHead(204).end();
     });
   });
@@ -147,6 +147,12 @@ async function eventsOf(sandboxId, labels) {
     for (const e of mine) {
       const want = 'sha256=' + createHmac('sha256', hooks.secret).update(e.body).digest('hex');
       assert.equal(e.signature, want, `the signature of ${e.body}`);
+      // E2B's own headers, as a receiver written for E2B's webhooks checks them: the unpadded
+      // base64 of SHA-256 over the secret followed by the body.
+      const e2b = createHash('sha256').update(hooks.secret + e.body).digest('base64').replace(/=+$/, '');
+      assert.equal(e.headers['e2b-signature'], e2b, `the e2b-signature of ${e.body}`);
+      assert.equal(e.headers['e2b-signature-version'], 'v1');
+      assert.ok(e.headers['e2b-webhook-id'] && e.headers['e2b-delivery-id'], JSON.stringify(e.headers));
     }
     const seen = mine.map(e => e.json.eventLabel);
     return labels.every(l => seen.includes(l)) && mine;

@@ -186,6 +186,8 @@ TEST(SandboxWebhooks, RefusedWithoutASecretOrAnHttpUrl) {
   EXPECT_EQ(sig.size(), 7u + 64u);
   EXPECT_EQ(sig, (*hooks)->signature("payload"));
   EXPECT_NE(sig, (*hooks)->signature("payload2"));
+  // E2B's e2b-signature: base64(SHA-256(secret ‖ body)) without padding (Python's hashlib).
+  EXPECT_EQ((*hooks)->e2b_signature("payload"), "6C4xKVuumFQDzs0kz7f7QUqoL/gYzomIy9hNSYL7wQ0");
 }
 
 }  // namespace

@@ -64,19 +64,24 @@ std::shared_ptr<Process> Process::create(std::unique_ptr<kernel::JailCommand> co
                                          ProcessHooks hooks) {
   std::shared_ptr<Process> p(new Process(std::move(command), std::move(config), std::move(hooks)));
   p->wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  // Input goes through copies of the descriptors, under in_mu_, so a slow reader of its stdin
+  // never holds up the pump.
+  UniqueFd input;
   {
     MutexLock lock(p->mu_);
     p->pid_ = p->command_->pid();
     p->pty_ = p->command_->pty();
-    // Input goes through copies of the descriptors, under in_mu_, so a slow reader of its stdin
-    // never holds up the pump.
     if (p->pty_) {
-      p->input_.reset(::fcntl(p->command_->pty_fd(), F_DUPFD_CLOEXEC, 3));
+      input.reset(::fcntl(p->command_->pty_fd(), F_DUPFD_CLOEXEC, 3));
     } else if (stdin_open) {
-      p->input_.reset(::fcntl(p->command_->stdin_fd(), F_DUPFD_CLOEXEC, 3));
+      input.reset(::fcntl(p->command_->stdin_fd(), F_DUPFD_CLOEXEC, 3));
     }
     p->command_->close_stdin();
-    set_nonblocking(p->input_.get());
+  }
+  set_nonblocking(input.get());
+  {
+    MutexLock in(p->in_mu_);
+    p->input_ = std::move(input);
   }
   return p;
 }

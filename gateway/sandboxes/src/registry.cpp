@@ -64,7 +64,6 @@ SandboxRegistry::SandboxRegistry(kernels::KernelRegistry& kernels, execute::Exec
                                  util::Loop& loop, util::Offload offload, SandboxOptions options)
     : kernels_(kernels),
       executor_(executor),
-      loop_(loop),
       strand_(loop.strand()),
       offload_(std::move(offload)),
       options_(std::move(options)) {}

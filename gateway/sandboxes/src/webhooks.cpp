@@ -1,10 +1,12 @@
 #include "cellgate/sandboxes/webhooks.hpp"
 
+#include <openssl/evp.h>
 #include <spdlog/spdlog.h>
 
 #include <nlohmann/json.hpp>
 
 #include "cellgate/protocol/message.hpp"
+#include "cellgate/util/text.hpp"
 
 namespace cellgate::sandboxes {
 
@@ -52,21 +54,44 @@ std::string Webhooks::signature(std::string_view body) const {
   return "sha256=" + signer_.sign(body, "", "", "");
 }
 
+std::string Webhooks::e2b_signature(std::string_view body) const {
+  std::string data = options_.secret;
+  data.append(body);
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  if (EVP_Digest(data.data(), data.size(), digest, &size, EVP_sha256(), nullptr) != 1) {
+    return "";
+  }
+  std::string text = util::base64_encode(
+      std::string_view(reinterpret_cast<const char*>(digest), static_cast<std::size_t>(size)));
+  while (!text.empty() && text.back() == '=') {
+    text.pop_back();
+  }
+  return text;
+}
+
 void Webhooks::emit(std::string_view label, const Sandbox& sandbox) {
   const std::string payload = body(label, sandbox);
   const std::string signed_as = signature(payload);
-  for (const auto& url : urls_) {
+  const std::string e2b_signed = e2b_signature(payload);
+  for (std::size_t i = 0; i < urls_.size(); ++i) {
+    const auto& url = urls_[i];
+    const std::string webhook_id = "cellgate-webhook-" + std::to_string(i + 1);
     if (in_flight_->fetch_add(1) >= options_.max_in_flight) {
       in_flight_->fetch_sub(1);
       spdlog::warn("webhook {}:{}{}: {} deliveries wait already; {} of sandbox {} dropped",
                    url.host, url.port, url.base, options_.max_in_flight, label, sandbox.id);
       continue;
     }
-    offload_([url, payload, signed_as, timeout = options_.timeout, in_flight = in_flight_,
-              what = std::string(label) + " of sandbox " + sandbox.id] {
+    offload_([url, payload, signed_as, e2b_signed, webhook_id, timeout = options_.timeout,
+              in_flight = in_flight_, what = std::string(label) + " of sandbox " + sandbox.id] {
       // The URL's path is its base: the target below it is empty.
       http::client::Client client(url, "", "cellgate-webhook",
-                                  {{"X-Cellgate-Signature", signed_as}});
+                                  {{"X-Cellgate-Signature", signed_as},
+                                   {"e2b-signature-version", "v1"},
+                                   {"e2b-signature", e2b_signed},
+                                   {"e2b-webhook-id", webhook_id},
+                                   {"e2b-delivery-id", protocol::new_uuid()}});
       auto sent = client.request("POST", url.base.empty() ? "/" : "", payload, timeout);
       if (!sent) {
         spdlog::warn("webhook: {}: {}", what, sent.error().message);

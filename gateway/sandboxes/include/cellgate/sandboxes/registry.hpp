@@ -172,7 +172,6 @@ class SandboxRegistry {
 
   kernels::KernelRegistry& kernels_;
   execute::Executor& executor_;
-  util::Loop& loop_;
   std::shared_ptr<util::Strand> strand_;
   util::Offload offload_;
   const SandboxOptions options_;

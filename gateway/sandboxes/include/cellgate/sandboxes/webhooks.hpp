@@ -2,7 +2,10 @@
 // snapshotted, killed), POSTed as JSON to every URL the operator configured (`serve
 // --e2b-webhook URL --e2b-webhook-secret-file FILE`), signed: `X-Cellgate-Signature:
 // sha256=<hex>`, the HMAC-SHA256 of the body under the shared secret (protocol::Signer, the
-// Jupyter wire's own signer). The body:
+// Jupyter wire's own signer). Each delivery also carries E2B's own headers, so a receiver written
+// for E2B's webhooks verifies it unchanged: `e2b-signature-version: v1`, `e2b-signature` (the
+// unpadded base64 of SHA-256 over the secret followed by the body), `e2b-webhook-id` (one per
+// configured URL) and `e2b-delivery-id` (one per delivery). The body:
 //
 //   {"id", "type": "sandbox.lifecycle.killed", "eventCategory": "lifecycle", "eventLabel":
 //    "killed", "sandboxId", "sandboxTemplateId", "sandboxTeamId" (the tenant, or "operator"),
@@ -49,6 +52,8 @@ class Webhooks {
   // The body emit() sends and its signature header's value (tests; receivers' documentation).
   static std::string body(std::string_view label, const Sandbox& sandbox);
   std::string signature(std::string_view body) const;
+  // E2B's `e2b-signature`: base64 of SHA-256(secret ‖ body), without its `=` padding.
+  std::string e2b_signature(std::string_view body) const;
 
  private:
   Webhooks(WebhookOptions options, std::vector<http::client::Url> urls, protocol::Signer signer,
