@@ -62,7 +62,7 @@ std::string Webhooks::e2b_signature(std::string_view body) const {
   if (EVP_Digest(data.data(), data.size(), digest, &size, EVP_sha256(), nullptr) != 1) {
     return "";
   }
-  std::string text = util::base64_encode(
+  std::string text = base64_encode(
       std::string_view(reinterpret_cast<const char*>(digest), static_cast<std::size_t>(size)));
   while (!text.empty() && text.back() == '=') {
     text.pop_back();
