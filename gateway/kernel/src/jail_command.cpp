@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cellgate/sys/seqpacket.hpp"
+#include "spawn.hpp"
 
 namespace cellgate::kernel {
 namespace {
@@ -97,28 +98,8 @@ Result<std::unique_ptr<JailCommand>> JailCommand::start(const JailTarget& target
   }
   posix_spawn_file_actions_adddup2(&actions, theirs.get(), kCommandControlFd);
   posix_spawn_file_actions_addclosefrom_np(&actions, kCommandControlFd + 1);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t none, all_default;
-  sigemptyset(&none);
-  sigfillset(&all_default);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &all_default);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  std::vector<char*> argv, envp;
-  for (auto& a : args) {
-    argv.push_back(a.data());
-  }
-  argv.push_back(nullptr);
-  std::vector<std::string> env = target.launcher_env;
-  for (auto& e : env) {
-    envp.push_back(e.data());
-  }
-  envp.push_back(nullptr);
-  const int rc =
-      ::posix_spawn(&c->launcher_, args[0].c_str(), &actions, &attr, argv.data(), envp.data());
+  const int rc = detail::spawn_clean(&c->launcher_, actions, args, target.launcher_env);
   posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
   if (rc != 0) {
     c->launcher_ = -1;
     return errno_error(ErrorCode::kFailedPrecondition, "launcher_missing",

@@ -22,6 +22,7 @@
 #include "cellgate/sys/proc.hpp"
 #include "cellgate/util/descriptors.hpp"
 #include "cellgate/util/fs.hpp"
+#include "spawn.hpp"
 
 namespace cellgate::kernel {
 namespace {
@@ -93,28 +94,9 @@ Result<pid_t> spawn_with_status_fd(std::vector<std::string> argv, std::vector<st
                                    O_WRONLY | O_CREAT | O_APPEND, 0600);
   posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
   posix_spawn_file_actions_addclosefrom_np(&actions, kLauncherStatusFd + 1);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t none, all_default;
-  sigemptyset(&none);
-  sigfillset(&all_default);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &all_default);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  std::vector<char*> cargv;
-  for (auto& a : argv) {
-    cargv.push_back(a.data());
-  }
-  cargv.push_back(nullptr);
-  std::vector<char*> cenv;
-  for (auto& e : env) {
-    cenv.push_back(e.data());
-  }
-  cenv.push_back(nullptr);
   pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, argv[0].c_str(), &actions, &attr, cargv.data(), cenv.data());
+  const int rc = detail::spawn_clean(&pid, actions, argv, std::move(env));
   posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
   if (rc != 0) {
     return errno_error(ErrorCode::kFailedPrecondition, "spawn", "posix_spawn('" + argv[0] + "')",
                        rc);

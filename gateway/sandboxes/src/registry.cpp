@@ -367,6 +367,24 @@ void SandboxRegistry::arm_locked(Entry& entry) {
       strand_->at(when, [this, id = entry.sandbox.id] { offload_([this, id] { expire(id); }); });
 }
 
+Error SandboxRegistry::checkpoint_refused(Error e, const std::string& id, std::string_view doing) {
+  e.message = "sandbox " + id + " cannot be " + std::string(doing) + ": " + e.message;
+  if (e.reason != "checkpoints_unavailable" && e.code == ErrorCode::kFailedPrecondition) {
+    e.code = ErrorCode::kInvalidArgument;  // 409 would tell the SDK "paused already"
+  }
+  return e;
+}
+
+void SandboxRegistry::mark_paused(const std::string& id) {
+  MutexLock lock(mu_);
+  if (auto it = entries_.find(id); it != entries_.end()) {
+    it->second.sandbox.state = State::kPaused;
+    save_locked(it->second.sandbox);
+    arm_locked(it->second);
+    emit("paused", it->second.sandbox);
+  }
+}
+
 void SandboxRegistry::expire(const std::string& id) {
   OnTimeout action = OnTimeout::kKill;
   std::string kernel_id;
@@ -387,13 +405,7 @@ void SandboxRegistry::expire(const std::string& id) {
   if (action == OnTimeout::kPause) {
     auto paused = when_idle<kernels::KernelModel>([&] { return kernels_.hibernate(kernel_id); });
     if (paused || paused.error().reason == "hibernated") {
-      MutexLock lock(mu_);
-      if (auto it = entries_.find(id); it != entries_.end()) {
-        it->second.sandbox.state = State::kPaused;
-        save_locked(it->second.sandbox);
-        arm_locked(it->second);
-        emit("paused", it->second.sandbox);
-      }
+      mark_paused(id);
       spdlog::info("sandbox {}: its timeout passed; paused", id);
       return;
     }
@@ -465,20 +477,9 @@ Result<bool> SandboxRegistry::pause(const Caller& caller, const std::string& id)
     if (paused.error().reason == "hibernated") {
       return false;
     }
-    Error e = paused.error();
-    e.message = "sandbox " + id + " cannot be paused: " + e.message;
-    if (e.reason != "checkpoints_unavailable" && e.code == ErrorCode::kFailedPrecondition) {
-      e.code = ErrorCode::kInvalidArgument;  // 409 would tell the SDK "paused already"
-    }
-    return e;
+    return checkpoint_refused(paused.error(), id, "paused");
   }
-  MutexLock lock(mu_);
-  if (auto it = entries_.find(id); it != entries_.end()) {
-    it->second.sandbox.state = State::kPaused;
-    save_locked(it->second.sandbox);
-    arm_locked(it->second);
-    emit("paused", it->second.sandbox);
-  }
+  mark_paused(id);
   spdlog::info("sandbox {} paused", id);
   return true;
 }

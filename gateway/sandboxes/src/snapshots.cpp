@@ -47,12 +47,7 @@ Result<SnapshotRecord> SandboxRegistry::snapshot(const Caller& caller, const std
   }
   auto taken = when_idle<kernels::SnapshotModel>([&] { return kernels_.snapshot(s.kernel_id); });
   if (!taken) {
-    Error e = taken.error();
-    e.message = "sandbox " + id + " cannot be snapshotted: " + e.message;
-    if (e.reason != "checkpoints_unavailable" && e.code == ErrorCode::kFailedPrecondition) {
-      e.code = ErrorCode::kInvalidArgument;
-    }
-    return e;
+    return checkpoint_refused(taken.error(), id, "snapshotted");
   }
   SnapshotRecord r;
   r.id = taken->id;
@@ -131,12 +126,7 @@ Result<std::vector<Result<Sandbox>>> SandboxRegistry::fork(const Caller& caller,
   auto copies = when_idle<std::vector<kernels::KernelModel>>(
       [&] { return kernels_.fork(s.kernel_id, request.count); });
   if (!copies) {
-    Error e = copies.error();
-    e.message = "sandbox " + id + " cannot be forked: " + e.message;
-    if (e.reason != "checkpoints_unavailable" && e.code == ErrorCode::kFailedPrecondition) {
-      e.code = ErrorCode::kInvalidArgument;
-    }
-    return e;
+    return checkpoint_refused(copies.error(), id, "forked");
   }
   CreateRequest like;
   like.timeout_seconds = request.timeout_seconds;

@@ -156,6 +156,11 @@ class SandboxRegistry {
                                const CreateRequest& request, bool set_up);
   Result<void> admit(const Caller& caller) const;
   void arm_locked(Entry& entry) CELLGATE_REQUIRES(mu_);
+  // A checkpoint's refusal as the SDK reads it: the sandbox named, and a busy or unsuitable
+  // kernel (kFailedPrecondition) as 400, since 409 would tell the SDK "paused already".
+  static Error checkpoint_refused(Error e, const std::string& id, std::string_view doing);
+  // Its kernel hibernated: the record says paused (saved), its timer re-armed, "paused" sent.
+  void mark_paused(const std::string& id) CELLGATE_EXCLUDES(mu_);
   void note_owner(const Sandbox& s) const;                    // in options_.owners
   void emit(std::string_view label, const Sandbox& s) const;  // to options_.webhooks
   void expire(const std::string& id);
