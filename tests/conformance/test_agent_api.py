@@ -162,9 +162,13 @@ class Server:
 
     def execute(self, kid, code, timeout=30, **extra):
         """The JSON answer of POST /api/kernels/{kid}/execute; asserts 200."""
-        status, answer = self.json("POST", f"/api/kernels/{kid}/execute",
-                                   {"code": code, "timeout": timeout, **extra},
-                                   timeout=timeout + GRACE + 60)
+        try:
+            status, answer = self.json("POST", f"/api/kernels/{kid}/execute",
+                                       {"code": code, "timeout": timeout, **extra},
+                                       timeout=timeout + GRACE + 60)
+        except TimeoutError:  # seen once on a loaded machine: say what the gateway was doing
+            raise AssertionError(f"execute (timeout {timeout}) got no answer within "
+                                 f"{timeout + GRACE + 60} s\n{self.diagnostics()}") from None
         assert status == 200, f"execute answered {status}: {answer}\n{self.diagnostics()}"
         return answer
 
