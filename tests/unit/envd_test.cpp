@@ -1,6 +1,6 @@
 // envd's Connect protocol and its refusals (gateway/envd), without a jail: unknown sandboxes,
-// tokens, /health, malformed envelopes and messages; signed /files URLs; gzip's bounds. The commands themselves run in real jails
-// in tests/js/e2b_envd.test.mjs and jail.Modes/JailExec.*.
+// tokens, /health, malformed envelopes and messages; signed /files URLs; gzip's bounds. The
+// commands themselves run in real jails in tests/js/e2b_envd.test.mjs and jail.Modes/JailExec.*.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -215,10 +215,10 @@ TEST(EnvdSignature, ChecksOperationUserTokenAndTime) {
   other_user.user = "";
   EXPECT_EQ(check_file_signature(other_user, "sesame", 1), SignatureCheck::kWrong);
   EXPECT_FALSE(*parse_file_signature(http::Verb::get, {{"path", "x"}}));  // unsigned
-  EXPECT_FALSE(parse_file_signature(http::Verb::get, {{"signature", "v1_x"},
-                                                      {"signature_expiration", "soon"}}));
-  EXPECT_FALSE(parse_file_signature(http::Verb::get, {{"signature", "v1_x"},
-                                                      {"signature_expiration", "-1"}}));
+  EXPECT_FALSE(parse_file_signature(http::Verb::get,
+                                    {{"signature", "v1_x"}, {"signature_expiration", "soon"}}));
+  EXPECT_FALSE(parse_file_signature(http::Verb::get,
+                                    {{"signature", "v1_x"}, {"signature_expiration", "-1"}}));
 }
 
 TEST_F(EnvdRefusals, SignedFileUrlsWithAndWithoutTheSandboxHeader) {

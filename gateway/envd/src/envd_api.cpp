@@ -134,7 +134,8 @@ std::optional<SandboxTarget> EnvdApi::authorize(const http::Request& req,
                        ? parse_file_signature(req.method(), target.query)
                        : Result<std::optional<FileSignature>>(std::optional<FileSignature>());
   auto rest_error = [&](int status, const std::string& message) {
-    exchange.reply(unary_response(req, status, json{{"code", status}, {"message", message}}.dump()));
+    exchange.reply(
+        unary_response(req, status, json{{"code", status}, {"message", message}}.dump()));
     return std::nullopt;
   };
   if (!signature) {
@@ -166,9 +167,8 @@ std::optional<SandboxTarget> EnvdApi::authorize(const http::Request& req,
     return rest_error(401, "invalid signature");
   }
   if (!sandbox) {
-    exchange.reply(unary_error(
-        req, make_error(ErrorCode::kNotFound, "no_such_sandbox",
-                        "sandbox '" + id.substr(0, 128) + "' not found")));
+    exchange.reply(unary_error(req, make_error(ErrorCode::kNotFound, "no_such_sandbox",
+                                               "sandbox '" + id.substr(0, 128) + "' not found")));
     return std::nullopt;
   }
   if (!sandbox->access_token.empty() &&
@@ -213,8 +213,7 @@ void EnvdApi::handle(http::Request req, std::shared_ptr<http::Exchange> exchange
                                     "no route for " + std::string(req.target()).substr(0, 256))));
   }
   const std::string method = target.path.substr(fs ? fs_prefix.size() : prefix.size());
-  const bool streaming =
-      fs ? method == "WatchDir" : (method == "Start" || method == "Connect");
+  const bool streaming = fs ? method == "WatchDir" : (method == "Start" || method == "Connect");
   Call call{std::move(req), std::move(exchange), *sandbox, {}};
   std::string text = call.req.body();
   if (streaming) {

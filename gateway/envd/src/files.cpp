@@ -221,9 +221,9 @@ void EnvdApi::files(http::Request req, std::shared_ptr<http::Exchange> ex,
     if (gzipped) {
       auto plain = gunzip(req.body(), options_.max_upload_bytes);
       if (!plain) {
-        return ex->reply(rest_error(
-            req, plain.error().code == ErrorCode::kResourceExhausted ? 413 : 400,
-            plain.error().message));
+        return ex->reply(rest_error(req,
+                                    plain.error().code == ErrorCode::kResourceExhausted ? 413 : 400,
+                                    plain.error().message));
       }
       inflated = std::move(plain).value();
     }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <limits>
 
 namespace cellgate::envd {
 namespace {
@@ -64,6 +65,9 @@ std::string GzipWriter::finish() {
 }
 
 Result<std::string> gunzip(std::string_view gz, std::size_t limit) {
+  if (gz.size() > std::numeric_limits<uInt>::max()) {
+    return bad_gzip("the gzip data exceeds 4 GiB");
+  }
   z_stream z{};
   if (inflateInit2(&z, kGzipWindow) != Z_OK) {
     return make_error(ErrorCode::kInternal, "zlib", "inflateInit2 failed (out of memory?)");
@@ -82,9 +86,9 @@ Result<std::string> gunzip(std::string_view gz, std::size_t limit) {
     const int rc = inflate(&z, Z_NO_FLUSH);
     const std::size_t n = sizeof buf - z.avail_out;
     if (out.size() + n > limit) {
-      return make_error(ErrorCode::kResourceExhausted, "too_large",
-                        "the gzip upload inflates past " + std::to_string(limit) +
-                            " bytes (the upload limit)");
+      return make_error(
+          ErrorCode::kResourceExhausted, "too_large",
+          "the gzip upload inflates past " + std::to_string(limit) + " bytes (the upload limit)");
     }
     out.append(buf, n);
     if (rc == Z_STREAM_END) {
@@ -129,8 +133,7 @@ bool accepts_gzip(std::string_view value) {
                                 [](unsigned char c) { return std::isspace(c) != 0; }),
                  params.end());
     // q=0, q=0., q=0.0, q=0.00, q=0.000 refuse; any other q accepts.
-    return !(params.rfind("q=0", 0) == 0 &&
-             params.find_first_not_of("0.", 2) == std::string::npos);
+    return !(params.rfind("q=0", 0) == 0 && params.find_first_not_of("0.", 2) == std::string::npos);
   }
   return false;
 }

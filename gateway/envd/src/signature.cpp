@@ -24,7 +24,8 @@ Result<std::optional<FileSignature>> parse_file_signature(
   }
   if (auto e = query.find("signature_expiration"); e != query.end()) {
     const std::string& text = e->second;
-    if (text.empty() || text.size() > 12 || text.find_first_not_of("0123456789") != std::string::npos) {
+    if (text.empty() || text.size() > 12 ||
+        text.find_first_not_of("0123456789") != std::string::npos) {
       return make_error(ErrorCode::kInvalidArgument, "bad_signature",
                         "signature_expiration must be unix seconds");
     }
@@ -33,12 +34,10 @@ Result<std::optional<FileSignature>> parse_file_signature(
   return std::optional<FileSignature>(std::move(out));
 }
 
-std::string file_signature(std::string_view path, std::string_view operation,
-                           std::string_view user, std::string_view token,
-                           std::optional<std::int64_t> expiration) {
+std::string file_signature(std::string_view path, std::string_view operation, std::string_view user,
+                           std::string_view token, std::optional<std::int64_t> expiration) {
   std::string raw;
-  raw.append(path).append(":").append(operation).append(":").append(user).append(":").append(
-      token);
+  raw.append(path).append(":").append(operation).append(":").append(user).append(":").append(token);
   if (expiration) {
     raw.append(":").append(std::to_string(*expiration));
   }

@@ -32,9 +32,8 @@ DirWatch::DirWatch(WatchHooks hooks) : hooks_(std::move(hooks)) {
 
 void DirWatch::run(std::function<Result<kernel::JailTarget>()> target,
                    kernel::CommandRequest request, http::Request req, Watcher watcher) {
-  std::thread([self = shared_from_this(), target = std::move(target),
-               request = std::move(request), req = std::move(req),
-               watcher = std::move(watcher)]() mutable {
+  std::thread([self = shared_from_this(), target = std::move(target), request = std::move(request),
+               req = std::move(req), watcher = std::move(watcher)]() mutable {
     self->serve(target, request, req, watcher);
     if (self->hooks_.on_finished) {
       self->hooks_.on_finished(self.get());
@@ -54,8 +53,7 @@ void DirWatch::stop() {
 }
 
 void DirWatch::serve(const std::function<Result<kernel::JailTarget>()>& target,
-                     const kernel::CommandRequest& request, const http::Request& req,
-                     Watcher& w) {
+                     const kernel::CommandRequest& request, const http::Request& req, Watcher& w) {
   http::Exchange& ex = *w.exchange;
   auto jail = target();
   if (!jail) {
@@ -101,9 +99,10 @@ void DirWatch::serve(const std::function<Result<kernel::JailTarget>()>& target,
   for (;;) {
     const auto now = Clock::now();
     if (stopping_.load()) {
-      return begun ? ex.abort() : stream_error(ex, req, make_error(ErrorCode::kUnavailable,
-                                                                   "shutting_down",
-                                                                   "the gateway is stopping"));
+      return begun ? ex.abort()
+                   : stream_error(ex, req,
+                                  make_error(ErrorCode::kUnavailable, "shutting_down",
+                                             "the gateway is stopping"));
     }
     if (w.deadline && now >= *w.deadline) {
       const Error e = make_error(ErrorCode::kDeadlineExceeded, "deadline_exceeded",
@@ -133,8 +132,8 @@ void DirWatch::serve(const std::function<Result<kernel::JailTarget>()>& target,
       second = now;
       sent_this_second = 0;
     }
-    const bool paused = (begun && ex.unsent() > kHighWater) ||
-                        sent_this_second >= kMaxEventsPerSecond;
+    const bool paused =
+        (begun && ex.unsent() > kHighWater) || sent_this_second >= kMaxEventsPerSecond;
     if (paused) {
       next = std::min(next, now + std::chrono::milliseconds(20));
     }
@@ -190,8 +189,9 @@ void DirWatch::serve(const std::function<Result<kernel::JailTarget>()>& target,
   // The watcher ended: its error, the watched directory gone (a clean end), or the sandbox gone.
   if (hooks_.sandbox_alive && !hooks_.sandbox_alive()) {
     return begun ? ex.abort()
-                 : stream_error(ex, req, make_error(ErrorCode::kUnavailable, "sandbox_gone",
-                                                    "the sandbox is not running"));
+                 : stream_error(ex, req,
+                                make_error(ErrorCode::kUnavailable, "sandbox_gone",
+                                           "the sandbox is not running"));
   }
   if (!begun) {
     return stream_error(ex, req,
@@ -200,8 +200,8 @@ void DirWatch::serve(const std::function<Result<kernel::JailTarget>()>& target,
                                            "the watcher ended before it started (exit " +
                                                std::to_string(cmd->exited()->exit_code) + ")"));
   }
-  ex.write(end_of_stream(error ? std::optional<ConnectError>(connect_error(*error))
-                               : std::nullopt));
+  ex.write(
+      end_of_stream(error ? std::optional<ConnectError>(connect_error(*error)) : std::nullopt));
   ex.end();
 }
 

@@ -34,9 +34,8 @@ Result<std::optional<FileSignature>> parse_file_signature(
     http::Verb method, const std::map<std::string, std::string>& query);
 
 // "v1_…" for these fields under `token`.
-std::string file_signature(std::string_view path, std::string_view operation,
-                           std::string_view user, std::string_view token,
-                           std::optional<std::int64_t> expiration);
+std::string file_signature(std::string_view path, std::string_view operation, std::string_view user,
+                           std::string_view token, std::optional<std::int64_t> expiration);
 
 enum class SignatureCheck { kValid, kWrong, kExpired };
 // Compares in constant time; kExpired only for a signature that is right but past its time.
