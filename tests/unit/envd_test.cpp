@@ -3,8 +3,14 @@
 // commands themselves run in real jails in tests/js/e2b_envd.test.mjs and jail.Modes/JailExec.*.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "cellgate/envd/connect.hpp"
 #include "cellgate/envd/envd_api.hpp"
@@ -181,6 +187,71 @@ TEST_F(EnvdRefusals, WatchDirRefusesABadPathInTheStream) {
                             .body()
                             .substr(5))["error"]["code"],
             "invalid_argument");  // not an envelope
+}
+
+// The 17th live WatchDir stream of a sandbox is refused; once streams end, their places free up.
+// (The watchers here wait in jail_of, which then fails: no jail in a unit test.)
+TEST(EnvdWatch, SixteenLiveWatchesASandbox) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  EnvdOptions o;
+  o.find = [](std::string_view id) -> std::optional<SandboxTarget> {
+    return SandboxTarget{std::string(id), "k-" + std::string(id), "", "", true};
+  };
+  o.jail_of = [&](const std::string&) -> Result<kernel::JailTarget> {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return release; });
+    return make_error(ErrorCode::kFailedPrecondition, "no_jail", "no jail in a unit test");
+  };
+  o.offload = [](std::function<void()> f) { f(); };
+  auto api = std::make_unique<EnvdApi>(std::move(o));
+  std::atomic<int> ended{0};
+  std::vector<std::string> codes(20);
+  auto watch = [&](const std::string& sandbox, std::size_t slot) {
+    http::Request req{http::Verb::post, "/filesystem.Filesystem/WatchDir", 11};
+    req.set("E2b-Sandbox-Id", sandbox);
+    req.body() = envelope(R"({"path":"/home/user"})");
+    api->handle(std::move(req), std::make_shared<http::LambdaExchange>([&, slot](http::Response r) {
+                  codes[slot] = json::parse(r.body().substr(5))["error"]["code"];
+                  ++ended;
+                }));
+  };
+  auto wait_ended = [&](int n) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (ended.load() < n) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << ended.load() << " of " << n;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  };
+  for (std::size_t i = 0; i < 16; ++i) {
+    watch("a", i);
+  }
+  watch("a", 16);
+  wait_ended(1);
+  EXPECT_EQ(codes[16], "resource_exhausted");
+  watch("b", 17);  // another sandbox has places of its own
+  EXPECT_EQ(ended.load(), 1);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  wait_ended(18);
+  EXPECT_EQ(codes[0], "failed_precondition");
+  EXPECT_EQ(codes[17], "failed_precondition");
+  // The ended streams leave (just after their last byte): sandbox a takes watches again.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (int n = 19;; ++n) {
+    watch("a", 18);
+    wait_ended(n);
+    if (codes[18] != "resource_exhausted") {
+      break;
+    }
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the ended watches never left";
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(codes[18], "failed_precondition");
 }
 
 // Known answers computed apart (Python's hashlib and base64), as the SDK's signature.ts forms them.

@@ -73,6 +73,18 @@ http::Response rest_error(const http::Request& req, int status, const std::strin
   return unary_response(req, status, json{{"code", status}, {"message", message}}.dump());
 }
 
+// The error a program in the jail reported ({"code": <status>, "message"}), read as hostile:
+// a status outside 400–599 or a field of another type is `otherwise`'s.
+http::Response reported_error(const http::Request& req, const json& e, int otherwise) {
+  int status = otherwise;
+  if (e.contains("code") && e["code"].is_number_integer()) {
+    const auto code = e["code"].get<long long>();
+    status = code >= 400 && code <= 599 ? static_cast<int>(code) : otherwise;
+  }
+  const bool text = e.contains("message") && e["message"].is_string();
+  return rest_error(req, status, text ? e["message"].get<std::string>() : "the operation failed");
+}
+
 struct Upload {
   std::string path;
   std::string_view data;
@@ -257,8 +269,7 @@ void EnvdApi::files(http::Request req, std::shared_ptr<http::Exchange> ex,
         return ex->reply(rest_error(req, 500, "the upload gave no answer"));
       }
       if (answer.contains("code")) {
-        return ex->reply(rest_error(req, answer.value("code", 500),
-                                    answer.value("message", "the upload failed")));
+        return ex->reply(reported_error(req, answer, 500));
       }
       written.push_back(answer);
     }
@@ -350,7 +361,7 @@ void EnvdApi::read_file(const http::Request& req, const std::shared_ptr<http::Ex
     if (ended && ended->exit_code == 2) {
       const json e = http::parse_json(err);
       if (e.is_object()) {
-        return ex->reply(rest_error(req, e.value("code", 400), e.value("message", "")));
+        return ex->reply(reported_error(req, e, 400));
       }
     }
     if (!ended || ended->exit_code != 0) {

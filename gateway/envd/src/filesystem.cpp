@@ -223,10 +223,14 @@ const char* filesystem_program() {
 }
 
 Error filesystem_error(const nlohmann::json& error) {
-  const std::string code = error.is_object() ? error.value("code", "internal") : "internal";
-  const std::string message = error.is_object()
-                                  ? error.value("message", "the filesystem operation failed")
-                                  : "the filesystem operation failed";
+  // What the program printed is the jail's: a field of another type is no error of ours.
+  const auto text_of = [&](const char* key, const char* otherwise) {
+    return error.is_object() && error.contains(key) && error[key].is_string()
+               ? error[key].get<std::string>()
+               : std::string(otherwise);
+  };
+  const std::string code = text_of("code", "internal");
+  const std::string message = text_of("message", "the filesystem operation failed");
   ErrorCode ec = ErrorCode::kInternal;
   if (code == "not_found") {
     ec = ErrorCode::kNotFound;

@@ -85,7 +85,10 @@ void DirWatch::serve(const std::function<Result<kernel::JailTarget>()>& target,
       ex.write(frame({{"start", json::object()}}));
     } else if (j.contains("filesystem") && j["filesystem"].is_object() && begun) {
       const json& e = j["filesystem"];
-      json event = {{"name", e.value("name", "")}, {"type", e.value("type", "")}};
+      const auto text_of = [&](const char* key) {
+        return e.contains(key) && e[key].is_string() ? e[key].get<std::string>() : std::string();
+      };
+      json event = {{"name", text_of("name")}, {"type", text_of("type")}};
       if (e.contains("entry") && e["entry"].is_object()) {
         event["entry"] = e["entry"];
       }
