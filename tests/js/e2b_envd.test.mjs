@@ -392,6 +392,20 @@ test('watchDir: a missing directory is FileNotFoundError, a file InvalidArgument
   await sbx.files.remove(`/home/user/${dir}`);
 });
 
+test('watchDir: deleting the sandbox cuts the watch (onExit gets the SDK\'s "killed" error)', { timeout: 60_000 }, async () => {
+  const victim = await newSandbox();
+  await victim.files.makeDir('/home/user/w');
+  let exited;
+  const ended = new Promise(resolve => { exited = resolve; });
+  await victim.files.watchDir('/home/user/w', () => {}, { onExit: err => exited(err ?? null) });
+  const deleted = await api('DELETE', `/api/kernels/${victim.sandboxId}`);
+  assert.equal(deleted.status, 204);
+  const err = await ended;
+  assert.ok(err, 'the watch ended cleanly');
+  assert.equal(err.name, 'TimeoutError', String(err));
+  assert.match(String(err), /sandbox was killed or reached its end of life/, String(err));
+});
+
 // GET /files with Accept-Encoding as given, read raw (no decoding by the client).
 function rawGet(route, headers) {
   return new Promise((resolve, reject) => {
