@@ -98,6 +98,14 @@ void DirWatch::serve(const std::function<Result<kernel::JailTarget>()>& target,
       error = filesystem_error(j["error"]);
     }
   };
+  // Ends the stream with an error: in the end-of-stream message, or as the whole answer.
+  auto end_with = [&](const Error& e) {
+    if (!begun) {
+      return stream_error(ex, req, e);
+    }
+    ex.write(end_of_stream(connect_error(e)));
+    ex.end();
+  };
   std::string buf(64 << 10, '\0');
   for (;;) {
     const auto now = Clock::now();
@@ -108,13 +116,8 @@ void DirWatch::serve(const std::function<Result<kernel::JailTarget>()>& target,
                                              "the gateway is stopping"));
     }
     if (w.deadline && now >= *w.deadline) {
-      const Error e = make_error(ErrorCode::kDeadlineExceeded, "deadline_exceeded",
-                                 "the stream's Connect-Timeout-Ms passed");
-      if (!begun) {
-        return stream_error(ex, req, e);
-      }
-      ex.write(end_of_stream(connect_error(e)));
-      return ex.end();
+      return end_with(make_error(ErrorCode::kDeadlineExceeded, "deadline_exceeded",
+                                 "the stream's Connect-Timeout-Ms passed"));
     }
     auto next = now + std::chrono::seconds(1);
     if (begun) {
@@ -175,13 +178,8 @@ void DirWatch::serve(const std::function<Result<kernel::JailTarget>()>& target,
         }
         pending.append(data);
         if (pending.size() > kMaxLine) {
-          const Error e = make_error(ErrorCode::kResourceExhausted, "event_too_large",
-                                     "a watch event exceeds 256 KiB");
-          if (!begun) {
-            return stream_error(ex, req, e);
-          }
-          ex.write(end_of_stream(connect_error(e)));
-          return ex.end();
+          return end_with(make_error(ErrorCode::kResourceExhausted, "event_too_large",
+                                     "a watch event exceeds 256 KiB"));
         }
       }
     }
@@ -196,15 +194,13 @@ void DirWatch::serve(const std::function<Result<kernel::JailTarget>()>& target,
                                 make_error(ErrorCode::kUnavailable, "sandbox_gone",
                                            "the sandbox is not running"));
   }
-  if (!begun) {
-    return stream_error(ex, req,
-                        error ? *error
-                              : make_error(ErrorCode::kInternal, "watch_failed",
-                                           "the watcher ended before it started (exit " +
-                                               std::to_string(cmd->exited()->exit_code) + ")"));
+  if (error || !begun) {
+    return end_with(error ? *error
+                          : make_error(ErrorCode::kInternal, "watch_failed",
+                                       "the watcher ended before it started (exit " +
+                                           std::to_string(cmd->exited()->exit_code) + ")"));
   }
-  ex.write(
-      end_of_stream(error ? std::optional<ConnectError>(connect_error(*error)) : std::nullopt));
+  ex.write(end_of_stream(std::nullopt));
   ex.end();
 }
 
