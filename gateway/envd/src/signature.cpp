@@ -1,9 +1,7 @@
 // Signed /files URLs (signature.hpp).
 #include "cellgate/envd/signature.hpp"
 
-#include <openssl/evp.h>
-
-#include "cellgate/util/text.hpp"
+#include "cellgate/http/digest.hpp"
 
 namespace cellgate::envd {
 
@@ -41,17 +39,8 @@ std::string file_signature(std::string_view path, std::string_view operation, st
   if (expiration) {
     raw.append(":").append(std::to_string(*expiration));
   }
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int size = 0;
-  if (EVP_Digest(raw.data(), raw.size(), digest, &size, EVP_sha256(), nullptr) != 1) {
-    return "";  // matches nothing: check_file_signature refuses an empty expectation
-  }
-  std::string text = base64_encode(
-      std::string_view(reinterpret_cast<const char*>(digest), static_cast<std::size_t>(size)));
-  while (!text.empty() && text.back() == '=') {
-    text.pop_back();
-  }
-  return "v1_" + text;
+  const std::string digest = http::sha256_base64_unpadded(raw);
+  return digest.empty() ? "" : "v1_" + digest;  // "": matches nothing (check_file_signature)
 }
 
 SignatureCheck check_file_signature(const FileSignature& sig, std::string_view token,
