@@ -88,7 +88,9 @@ void stream_timing(const http::Request& req, Watcher& w) {
 EnvdApi::EnvdApi(EnvdOptions options) : options_(std::move(options)) {}
 
 EnvdApi::~EnvdApi() {
+  // Taken out under one lock, stopped outside it (a stop joins its thread).
   std::vector<std::shared_ptr<Process>> all;
+  std::vector<std::shared_ptr<DirWatch>> watches;
   {
     MutexLock lock(mu_);
     for (auto& [kernel, procs] : processes_) {
@@ -96,18 +98,14 @@ EnvdApi::~EnvdApi() {
         all.push_back(p);
       }
     }
-  }
-  for (auto& p : all) {
-    p->stop();
-  }
-  std::vector<std::shared_ptr<DirWatch>> watches;
-  {
-    MutexLock lock(mu_);
     for (auto& [kernel, live] : watches_) {
       for (auto& [raw, w] : live) {
         watches.push_back(w);
       }
     }
+  }
+  for (auto& p : all) {
+    p->stop();
   }
   for (auto& w : watches) {
     w->stop();
