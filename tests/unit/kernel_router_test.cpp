@@ -364,5 +364,25 @@ TEST_F(KernelRouterTest, CloseCancelsWhatIsLeft) {
   EXPECT_EQ(b.ends, std::vector<RequestEnd>{RequestEnd::kCancelled});
 }
 
+// A client destroyed from one of its own handlers leaves its thread to finish the batch in hand,
+// possibly after main() returned: a stopped router checks no signature and calls no handler.
+TEST_F(KernelRouterTest, AStoppedRouterDropsWhatArrivesUnread) {
+  Ended e;
+  auto req = request("execute_request", e);
+  router().stop();
+  from_kernel(Channel::kShell, "execute_reply", json{{"status", "ok"}}, req);
+  status("idle", req);
+  auto wrong_key = protocol::Signer::create("hmac-sha256", "not the key").value();
+  deliver(Channel::kShell,
+          protocol::encode(kernel_session_.make("comm_msg", json::object()), wrong_key));
+  router().on_peer_gone("gone");
+  EXPECT_TRUE(e.types.empty());
+  EXPECT_TRUE(e.ends.empty());
+  EXPECT_TRUE(iopub_.empty());
+  EXPECT_EQ(router().wire_errors(), 0u);
+  EXPECT_TRUE(router().alive());
+  EXPECT_FALSE(router().on_iopub_cut());
+}
+
 }  // namespace
 }  // namespace cellgate::kernel

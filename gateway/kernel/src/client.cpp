@@ -122,6 +122,7 @@ KernelClient::~KernelClient() {
     MutexLock lock(impl_->mu);
     impl_->stopping = true;
   }
+  impl_->router.stop();
   impl_->transport->wake();
   if (impl_->thread.joinable()) {
     if (impl_->thread.get_id() == std::this_thread::get_id()) {

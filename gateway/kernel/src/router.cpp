@@ -65,6 +65,9 @@ void Router::send(Outgoing out) {
 
 void Router::on_frames(Channel channel, std::span<const std::string_view> frames,
                        const std::function<void()>& release) {
+  if (stopped_.load()) {
+    return;
+  }
   if (channel == Channel::kIopub && iopub_drop_pending_) {
     notify_oversized();  // the kernel is alive and publishing: it was no death
   }
@@ -142,7 +145,7 @@ void Router::on_pong() {
 }
 
 bool Router::on_iopub_cut() {
-  return alive_.load();
+  return alive_.load() && !stopped_.load();
 }
 
 void Router::on_iopub_reopened() {
@@ -155,12 +158,18 @@ void Router::on_iopub_reopened() {
 }
 
 void Router::on_peer_gone(const std::string& reason) {
+  if (stopped_.load()) {
+    return;
+  }
   declare_dead(reason);
 }
 
 // ---- time ------------------------------------------------------------------------------------
 
 std::chrono::milliseconds Router::tick() {
+  if (stopped_.load()) {
+    return std::chrono::milliseconds(0);  // the loop ends at its next check
+  }
   auto now = clock_();
   complete_lost_idles(now);
   if (!alive_.load()) {

@@ -78,6 +78,10 @@ class Router : public TransportEvents {
   void on_peer_gone(const std::string& reason) override;
 
   // ---- any thread ----
+  // The client is being destroyed: what arrives from now on is dropped unread (a client
+  // destroyed from one of its own handlers lets its thread finish the batch in hand, and that
+  // thread may outlive main(), so it must touch nothing else: no signature checks, no handlers).
+  void stop() { stopped_.store(true); }
   bool alive() const { return alive_.load(); }
   std::string death_reason() const;
   bool iopub_seen() const { return iopub_seen_.load(); }
@@ -126,6 +130,7 @@ class Router : public TransportEvents {
   Clock::time_point reopened_at_{};
 
   // Read from any thread.
+  std::atomic<bool> stopped_{false};
   std::atomic<bool> alive_{true};
   std::atomic<bool> iopub_seen_{false};
   std::atomic<std::size_t> wire_errors_{0};
