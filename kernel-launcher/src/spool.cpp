@@ -30,7 +30,13 @@ class MsgIdReader : public nlohmann::json_sax<json> {
   bool binary(binary_t&) override { return value(); }
   bool start_object(std::size_t) override {
     at_msg_id_ = false;
-    return ++depth_ <= IopubSpool::kMaxJsonDepth && (depth_ > 1 || !seen_top_++);
+    if (++depth_ == 1) {
+      if (seen_top_) {
+        return false;  // one header, not two
+      }
+      seen_top_ = true;
+    }
+    return depth_ <= IopubSpool::kMaxJsonDepth;
   }
   bool key(string_t& val) override {
     at_msg_id_ = depth_ == 1 && val == "msg_id";

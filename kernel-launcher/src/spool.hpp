@@ -15,7 +15,8 @@
 // no DOM); a message whose header does not say is kept with an empty msg_id (it can be replayed,
 // not asked for).
 //
-// The reply, after a request line `{"after":"<msg_id>"}\n` (or `{}\n`: everything), on the
+// The reply, after a request line `{"after":"<msg_id>"}\n` (or `{}\n`: everything; with
+// "head_only":true the first line alone, count 0), on the
 // launcher's spool socket (launcher.hpp, --spool-socket):
 //   {"found":true,"count":N,"bytes":B,"dropped":D,"dropped_exact":true,"budget":8388608}\n
 //   then N messages, each: u32 frame count, then per frame u32 length and the bytes (little

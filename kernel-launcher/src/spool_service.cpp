@@ -200,7 +200,11 @@ void SpoolService::serve_one() {
     after = it->get<std::string>();
   }
   drain();  // up to date before answering
-  const auto reply = spool_.after(after);
+  auto reply = spool_.after(after);
+  if (auto it = request.find("head_only"); it != request.end() && it->is_boolean() && *it) {
+    reply.messages.clear();
+    reply.bytes = 0;
+  }
   const auto deadline = Clock::now() + kReplyTimeout;
   if (send_all(conn.get(), reply.head(kSpoolBudgetBytes), deadline)) {
     send_all(conn.get(), reply.body(), deadline);

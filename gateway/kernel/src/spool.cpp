@@ -60,7 +60,7 @@ std::uint32_t u32_at(const std::string& s, std::size_t at) {
 }  // namespace
 
 Result<SpooledIopub> fetch_spool(const std::string& socket_path, const std::string& after,
-                                 std::chrono::milliseconds timeout) {
+                                 std::chrono::milliseconds timeout, bool head_only) {
   const auto deadline = Clock::now() + timeout;
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -75,6 +75,9 @@ Result<SpooledIopub> fetch_spool(const std::string& socket_path, const std::stri
   nlohmann::json request = nlohmann::json::object();
   if (!after.empty()) {
     request["after"] = after;
+  }
+  if (head_only) {
+    request["head_only"] = true;
   }
   const std::string line = request.dump() + "\n";
   if (::send(fd.get(), line.data(), line.size(), MSG_NOSIGNAL) !=

@@ -33,7 +33,8 @@ struct SpooledIopub {
 // (kUnavailable), as is a launcher without a spool socket.
 inline constexpr std::size_t kMaxSpoolReplyBytes = std::size_t{16} << 20;
 inline constexpr std::size_t kMaxSpoolFrames = 64;
+// `head_only`: found and dropped, no messages.
 Result<SpooledIopub> fetch_spool(const std::string& socket_path, const std::string& after,
-                                 std::chrono::milliseconds timeout);
+                                 std::chrono::milliseconds timeout, bool head_only = false);
 
 }  // namespace cellgate::kernel
