@@ -169,12 +169,8 @@ IopubSpool::Reply IopubSpool::after(const std::optional<std::string>& msg_id) co
 }
 
 std::string IopubSpool::Reply::head(std::size_t budget) const {
-  json j = {{"found", found},
-            {"count", messages.size()},
-            {"bytes", bytes},
-            {"dropped", dropped},
-            {"dropped_exact", dropped_exact},
-            {"budget", budget}};
+  json j = {{"found", found},     {"count", messages.size()},       {"bytes", bytes},
+            {"dropped", dropped}, {"dropped_exact", dropped_exact}, {"budget", budget}};
   return j.dump() + "\n";
 }
 

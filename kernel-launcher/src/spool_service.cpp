@@ -96,7 +96,8 @@ std::unique_ptr<SpoolService> SpoolService::start(const std::string& iopub_endpo
   socket_path.copy(addr.sun_path, socket_path.size());
   s->listen_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   ::unlink(socket_path.c_str());
-  if (!s->listen_ || ::bind(s->listen_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+  if (!s->listen_ ||
+      ::bind(s->listen_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     warn("bind('" + socket_path + "'): " + sys::error_text(errno) + "; no spool");
     s->listen_.reset();
     return nullptr;

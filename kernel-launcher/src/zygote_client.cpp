@@ -21,8 +21,8 @@
 #include "cellgate/launcher/spec_json.hpp"
 #include "cellgate/unique_fd.hpp"
 #include "host_jail.hpp"
-#include "spool_service.hpp"
 #include "init.hpp"
+#include "spool_service.hpp"
 #include "zygote_wire.hpp"
 
 namespace cellgate::launcher {

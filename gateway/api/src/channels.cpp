@@ -90,9 +90,9 @@ class ChannelBridge : public http::WsHandler,
                 std::function<void()> resume, std::function<Result<nlohmann::json>()> usage)
       : kernel_(std::move(kernel)),
         session_id_(std::move(session_id)),
-        mark_(session_id_.empty() ? nullptr
-                                  : std::make_shared<const DeliveryMark>(
-                                        DeliveryMark{kernel_, session_id_})),
+        mark_(session_id_.empty()
+                  ? nullptr
+                  : std::make_shared<const DeliveryMark>(DeliveryMark{kernel_, session_id_})),
         v1_(v1),
         resume_(std::move(resume)),
         usage_(std::move(usage)) {}

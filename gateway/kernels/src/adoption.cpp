@@ -10,9 +10,9 @@
 #include <sys/mount.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <algorithm>
 #include <set>
 
 #include "cellgate/jail/cgroup.hpp"
@@ -84,9 +84,8 @@ void replay_spool(ManagedKernel& k, const std::string& socket,
     }
   }
   for (const auto& [session, last] : absent) {
-    auto at = std::find_if(all.begin(), all.end(), [&, &last = last](const auto& m) {
-      return m->header().msg_id == last;
-    });
+    auto at = std::find_if(all.begin(), all.end(),
+                           [&, &last = last](const auto& m) { return m->header().msg_id == last; });
     if (at != all.end()) {
       k.add_spooled(session, std::vector<protocol::EnvelopePtr>(at + 1, all.end()), nullptr);
       continue;

@@ -50,8 +50,8 @@ bool whole(const Copy& c) {
 }
 
 Copy* copy_at(unsigned char* map, std::size_t slot, int which) {
-  return reinterpret_cast<Copy*>(map + slot * kSlotBytes + static_cast<std::size_t>(which) *
-                                                               kCopyBytes);
+  return reinterpret_cast<Copy*>(map + slot * kSlotBytes +
+                                 static_cast<std::size_t>(which) * kCopyBytes);
 }
 
 // The newer whole copy of a slot; null when neither is.
@@ -88,8 +88,10 @@ bool DeliveryRecord::open_locked() {
   if (!fd || ::fstat(fd.get(), &st) != 0 ||
       (static_cast<std::size_t>(st.st_size) != kFileBytes &&
        ::ftruncate(fd.get(), static_cast<off_t>(kFileBytes)) != 0)) {
-    spdlog::warn("delivery record {}: {}; output a client missed during a gateway restart is "
-                 "not replayed", path_, sys::error_text(errno));
+    spdlog::warn(
+        "delivery record {}: {}; output a client missed during a gateway restart is "
+        "not replayed",
+        path_, sys::error_text(errno));
     return false;
   }
   void* m = ::mmap(nullptr, kFileBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);

@@ -1,11 +1,12 @@
 #include "cellgate/kernels/managed_kernel.hpp"
-#include "delivery_record.hpp"
 
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <csignal>
 #include <set>
+
+#include "delivery_record.hpp"
 
 namespace cellgate::kernels {
 namespace {
@@ -695,9 +696,8 @@ void ManagedKernel::delivered(const std::string& session_id, const protocol::Env
 std::map<std::string, std::string> ManagedKernel::expect_absent_sessions() {
   auto record = delivery_->read();
   std::vector<std::pair<std::string, DeliveryRecord::Last>> recent(record.begin(), record.end());
-  std::sort(recent.begin(), recent.end(), [](const auto& a, const auto& b) {
-    return a.second.generation > b.second.generation;
-  });
+  std::sort(recent.begin(), recent.end(),
+            [](const auto& a, const auto& b) { return a.second.generation > b.second.generation; });
   if (recent.size() > kMaxOfflineSessions) {
     recent.resize(kMaxOfflineSessions);
   }
