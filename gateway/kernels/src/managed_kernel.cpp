@@ -703,7 +703,8 @@ std::map<std::string, std::string> ManagedKernel::expect_absent_sessions() {
   }
   std::map<std::string, std::string> out;
   MutexLock lock(mu_);
-  for (auto& [session, last] : recent) {
+  for (const auto& entry : recent) {
+    const std::string& session = entry.first;
     const bool known = std::any_of(offline_.begin(), offline_.end(),
                                    [&](const Offline& o) { return o.session_id == session; });
     if (!known && offline_.size() < kMaxOfflineSessions) {
@@ -711,7 +712,7 @@ std::map<std::string, std::string> ManagedKernel::expect_absent_sessions() {
       o.session_id = session;
       offline_.push_back(std::move(o));
     }
-    out[session] = last.msg_id;
+    out[session] = entry.second.msg_id;
   }
   return out;
 }
