@@ -116,7 +116,12 @@ std::unique_ptr<SpoolService> SpoolService::start(const std::string& iopub_endpo
     // No frame larger than the whole budget is ever kept: libzmq drops the connection instead
     // of buffering it (and reconnects).
     sub.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(kSpoolBudgetBytes));
-    sub.set(zmq::sockopt::rcvhwm, 1000);
+    // Few messages wait in the launcher, as in the gateway (zmq_transport.cpp): when it drains
+    // slower than the kernel prints, the rest waits in the kernel's PUB queue (its cgroup's
+    // memory), or is dropped for this subscriber alone. libzmq's default, 1,000 messages of up
+    // to 8 MiB a frame, would let a kernel park gigabytes in its launcher while it answers a
+    // request.
+    sub.set(zmq::sockopt::rcvhwm, 32);
     sub.set(zmq::sockopt::subscribe, "");
     sub.connect(iopub_endpoint);
     s->zmq_->fd = sub.get(zmq::sockopt::fd);

@@ -65,8 +65,14 @@ r=$(run "open('d/up.txt', 'a').write(' and kernel'); print(open('d/up.txt').read
   fail "the gateway does not see the kernel's change"
 
 # Interrupt goes through the broker (the gateway cannot signal the kernel itself).
-( sleep 1.5; curl -sf -H "$H" -X POST "$URL/api/kernels/$kid/interrupt" > /dev/null ) &
-r=$(run "import time; time.sleep(30)")
+# Sent once the cell says it sleeps (a file it writes, read through the gateway), not after a
+# guessed delay: on a loaded machine an interrupt before the cell runs finds the kernel idle.
+( for _ in $(seq 600); do
+    curl -sf -o /dev/null -H "$H" "$URL/api/kernels/$kid/files/sleeping" && break
+    sleep 0.1
+  done
+  curl -sf -H "$H" -X POST "$URL/api/kernels/$kid/interrupt" > /dev/null ) &
+r=$(run "import time; open('sleeping', 'w').close(); time.sleep(30)")
 [ "$(json 'd["error"]["ename"]' <<<"$r")" = "KeyboardInterrupt" ] || fail "not interrupted: $r"
 curl -sf -H "$H" -X POST "$URL/api/kernels/$kid/restart" > /dev/null || fail "restart"
 r=$(run "import os; print(os.path.exists('k.txt'), 'x' in globals())")
