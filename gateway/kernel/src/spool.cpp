@@ -98,7 +98,9 @@ Result<SpooledIopub> fetch_spool(const std::string& socket_path, const std::stri
     return unavailable("a reply of " + std::to_string(bytes) + " bytes");
   }
   in.erase(0, eol + 1);
-  CELLGATE_TRY(read_some(fd.get(), in, bytes, deadline));
+  if (bytes > 0) {  // (read_some's `want` 0 means "a line": a head-only reply has no body)
+    CELLGATE_TRY(read_some(fd.get(), in, bytes, deadline));
+  }
   SpooledIopub out;
   out.found = head.value("found", false);
   out.dropped = head.value("dropped", std::uint64_t{0});

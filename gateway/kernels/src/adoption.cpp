@@ -92,6 +92,11 @@ void replay_spool(ManagedKernel& k, const std::string& socket,
     }
     // Gone from the spool (or never in it): how many went, asked without the messages.
     auto head = kernel::fetch_spool(socket, last, kSpoolTimeout, /*head_only=*/true);
+    spdlog::info("kernel {}: session {} last had {}, gone from the spool: {}", k.id(), session,
+                 last.empty() ? "nothing" : last,
+                 head ? std::to_string(head->dropped) + (head->dropped_exact ? "" : " or fewer") +
+                            " message(s) lost"
+                      : head.error().message);
     protocol::EnvelopePtr notice;
     if (head && head->dropped > 0) {
       notice = lost_notice(head->dropped, head->dropped_exact, all.empty() ? nullptr : all[0]);
