@@ -1,6 +1,7 @@
 // E2B's core SDK (e2b 2.x), unmodified and out of debug mode, driving cellgate's envd (gateway/envd)
 // with E2B_SANDBOX_URL at the E2B port: commands, background processes, stdin, a PTY, a flood
-// of output, and a stream cut when the sandbox (here: a kernel) is deleted. Until the control
+// of output, and a stream cut when the sandbox (here: a kernel) is deleted; the filesystem
+// (WatchDir among it) and /files with gzip. Until the control
 // plane exists, a sandbox id is a running kernel's id and its envd access token the gateway's
 // token; the `Sandbox` object is made the way Sandbox.create() makes it from the API's answer.
 //
@@ -10,13 +11,15 @@ import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { mkdtemp, readFile, readdir, rm } from 'node:fs/promises';
+import http from 'node:http';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { createGzip, gunzipSync } from 'node:zlib';
 
-import { CommandExitError, Sandbox } from 'e2b';
+import { CommandExitError, FileNotFoundError, InvalidArgumentError, Sandbox } from 'e2b';
 
 import { servePort } from './serve_port.mjs';
 
@@ -308,4 +311,171 @@ test('files: write (multipart, several at once), read, empty, missing, in the ja
   await assert.rejects(sbx.files.read('/etc/shadow'), err => /not found/i.test(String(err)));
   await assert.rejects(sbx.files.write('/usr/bin/evil', 'x'));
   await sbx.files.remove('up');
+});
+
+// Polls `probe` (an event's arrival) until it holds, against a generous deadline.
+async function until(probe, what, ms = 30_000) {
+  const deadline = Date.now() + ms;
+  while (!(await probe())) {
+    assert.ok(Date.now() < deadline, `${what}: not within ${ms} ms\n${logTail()}`);
+    await new Promise(resolve => setTimeout(resolve, 20));
+  }
+}
+
+// Host pids whose argv `match`es (the jail's processes are the host's too, in a pid namespace of
+// their own).
+async function hostPids(match) {
+  const out = [];
+  for (const name of await readdir('/proc')) {
+    if (!/^\d+$/.test(name) || Number(name) === process.pid) {
+      continue;
+    }
+    const argv = (await readFile(`/proc/${name}/cmdline`, 'utf8').catch(() => '')).split('\0');
+    if (match(argv)) {
+      out.push(Number(name));
+    }
+  }
+  return out;
+}
+
+test('watchDir: create, write, rename, remove, recursive into a directory made later; stop ends the watcher', { timeout: 90_000 }, async () => {
+  const dir = `watched-${randomBytes(4).toString('hex')}`;
+  await sbx.files.makeDir(`/home/user/${dir}`);
+  const events = [];
+  let exited = null;
+  const handle = await sbx.files.watchDir(`/home/user/${dir}`, e => { events.push(e); }, {
+    recursive: true, includeEntry: true, onExit: err => { exited = err ?? 'clean'; },
+  });
+  const saw = (name, type) => until(() => events.some(e => e.name === name && e.type === type),
+    `${type} ${name} (events: ${JSON.stringify(events.map(e => [e.name, e.type]))})`);
+  await sbx.files.write(`/home/user/${dir}/a.txt`, 'one');
+  await saw('a.txt', 'create');
+  await saw('a.txt', 'write');
+  const created = events.find(e => e.name === 'a.txt' && e.type === 'create');
+  assert.equal(created.entry?.path, `/home/user/${dir}/a.txt`);
+  await sbx.files.rename(`/home/user/${dir}/a.txt`, `/home/user/${dir}/b.txt`);
+  await saw('a.txt', 'rename');
+  await saw('b.txt', 'create');
+  await sbx.commands.run(`chmod 600 ${dir}/b.txt`);
+  await saw('b.txt', 'chmod');
+  await sbx.files.remove(`/home/user/${dir}/b.txt`);
+  await saw('b.txt', 'remove');
+  // Recursive: a directory made after the watch started is watched too.
+  await sbx.files.makeDir(`/home/user/${dir}/sub`);
+  await saw('sub', 'create');
+  await sbx.files.write(`/home/user/${dir}/sub/c.txt`, 'deep');
+  await saw('sub/c.txt', 'create');
+  // The watcher runs in the jail; stopping the handle ends its stream and kills it.
+  const watchers = () => hostPids(argv => argv.includes('watch') && argv.some(a => a.includes(dir)));
+  assert.ok((await watchers()).length >= 1, 'no watcher process seen from the host');
+  await handle.stop();
+  await until(async () => (await watchers()).length === 0, 'the watcher outlived its stream');
+  assert.equal(gw.proc.exitCode, null, logTail());
+  await sbx.files.remove(`/home/user/${dir}`);
+});
+
+test('watchDir: a missing directory is FileNotFoundError, a file InvalidArgumentError', { timeout: 60_000 }, async () => {
+  await assert.rejects(sbx.files.watchDir('/home/user/no-such-dir', () => {}),
+    err => err instanceof FileNotFoundError || (assert.fail(String(err)), false));
+  await sbx.files.write('/home/user/plain.txt', 'x');
+  await assert.rejects(sbx.files.watchDir('/home/user/plain.txt', () => {}),
+    err => err instanceof InvalidArgumentError || (assert.fail(String(err)), false));
+  // Not recursive: a subdirectory's files are not reported, the directory's own are.
+  const dir = `flat-${randomBytes(4).toString('hex')}`;
+  await sbx.commands.run(`mkdir -p ${dir}/inner`);
+  const events = [];
+  const handle = await sbx.files.watchDir(`/home/user/${dir}`, e => { events.push(e); });
+  await sbx.commands.run(`touch ${dir}/inner/hidden.txt; touch ${dir}/shown.txt`);
+  await until(() => events.some(e => e.name === 'shown.txt'), 'shown.txt');
+  assert.equal(events.find(e => e.name.includes('hidden')), undefined, JSON.stringify(events));
+  await handle.stop();
+  await sbx.files.remove(`/home/user/${dir}`);
+});
+
+test('watchDir: deleting the sandbox cuts the watch (onExit gets the SDK\'s "killed" error)', { timeout: 60_000 }, async () => {
+  const victim = await newSandbox();
+  await victim.files.makeDir('/home/user/w');
+  let exited;
+  const ended = new Promise(resolve => { exited = resolve; });
+  await victim.files.watchDir('/home/user/w', () => {}, { onExit: err => exited(err ?? null) });
+  const deleted = await api('DELETE', `/api/kernels/${victim.sandboxId}`);
+  assert.equal(deleted.status, 204);
+  const err = await ended;
+  assert.ok(err, 'the watch ended cleanly');
+  assert.equal(err.name, 'TimeoutError', String(err));
+  assert.match(String(err), /sandbox was killed or reached its end of life/, String(err));
+});
+
+// GET /files with Accept-Encoding as given, read raw (no decoding by the client).
+function rawGet(route, headers) {
+  return new Promise((resolve, reject) => {
+    http.get({ host: '127.0.0.1', port: gw.e2bPort, path: route, headers: {
+      'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '49983', 'X-Access-Token': gw.token, ...headers,
+    } }, res => {
+      const chunks = [];
+      res.on('data', c => chunks.push(c));
+      res.on('end', () => resolve({ status: res.statusCode, headers: res.headers, body: Buffer.concat(chunks) }));
+    }).on('error', reject);
+  });
+}
+
+async function gzipOfZeros(bytes) {
+  const z = createGzip({ level: 9 });
+  const out = [];
+  z.on('data', c => out.push(c));
+  const ended = new Promise(resolve => z.on('end', resolve));
+  const mib = Buffer.alloc(1 << 20);
+  for (let i = 0; i < bytes / mib.length; i++) {
+    if (!z.write(mib)) {
+      await new Promise(resolve => z.once('drain', resolve));
+    }
+  }
+  z.end();
+  await ended;
+  return Buffer.concat(out);
+}
+
+test('files: gzip both ways (the SDK\'s gzip: true); a gzip bomb is 413 and the gateway stays bounded', { timeout: 120_000 }, async () => {
+  const text = 'gzip me, please; '.repeat(200_000);
+  const written = await sbx.files.write('gz/a.txt', text, { gzip: true });
+  assert.equal(written.path, '/home/user/gz/a.txt');
+  assert.equal((await sbx.commands.run('wc -c < gz/a.txt')).stdout.trim(), String(text.length));
+  assert.equal(await sbx.files.read('gz/a.txt', { gzip: true }), text);
+  // On the wire: gzip, and far smaller.
+  const raw = await rawGet('/files?path=gz%2Fa.txt', { 'Accept-Encoding': 'gzip' });
+  assert.equal(raw.status, 200);
+  assert.equal(raw.headers['content-encoding'], 'gzip');
+  assert.ok(raw.body.length < text.length / 20, `${raw.body.length} bytes of gzip`);
+  assert.equal(gunzipSync(raw.body).toString(), text);
+  const plain = await rawGet('/files?path=gz%2Fa.txt', { 'Accept-Encoding': 'identity' });
+  assert.equal(plain.headers['content-encoding'], undefined);
+  assert.equal(plain.body.toString(), text);
+  // 512 MiB of zeros in half a MiB: refused past the body limit, never inflated whole.
+  const bomb = await gzipOfZeros(512 << 20);
+  const before = await gatewayRssKiB();
+  const res = await fetch(`http://127.0.0.1:${gw.e2bPort}/files?path=gz/bomb`, {
+    method: 'POST', body: bomb,
+    headers: {
+      'Content-Type': 'application/octet-stream', 'Content-Encoding': 'gzip',
+      'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '49983', 'X-Access-Token': gw.token,
+    },
+  });
+  const answer = await res.json();
+  assert.equal(res.status, 413, JSON.stringify(answer));
+  assert.equal(answer.code, 413);
+  assert.match(answer.message, /inflates past/);
+  const grown = (await gatewayRssKiB()) - before;
+  assert.ok(grown < 48 * 1024, `the gateway grew by ${grown} KiB for a gzip bomb`);
+  assert.equal(await sbx.files.exists('gz/bomb'), false);
+  // Not gzip at all: 400; the gateway runs on.
+  const junk = await fetch(`http://127.0.0.1:${gw.e2bPort}/files?path=gz/junk`, {
+    method: 'POST', body: 'not gzip',
+    headers: {
+      'Content-Type': 'application/octet-stream', 'Content-Encoding': 'gzip',
+      'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '49983', 'X-Access-Token': gw.token,
+    },
+  });
+  assert.equal(junk.status, 400);
+  assert.equal((await sbx.commands.run('echo alive')).stdout, 'alive\n');
+  await sbx.files.remove('gz');
 });

@@ -361,6 +361,61 @@ test('commands and files run in the sandbox through envd; another sandbox\'s tok
     }
   });
 
+test('signed file URLs (secure sandboxes): plain fetch, no headers; expiry, tampering and another sandbox\'s signature are 401',
+  { timeout: 120_000 }, async () => {
+    const mine = await Sandbox.create(as('alice'));
+    const theirs = await Sandbox.create(as('bob'));
+    try {
+      assert.ok(mine.envdAccessToken, 'Sandbox.create is secure by default');
+      const file = '/home/user/signed.txt';
+      const form = text => {
+        const f = new FormData();
+        f.append('file', new Blob([text]), file);
+        return f;
+      };
+      // One URL for every sandbox (E2B_SANDBOX_URL): the signature alone finds the sandbox.
+      const up = await mine.uploadUrl(file);
+      assert.match(up, /signature=v1_/);
+      const put = await fetch(up, { method: 'POST', body: form('signed upload') });
+      assert.equal(put.status, 200, await put.clone().text());
+      assert.equal((await put.json())[0].path, file);
+      const down = await mine.downloadUrl(file);
+      const got = await fetch(down);
+      assert.equal(got.status, 200);
+      assert.equal(await got.text(), 'signed upload');
+      assert.equal(await mine.files.read(file), 'signed upload');
+      // With an expiration in the future, and one that has passed.
+      const timed = await mine.downloadUrl(file, { useSignatureExpiration: 120 });
+      assert.match(timed, /signature_expiration=\d+/);
+      assert.equal(await (await fetch(timed)).text(), 'signed upload');
+      const timedUp = await mine.uploadUrl(file, { useSignatureExpiration: 120 });
+      assert.equal((await fetch(timedUp, { method: 'POST', body: form('again') })).status, 200);
+      const expired = await fetch(await mine.downloadUrl(file, { useSignatureExpiration: -10 }));
+      assert.equal(expired.status, 401);
+      assert.deepEqual(await expired.json(), { code: 401, message: 'signature is already expired' });
+      // Tampered: another path under the same signature, a changed signature, a read as a write.
+      const url = new URL(down);
+      url.searchParams.set('path', '/home/user/other.txt');
+      assert.equal((await fetch(url)).status, 401);
+      const sig = new URL(down);
+      const s = sig.searchParams.get('signature');
+      sig.searchParams.set('signature', s.slice(0, -1) + (s.endsWith('A') ? 'B' : 'A'));
+      assert.equal((await fetch(sig)).status, 401);
+      assert.equal((await fetch(down, { method: 'POST', body: form('forged') })).status, 401);
+      // Bob's signature for the same path: with Alice's sandbox named, refused; without, it
+      // reaches Bob's sandbox (no such file there), never Alice's file.
+      const bobs = await theirs.downloadUrl(file);
+      const named = await fetch(bobs, { headers: { 'E2b-Sandbox-Id': mine.sandboxId } });
+      assert.equal(named.status, 401);
+      const unnamed = await fetch(bobs);
+      assert.equal(unnamed.status, 404, await unnamed.text());
+      assert.equal(await mine.files.read(file), 'again');
+    } finally {
+      await mine.kill();
+      await theirs.kill();
+    }
+  });
+
 test('tenants: another tenant\'s sandbox is 404, lists are filtered; a bad key is 401',
   { timeout: 120_000 }, async () => {
     const mine = await Sandbox.create(as('alice'));

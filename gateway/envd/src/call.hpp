@@ -46,6 +46,19 @@ inline http::Response stream_head(const http::Request& req) {
   return head;
 }
 
+// A streaming call that fails before its first message: 200, then the end of the stream with
+// the error (Connect's streaming calls carry errors there).
+inline void stream_error(http::Exchange& ex, const http::Request& req, const Error& error) {
+  ex.begin(stream_head(req));
+  ex.write(end_of_stream(connect_error(error)));
+  ex.end();
+}
+
+// The filesystem program (filesystem.cpp): argv[1] the operation, argv[2] its arguments as
+// JSON; and an error it reported ({"code", "message"}) as ours.
+const char* filesystem_program();
+Error filesystem_error(const nlohmann::json& error);
+
 // write(2) to a pipe whose reader is gone raises SIGPIPE, which would end the gateway (it does
 // not ignore it; its sockets use MSG_NOSIGNAL). Held for this thread and consumed, as the
 // launcher's StatusSink does: the write then fails with EPIPE.

@@ -9,10 +9,12 @@
 
 #include "call.hpp"
 #include "cellgate/envd/connect.hpp"
+#include "cellgate/envd/signature.hpp"
 #include "cellgate/http/limits.hpp"
 #include "cellgate/http/router.hpp"
 #include "cellgate/util/text.hpp"
 #include "process.hpp"
+#include "watch.hpp"
 
 namespace cellgate::envd {
 
@@ -31,14 +33,6 @@ std::string header(const http::Request& req, std::string_view name) {
 
 Error bad(std::string message) {
   return make_error(ErrorCode::kInvalidArgument, "bad_request", std::move(message));
-}
-
-// A streaming call that fails before its first message: 200, then the end of the stream with
-// the error (Connect's streaming calls carry errors there).
-void stream_error(http::Exchange& ex, const http::Request& req, const Error& error) {
-  ex.begin(stream_head(req));
-  ex.write(end_of_stream(connect_error(error)));
-  ex.end();
 }
 
 // envd's signal enum ("SIGNAL_SIGKILL") or a number.
@@ -72,6 +66,8 @@ Result<kernel::PtySize> parse_size(const json& pty) {
   return kernel::PtySize{cols, rows};
 }
 
+}  // namespace
+
 // Connect-Timeout-Ms (0 or absent: none), and Keepalive-Ping-Interval (seconds; 50 by default).
 void stream_timing(const http::Request& req, Watcher& w) {
   const std::string timeout = header(req, "Connect-Timeout-Ms");
@@ -89,8 +85,6 @@ void stream_timing(const http::Request& req, Watcher& w) {
   }
 }
 
-}  // namespace
-
 EnvdApi::EnvdApi(EnvdOptions options) : options_(std::move(options)) {}
 
 EnvdApi::~EnvdApi() {
@@ -106,6 +100,18 @@ EnvdApi::~EnvdApi() {
   for (auto& p : all) {
     p->stop();
   }
+  std::vector<std::shared_ptr<DirWatch>> watches;
+  {
+    MutexLock lock(mu_);
+    for (auto& [kernel, live] : watches_) {
+      for (auto& [raw, w] : live) {
+        watches.push_back(w);
+      }
+    }
+  }
+  for (auto& w : watches) {
+    w->stop();
+  }
 }
 
 http::Upgrade EnvdApi::upgrade(const http::Request& req) {
@@ -119,12 +125,68 @@ bool EnvdApi::sandbox_alive(const std::string& sandbox_id) const {
   return t && t->running;
 }
 
+std::optional<SandboxTarget> EnvdApi::authorize(const http::Request& req,
+                                                const http::Target& target,
+                                                http::Exchange& exchange) {
+  const std::string id = header(req, "E2b-Sandbox-Id");
+  auto sandbox = options_.find(id);
+  auto signature = target.path == "/files"
+                       ? parse_file_signature(req.method(), target.query)
+                       : Result<std::optional<FileSignature>>(std::optional<FileSignature>());
+  auto rest_error = [&](int status, const std::string& message) {
+    exchange.reply(
+        unary_response(req, status, json{{"code", status}, {"message", message}}.dump()));
+    return std::nullopt;
+  };
+  if (!signature) {
+    return rest_error(400, signature.error().message);
+  }
+  if (*signature && (!sandbox || !sandbox->access_token.empty()) &&
+      !(sandbox && http::token_equals(header(req, "X-Access-Token"), sandbox->access_token))) {
+    // A signed URL: the named sandbox's token signs it, or (no E2b-Sandbox-Id: one URL for every
+    // sandbox) the control plane's sandbox whose token does; bounded by their number.
+    const auto now = std::chrono::duration_cast<std::chrono::seconds>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count();
+    std::vector<SandboxTarget> candidates;
+    if (sandbox) {
+      candidates.push_back(*sandbox);
+    } else if (id.empty() && options_.all) {
+      candidates = options_.all();
+    }
+    for (auto& c : candidates) {
+      switch (check_file_signature(**signature, c.access_token, now)) {
+        case SignatureCheck::kValid:
+          return std::move(c);
+        case SignatureCheck::kExpired:
+          return rest_error(401, "signature is already expired");
+        case SignatureCheck::kWrong:
+          break;
+      }
+    }
+    return rest_error(401, "invalid signature");
+  }
+  if (!sandbox) {
+    exchange.reply(unary_error(req, make_error(ErrorCode::kNotFound, "no_such_sandbox",
+                                               "sandbox '" + id.substr(0, 128) + "' not found")));
+    return std::nullopt;
+  }
+  if (!sandbox->access_token.empty() &&
+      !http::token_equals(header(req, "X-Access-Token"), sandbox->access_token)) {
+    exchange.reply(
+        unary_error(req, make_error(ErrorCode::kUnauthenticated, "unauthenticated",
+                                    "a valid access token is required (X-Access-Token)")));
+    return std::nullopt;
+  }
+  return sandbox;
+}
+
 void EnvdApi::handle(http::Request req, std::shared_ptr<http::Exchange> exchange) {
   const http::Target target = http::Target::parse(req.target());
-  const auto sandbox = options_.find(header(req, "E2b-Sandbox-Id"));
   if (target.path == "/health") {
     // 204 while the sandbox runs; 502 when it is unknown, paused or gone (E2B's proxy's answer,
     // which the SDK reads as "the sandbox was killed or reached its end of life").
+    const auto sandbox = options_.find(header(req, "E2b-Sandbox-Id"));
     http::Response res{
         sandbox && sandbox->running ? http::Status::no_content : http::Status::bad_gateway,
         req.version()};
@@ -133,17 +195,9 @@ void EnvdApi::handle(http::Request req, std::shared_ptr<http::Exchange> exchange
     res.prepare_payload();
     return exchange->reply(std::move(res));
   }
+  const auto sandbox = authorize(req, target, *exchange);
   if (!sandbox) {
-    return exchange->reply(unary_error(
-        req,
-        make_error(ErrorCode::kNotFound, "no_such_sandbox",
-                   "sandbox '" + header(req, "E2b-Sandbox-Id").substr(0, 128) + "' not found")));
-  }
-  if (!sandbox->access_token.empty() &&
-      !http::token_equals(header(req, "X-Access-Token"), sandbox->access_token)) {
-    return exchange->reply(
-        unary_error(req, make_error(ErrorCode::kUnauthenticated, "unauthenticated",
-                                    "a valid access token is required (X-Access-Token)")));
+    return;
   }
   if (target.path == "/files") {
     auto path = target.query.find("path");
@@ -159,7 +213,7 @@ void EnvdApi::handle(http::Request req, std::shared_ptr<http::Exchange> exchange
                                     "no route for " + std::string(req.target()).substr(0, 256))));
   }
   const std::string method = target.path.substr(fs ? fs_prefix.size() : prefix.size());
-  const bool streaming = !fs && (method == "Start" || method == "Connect");
+  const bool streaming = fs ? method == "WatchDir" : (method == "Start" || method == "Connect");
   Call call{std::move(req), std::move(exchange), *sandbox, {}};
   std::string text = call.req.body();
   if (streaming) {
@@ -182,7 +236,7 @@ void EnvdApi::handle(http::Request req, std::shared_ptr<http::Exchange> exchange
                      : call.exchange->reply(unary_error(call.req, e));
   }
   if (fs) {
-    return filesystem(call, method);
+    return method == "WatchDir" ? watch_dir(call) : filesystem(call, method);
   }
   if (method == "Start") {
     return start(call);

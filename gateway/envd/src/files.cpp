@@ -1,7 +1,9 @@
 // envd's REST /files (GET: a file's bytes; POST: multipart/form-data or application/octet-stream
 // uploads, X-Metadata-* as user.e2b.* xattrs), each a short Python program run in the sandbox's
-// jail as the kernel's uid, as the filesystem RPCs are (filesystem.cpp). Errors are JSON
-// {"code": <HTTP status>, "message"} with E2B's statuses (404, 400, 507).
+// jail as the kernel's uid, as the filesystem RPCs are (filesystem.cpp). gzip both ways
+// (gzip.hpp): GET with Accept-Encoding: gzip is compressed as it is read; a POST with
+// Content-Encoding: gzip inflates to at most the body limit (413 past it). Errors are JSON
+// {"code": <HTTP status>, "message"} with E2B's statuses (404, 400, 413, 507).
 #include <fcntl.h>
 #include <poll.h>
 #include <strings.h>
@@ -12,6 +14,7 @@
 
 #include "call.hpp"
 #include "cellgate/envd/envd_api.hpp"
+#include "cellgate/envd/gzip.hpp"
 #include "cellgate/http/limits.hpp"
 #include "cellgate/kernel/jail_command.hpp"
 
@@ -68,6 +71,18 @@ std::string header(const http::Request& req, std::string_view name) {
 
 http::Response rest_error(const http::Request& req, int status, const std::string& message) {
   return unary_response(req, status, json{{"code", status}, {"message", message}}.dump());
+}
+
+// The error a program in the jail reported ({"code": <status>, "message"}), read as hostile:
+// a status outside 400–599 or a field of another type is `otherwise`'s.
+http::Response reported_error(const http::Request& req, const json& e, int otherwise) {
+  int status = otherwise;
+  if (e.contains("code") && e["code"].is_number_integer()) {
+    const auto code = e["code"].get<long long>();
+    status = code >= 400 && code <= 599 ? static_cast<int>(code) : otherwise;
+  }
+  const bool text = e.contains("message") && e["message"].is_string();
+  return rest_error(req, status, text ? e["message"].get<std::string>() : "the operation failed");
 }
 
 struct Upload {
@@ -198,8 +213,11 @@ void EnvdApi::files(http::Request req, std::shared_ptr<http::Exchange> ex,
   if (req.method() != http::Verb::post) {
     return ex->reply(rest_error(req, 405, "GET or POST"));
   }
-  if (!header(req, "Content-Encoding").empty()) {
-    return ex->reply(rest_error(req, 400, "compressed uploads are not supported"));
+  const std::string encoding = header(req, "Content-Encoding");
+  const bool gzipped = strcasecmp(encoding.c_str(), "gzip") == 0;
+  if (!encoding.empty() && !gzipped && strcasecmp(encoding.c_str(), "identity") != 0) {
+    return ex->reply(rest_error(
+        req, 400, "Content-Encoding '" + encoding.substr(0, 64) + "' is not supported (gzip is)"));
   }
   json metadata = json::object();
   for (const auto& field : req) {
@@ -208,12 +226,24 @@ void EnvdApi::files(http::Request req, std::shared_ptr<http::Exchange> ex,
       metadata[name.substr(11)] = std::string(field.value());
     }
   }
-  options_.offload([this, req = std::move(req), ex, kernel_id = sandbox.kernel_id, path,
+  options_.offload([this, req = std::move(req), ex, kernel_id = sandbox.kernel_id, path, gzipped,
                     metadata = metadata.dump()]() mutable {
+    // A gzip body inflates here, to at most the listener's body limit: a bomb stops there.
+    std::string inflated;
+    if (gzipped) {
+      auto plain = gunzip(req.body(), options_.max_upload_bytes);
+      if (!plain) {
+        return ex->reply(rest_error(req,
+                                    plain.error().code == ErrorCode::kResourceExhausted ? 413 : 400,
+                                    plain.error().message));
+      }
+      inflated = std::move(plain).value();
+    }
+    const std::string_view body = gzipped ? std::string_view(inflated) : req.body();
     const std::string type = header(req, "Content-Type");
     std::vector<Upload> uploads;
     if (type.rfind("multipart/form-data", 0) == 0) {
-      auto parsed = parse_multipart(type, req.body(), path);
+      auto parsed = parse_multipart(type, body, path);
       if (!parsed) {
         return ex->reply(rest_error(req, 400, parsed.error().message));
       }
@@ -222,7 +252,7 @@ void EnvdApi::files(http::Request req, std::shared_ptr<http::Exchange> ex,
       if (path.empty()) {
         return ex->reply(rest_error(req, 400, "an octet-stream upload needs ?path="));
       }
-      uploads.push_back({path, req.body()});
+      uploads.push_back({path, body});
     }
     auto target = options_.jail_of(kernel_id);
     if (!target) {
@@ -239,8 +269,7 @@ void EnvdApi::files(http::Request req, std::shared_ptr<http::Exchange> ex,
         return ex->reply(rest_error(req, 500, "the upload gave no answer"));
       }
       if (answer.contains("code")) {
-        return ex->reply(rest_error(req, answer.value("code", 500),
-                                    answer.value("message", "the upload failed")));
+        return ex->reply(reported_error(req, answer, 500));
       }
       written.push_back(answer);
     }
@@ -268,6 +297,11 @@ void EnvdApi::read_file(const http::Request& req, const std::shared_ptr<http::Ex
   (*cmd)->close_stdin();
   // The status waits for the first bytes or the end: a missing file says so on stderr.
   bool begun = false;
+  // Accept-Encoding: gzip: compressed as it is read, one chunk at a time (the SDK's gzip: true).
+  std::optional<GzipWriter> gzip;
+  if (accepts_gzip(header(req, "Accept-Encoding"))) {
+    gzip.emplace();
+  }
   std::string err;
   const auto deadline = Clock::now() + kFileTimeout;
   auto begin = [&] {
@@ -275,6 +309,9 @@ void EnvdApi::read_file(const http::Request& req, const std::shared_ptr<http::Ex
       http::Response head{http::Status::ok, req.version()};
       head.set(http::Field::server, "cellgate");
       head.set(http::Field::content_type, "application/octet-stream");
+      if (gzip) {
+        head.set(http::Field::content_encoding, "gzip");
+      }
       head.keep_alive(req.keep_alive());
       ex->begin(std::move(head));
       begun = true;
@@ -309,7 +346,8 @@ void EnvdApi::read_file(const http::Request& req, const std::shared_ptr<http::Ex
         err.append(buf.data(), std::min<std::size_t>(static_cast<std::size_t>(n), 4096));
       } else {
         begin();
-        if (!ex->write(std::string(buf.data(), static_cast<std::size_t>(n)))) {
+        const std::string_view chunk(buf.data(), static_cast<std::size_t>(n));
+        if (!ex->write(gzip ? gzip->add(chunk) : std::string(chunk))) {
           return;
         }
       }
@@ -323,7 +361,7 @@ void EnvdApi::read_file(const http::Request& req, const std::shared_ptr<http::Ex
     if (ended && ended->exit_code == 2) {
       const json e = http::parse_json(err);
       if (e.is_object()) {
-        return ex->reply(rest_error(req, e.value("code", 400), e.value("message", "")));
+        return ex->reply(reported_error(req, e, 400));
       }
     }
     if (!ended || ended->exit_code != 0) {
@@ -333,6 +371,9 @@ void EnvdApi::read_file(const http::Request& req, const std::shared_ptr<http::Ex
   }
   if (!(*cmd)->exited() || (*cmd)->exited()->exit_code != 0) {
     return ex->abort();  // cut short: the client must not take it for the whole file
+  }
+  if (gzip) {
+    ex->write(gzip->finish());
   }
   ex->end();
 }

@@ -25,8 +25,10 @@ constexpr auto kOperationTimeout = std::chrono::seconds(30);
 
 // argv[1]: the operation, argv[2]: its arguments as JSON. Entries are envd's EntryInfo.
 constexpr const char* kProgram = R"PY(
-import datetime, grp, json, os, pwd, shutil, stat, sys
+import datetime, errno, grp, json, os, pwd, shutil, stat, sys
 MAX = 10000
+class Exhausted(Exception):
+    pass
 def name_of(get, id):
     try:
         return get(id)[0]
@@ -99,11 +101,113 @@ def run(op, a):
         else:
             os.unlink(p)
         return {}
+    if op == 'watch':
+        return watch(a)
     raise ValueError('unknown operation')
+# WatchDir: one JSON line per message ({"start": {}} once the watches are set, then
+# {"filesystem": {name, type, entry?}}), inotify through ctypes. Types as E2B's envd (fsnotify)
+# reports them. Ends when the watched directory goes; an error is the usual answer line.
+IN_MODIFY, IN_ATTRIB, IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE = 2, 4, 0x40, 0x80, 0x100, 0x200
+IN_DELETE_SELF, IN_MOVE_SELF, IN_Q_OVERFLOW, IN_IGNORED, IN_ISDIR = 0x400, 0x800, 0x4000, 0x8000, 0x40000000
+def event_type(m):
+    if m & (IN_CREATE | IN_MOVED_TO):
+        return 'EVENT_TYPE_CREATE'
+    if m & IN_MODIFY:
+        return 'EVENT_TYPE_WRITE'
+    if m & (IN_DELETE | IN_DELETE_SELF):
+        return 'EVENT_TYPE_REMOVE'
+    if m & (IN_MOVED_FROM | IN_MOVE_SELF):
+        return 'EVENT_TYPE_RENAME'
+    if m & IN_ATTRIB:
+        return 'EVENT_TYPE_CHMOD'
+    return None
+def watch(a):
+    import ctypes, struct
+    root = absolute(a.get('path'))
+    if not os.path.isdir(root):
+        if not os.path.lexists(root):
+            raise FileNotFoundError(root)
+        raise ValueError('path is not a directory: ' + root)
+    recursive, with_entry = bool(a.get('recursive')), bool(a.get('includeEntry'))
+    limit = max(1, int(a.get('maxWatches') or 1))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+    fd = libc.inotify_init1(os.O_CLOEXEC)
+    if fd < 0:
+        e = ctypes.get_errno()
+        if e in (errno.EMFILE, errno.ENFILE):
+            raise Exhausted('inotify_init1: ' + os.strerror(e))
+        raise OSError(e, 'inotify_init1: ' + os.strerror(e))
+    mask = (IN_MODIFY | IN_ATTRIB | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE |
+            IN_DELETE_SELF | IN_MOVE_SELF | 0x1000000)  # IN_ONLYDIR
+    dirs = {}
+    def add(top):
+        todo = [top]
+        while todo:
+            d = todo.pop()
+            if len(dirs) >= limit:
+                raise Exhausted('more than %d directories to watch' % limit)
+            wd = libc.inotify_add_watch(fd, os.fsencode(d), mask)
+            if wd < 0:
+                e = ctypes.get_errno()
+                if e == errno.ENOSPC:
+                    raise Exhausted('inotify_add_watch: the watch limit is reached')
+                if d == root:
+                    raise OSError(e, 'inotify_add_watch: ' + os.strerror(e), d)
+                continue  # gone already, or not ours to read
+            dirs[wd] = d
+            if recursive:
+                try:
+                    with os.scandir(d) as it:
+                        todo.extend(de.path for de in it if de.is_dir(follow_symlinks=False))
+                except OSError:
+                    pass
+    add(root)
+    out = sys.stdout
+    out.write(json.dumps({'start': {}}) + '\n')
+    out.flush()
+    while True:
+        data = os.read(fd, 1 << 16)
+        pos = 0
+        while pos + 16 <= len(data):
+            wd, m, _, n = struct.unpack_from('iIII', data, pos)
+            name = data[pos + 16:pos + 16 + n].split(b'\0', 1)[0]
+            pos += 16 + n
+            if m & IN_Q_OVERFLOW:
+                raise Exhausted('events came faster than they were read (the inotify queue overflowed)')
+            d = dirs.get(wd)
+            if d is None:
+                continue
+            if m & IN_IGNORED:
+                del dirs[wd]
+                if d == root:
+                    return {}
+                continue
+            if not name:
+                if d != root or not m & (IN_DELETE_SELF | IN_MOVE_SELF):
+                    continue  # a subdirectory's own events come from its parent too
+                full = root
+            else:
+                full = os.path.join(d, os.fsdecode(name))
+            if recursive and m & IN_ISDIR and m & (IN_CREATE | IN_MOVED_TO):
+                add(full)
+            kind = event_type(m)
+            if kind is None:
+                continue
+            ev = {'name': os.path.relpath(full, root) if full != root else '', 'type': kind}
+            if with_entry and m & (IN_CREATE | IN_MOVED_TO | IN_MODIFY | IN_ATTRIB):
+                try:
+                    ev['entry'] = entry(full)
+                except OSError:
+                    pass
+            out.write(json.dumps({'filesystem': ev}) + '\n')
+            out.flush()
 try:
     answer = {'ok': run(sys.argv[1], json.loads(sys.argv[2]))}
 except FileNotFoundError as e:
     answer = {'error': {'code': 'not_found', 'message': 'no such file or directory: %s' % (e.filename or e)}}
+except Exhausted as e:
+    answer = {'error': {'code': 'resource_exhausted', 'message': str(e)}}
 except FileExistsError as e:
     answer = {'error': {'code': 'already_exists', 'message': 'already exists: %s' % (e.filename or e)}}
 except (PermissionError, IsADirectoryError, NotADirectoryError, OSError, ValueError) as e:
@@ -111,6 +215,38 @@ except (PermissionError, IsADirectoryError, NotADirectoryError, OSError, ValueEr
     answer = {'error': {'code': code, 'message': str(e)}}
 sys.stdout.write(json.dumps(answer))
 )PY";
+
+}  // namespace
+
+const char* filesystem_program() {
+  return kProgram;
+}
+
+Error filesystem_error(const nlohmann::json& error) {
+  // What the program printed is the jail's: a field of another type is no error of ours.
+  const auto text_of = [&](const char* key, const char* otherwise) {
+    return error.is_object() && error.contains(key) && error[key].is_string()
+               ? error[key].get<std::string>()
+               : std::string(otherwise);
+  };
+  const std::string code = text_of("code", "internal");
+  const std::string message = text_of("message", "the filesystem operation failed");
+  ErrorCode ec = ErrorCode::kInternal;
+  if (code == "not_found") {
+    ec = ErrorCode::kNotFound;
+  } else if (code == "already_exists") {
+    return make_error(ErrorCode::kFailedPrecondition, "already_exists", message);
+  } else if (code == "permission_denied") {
+    ec = ErrorCode::kPermissionDenied;
+  } else if (code == "invalid_argument") {
+    ec = ErrorCode::kInvalidArgument;
+  } else if (code == "resource_exhausted") {
+    ec = ErrorCode::kResourceExhausted;
+  }
+  return make_error(ec, code, message);
+}
+
+namespace {
 
 // Runs `op` in the jail and answers its {"ok": …} or the error it reported.
 Result<json> run_operation(const kernel::JailTarget& target, const std::string& home,
@@ -160,20 +296,7 @@ Result<json> run_operation(const kernel::JailTarget& target, const std::string& 
   if (answer.contains("ok")) {
     return answer["ok"];
   }
-  const json error = answer.value("error", json::object());
-  const std::string code = error.value("code", "internal");
-  const std::string message = error.value("message", "the filesystem operation failed");
-  ErrorCode ec = ErrorCode::kInternal;
-  if (code == "not_found") {
-    ec = ErrorCode::kNotFound;
-  } else if (code == "already_exists") {
-    return make_error(ErrorCode::kFailedPrecondition, "already_exists", message);
-  } else if (code == "permission_denied") {
-    ec = ErrorCode::kPermissionDenied;
-  } else if (code == "invalid_argument") {
-    ec = ErrorCode::kInvalidArgument;
-  }
-  return make_error(ec, code, message);
+  return filesystem_error(answer.value("error", json::object()));
 }
 
 }  // namespace

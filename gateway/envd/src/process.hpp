@@ -52,6 +52,10 @@ struct Watcher {
   std::chrono::steady_clock::time_point next_keepalive{};
 };
 
+// Connect-Timeout-Ms (0 or absent: none) and Keepalive-Ping-Interval (seconds; 50 by default)
+// of a streaming request (envd_api.cpp).
+void stream_timing(const http::Request& req, Watcher& w);
+
 struct ProcessHooks {
   // Whether the sandbox still runs (checked when the command ends: a stream is cut if not).
   std::function<bool()> sandbox_alive;

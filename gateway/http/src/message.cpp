@@ -1,10 +1,13 @@
 #include "cellgate/http/message.hpp"
 
 #include <openssl/crypto.h>
+#include <openssl/evp.h>
 
 #include <boost/beast/http/status.hpp>
 
+#include "cellgate/http/digest.hpp"
 #include "cellgate/http/limits.hpp"
+#include "cellgate/util/text.hpp"
 
 namespace cellgate::http {
 
@@ -106,6 +109,20 @@ Response method_not_allowed(const Request& req) {
 bool token_equals(std::string_view given, std::string_view token) {
   return given.size() == token.size() &&
          CRYPTO_memcmp(given.data(), token.data(), token.size()) == 0;
+}
+
+std::string sha256_base64_unpadded(std::string_view data) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  if (EVP_Digest(data.data(), data.size(), digest, &size, EVP_sha256(), nullptr) != 1) {
+    return "";
+  }
+  std::string text = base64_encode(
+      std::string_view(reinterpret_cast<const char*>(digest), static_cast<std::size_t>(size)));
+  while (!text.empty() && text.back() == '=') {
+    text.pop_back();
+  }
+  return text;
 }
 
 Error bad_request(std::string message) {

@@ -1,10 +1,10 @@
 #include "cellgate/sandboxes/webhooks.hpp"
 
-#include <openssl/evp.h>
 #include <spdlog/spdlog.h>
 
 #include <nlohmann/json.hpp>
 
+#include "cellgate/http/digest.hpp"
 #include "cellgate/protocol/message.hpp"
 #include "cellgate/util/text.hpp"
 
@@ -57,17 +57,7 @@ std::string Webhooks::signature(std::string_view body) const {
 std::string Webhooks::e2b_signature(std::string_view body) const {
   std::string data = options_.secret;
   data.append(body);
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int size = 0;
-  if (EVP_Digest(data.data(), data.size(), digest, &size, EVP_sha256(), nullptr) != 1) {
-    return "";
-  }
-  std::string text = base64_encode(
-      std::string_view(reinterpret_cast<const char*>(digest), static_cast<std::size_t>(size)));
-  while (!text.empty() && text.back() == '=') {
-    text.pop_back();
-  }
-  return text;
+  return http::sha256_base64_unpadded(data);
 }
 
 void Webhooks::emit(std::string_view label, const Sandbox& sandbox) {

@@ -327,9 +327,18 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
     return t;
   };
   impl_->e2b_front->set_fallback(kernel_target);
+  auto as_envd = [](const sandboxes::SandboxTarget& found) {
+    envd::SandboxTarget t;
+    t.sandbox_id = found.sandbox_id;
+    t.kernel_id = found.kernel_id;
+    t.access_token = found.access_token;
+    t.tenant = found.tenant;
+    t.running = found.running;
+    return t;
+  };
   envd::EnvdOptions envd_options;
-  envd_options.find = [this,
-                       kernel_target](std::string_view id) -> std::optional<envd::SandboxTarget> {
+  envd_options.find = [this, kernel_target,
+                       as_envd](std::string_view id) -> std::optional<envd::SandboxTarget> {
     auto found = impl_->sandboxes->find(id);
     if (!found) {
       found = kernel_target(id);
@@ -337,14 +346,18 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
     if (!found) {
       return std::nullopt;
     }
-    envd::SandboxTarget t;
-    t.sandbox_id = found->sandbox_id;
-    t.kernel_id = found->kernel_id;
-    t.access_token = found->access_token;
-    t.tenant = found->tenant;
-    t.running = found->running;
-    return t;
+    return as_envd(*found);
   };
+  // A signed /files URL without E2b-Sandbox-Id: the control plane's sandboxes (not bare kernels,
+  // whose token is the operator's).
+  envd_options.all = [this, as_envd] {
+    std::vector<envd::SandboxTarget> out;
+    for (const auto& found : impl_->sandboxes->list()) {
+      out.push_back(as_envd(found));
+    }
+    return out;
+  };
+  envd_options.max_upload_bytes = o.max_body_bytes;
   envd_options.jail_of = [&registry](const std::string& id) -> Result<kernel::JailTarget> {
     CELLGATE_ASSIGN_OR_RETURN(auto kernel, registry.find(id));
     return kernel->jail_target();
