@@ -71,6 +71,8 @@ int run(int argc, char** argv) {
   app.add_flag("--probe-host", probe_host, "print what this host supports and exit");
   app.add_option("--zygote-socket", options.zygote_socket,
                  "fork a python3 ipykernel from the zygote listening here (cold if none answers)");
+  app.add_option("--spool-socket", options.spool_socket,
+                 "keep the kernel's last iopub messages; answer for them on this unix socket");
   app.add_flag("--zygote", zygote_mode, "run as the zygote (fork server) on --socket");
   app.add_option("--socket", zygote.socket_path, "the zygote's socket path (with --zygote)");
   app.add_option("--preload", zygote.preload, "modules the zygote imports (with --zygote)")

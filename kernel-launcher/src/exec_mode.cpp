@@ -9,14 +9,18 @@
 //        kJailInitProgram, else in place): forwards signals, reports the kernel's wait status,
 //        exits.
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/prctl.h>
+#include <sys/signalfd.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -25,6 +29,7 @@
 #include "cellgate/unique_fd.hpp"
 #include "host_jail.hpp"
 #include "init.hpp"
+#include "spool_service.hpp"
 
 namespace cellgate::launcher {
 namespace {
@@ -103,11 +108,8 @@ namespace {
   ::_exit(init::reap_kernel(kernel, report_fd, -1));
 }
 
-}  // namespace
-
-int supervise_init(HostJail& j, pid_t init, init::InitReport& report) {
-  // Supervise: forward signals to init (which forwards them to the kernel), enforce the time
-  // limit, and wait for init to end.
+// Without a signalfd (out of descriptors): no spool, signals taken by sigwaitinfo.
+int supervise_by_sigwait(HostJail& j, pid_t init, init::InitReport& report) {
   const std::optional<long long> deadline = time_limit_deadline(j.spec());
   bool timed_out = false;
   int init_status = 0;
@@ -133,6 +135,58 @@ int supervise_init(HostJail& j, pid_t init, init::InitReport& report) {
     if (sig != SIGCHLD) {
       ::kill(init, sig);
       continue;
+    }
+    if (::waitpid(init, &init_status, WNOHANG) == init) {
+      break;
+    }
+  }
+  return j.finish(init, report.kernel_status().value_or(init_status), timed_out);
+}
+
+}  // namespace
+
+int supervise_init(HostJail& j, pid_t init, init::InitReport& report) {
+  // Supervise: forward signals to init (which forwards them to the kernel), enforce the time
+  // limit, spool the kernel's iopub and answer for it, and wait for init to end. The signals
+  // are blocked since HostJail::build(); a signalfd reads them.
+  UniqueFd sfd(::signalfd(-1, &j.wait_set(), SFD_CLOEXEC | SFD_NONBLOCK));
+  if (!sfd) {
+    std::cerr << "cellgate-kernel: warning: signalfd(): " << sys::error_text(errno)
+              << "; no iopub spool\n";
+    return supervise_by_sigwait(j, init, report);
+  }
+  auto spool = j.start_spool();
+  const std::optional<long long> deadline = time_limit_deadline(j.spec());
+  bool timed_out = false;
+  int init_status = 0;
+  std::vector<pollfd> fds;
+  for (;;) {
+    int timeout_ms = -1;
+    if (deadline && !timed_out) {
+      const long long left = ns_until(*deadline);
+      if (left <= 0) {
+        timed_out = true;
+        ::kill(init, SIGKILL);
+        continue;
+      }
+      timeout_ms = static_cast<int>(std::min<long long>(left / 1000000 + 1, 60000));
+    }
+    fds.assign({{sfd.get(), POLLIN, 0}});
+    if (spool) {
+      spool->add_pollfds(fds);
+      timeout_ms = spool->poll_timeout_ms(timeout_ms);
+    }
+    if (::poll(fds.data(), fds.size(), timeout_ms) < 0) {
+      continue;  // EINTR
+    }
+    if (spool) {
+      spool->on_poll(fds);
+    }
+    signalfd_siginfo info{};
+    while (::read(sfd.get(), &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
+      if (info.ssi_signo != SIGCHLD) {
+        ::kill(init, static_cast<int>(info.ssi_signo));
+      }
     }
     if (::waitpid(init, &init_status, WNOHANG) == init) {
       break;

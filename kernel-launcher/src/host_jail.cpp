@@ -19,6 +19,7 @@
 #include "cellgate/launcher/spec_json.hpp"
 #include "cellgate/unique_fd.hpp"
 #include "init.hpp"
+#include "spool_service.hpp"
 
 namespace cellgate::launcher {
 namespace {
@@ -110,6 +111,10 @@ Result<Connection> prepare_connection_dir(const std::string& connection_file,
     host["ip"] = c.conn_dir + "/" + prefix;
     c.host_file = c.conn_dir + "/host-connection.json";
     CELLGATE_TRY(write_private_file(c.host_file, host.dump(1), 0, 0));
+  }
+  if (auto port = j.find("iopub_port"); port != j.end() && port->is_number_integer()) {
+    c.iopub_endpoint =
+        "ipc://" + c.conn_dir + "/" + prefix + "-" + std::to_string(port->get<long long>());
   }
   json inside = j;
   inside["transport"] = "ipc";
@@ -379,6 +384,13 @@ void HostJail::report_started(pid_t pid, bool from_zygote) {
     started.cgroup_version = cgroup_->version() == jail::CgroupVersion::kV1 ? "v1" : "v2";
   }
   status_.report(started);
+}
+
+std::unique_ptr<SpoolService> HostJail::start_spool() const {
+  if (!conn_) {
+    return nullptr;
+  }
+  return SpoolService::start(conn_->iopub_endpoint, options_.spool_socket, spec_.access_gid);
 }
 
 int HostJail::fail(const std::string& message) {

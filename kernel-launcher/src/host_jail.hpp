@@ -45,6 +45,7 @@ struct Connection {
   std::string jail_file;  // kJailConnDir/kernel.json
   std::string host_file;  // the file the gateway should use (reported when it changed)
   bool rewritten_from_tcp = false;
+  std::string iopub_endpoint;  // on the host: ipc://<conn_dir>/<prefix>-<iopub_port>
 };
 
 class HostJail {
@@ -69,6 +70,9 @@ class HostJail {
   const sigset_t& wait_set() const { return wait_set_; }
   const sigset_t& original_mask() const { return original_mask_; }
   StatusSink& status() { return status_; }
+  // The spool of the kernel's iopub (spool_service.hpp), once it has started; null without
+  // --spool-socket or a connection file, or when it could not start.
+  std::unique_ptr<class SpoolService> start_spool() const;
 
   // Puts `pid` (the jail's pid 1) into the kernel's cgroup; ok without one.
   Result<void> add_to_cgroup(pid_t pid);

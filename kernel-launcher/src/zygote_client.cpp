@@ -22,6 +22,7 @@
 #include "cellgate/unique_fd.hpp"
 #include "host_jail.hpp"
 #include "init.hpp"
+#include "spool_service.hpp"
 #include "zygote_wire.hpp"
 
 namespace cellgate::launcher {
@@ -143,8 +144,10 @@ int supervise(ZygoteKernel k, HostJail& j) {
   sigset_t forwarded = j.wait_set();
   sigdelset(&forwarded, SIGCHLD);
   UniqueFd sfd(::signalfd(-1, &forwarded, SFD_CLOEXEC));
+  auto spool = j.start_spool();
   const std::optional<long long> deadline = time_limit_deadline(j.spec());
   bool timed_out = false;
+  std::vector<pollfd> fds;
   for (;;) {
     int timeout_ms = -1;
     if (deadline && !timed_out) {
@@ -156,9 +159,16 @@ int supervise(ZygoteKernel k, HostJail& j) {
       }
       timeout_ms = static_cast<int>(std::min<long long>(left / 1000000 + 1, 60000));
     }
-    pollfd fds[2] = {{k.pidfd.get(), POLLIN, 0}, {sfd.get(), POLLIN, 0}};
-    if (::poll(fds, 2, timeout_ms) < 0) {
+    fds.assign({{k.pidfd.get(), POLLIN, 0}, {sfd.get(), POLLIN, 0}});
+    if (spool) {
+      spool->add_pollfds(fds);
+      timeout_ms = spool->poll_timeout_ms(timeout_ms);
+    }
+    if (::poll(fds.data(), fds.size(), timeout_ms) < 0) {
       continue;
+    }
+    if (spool) {
+      spool->on_poll(fds);
     }
     if (fds[1].revents & POLLIN) {
       signalfd_siginfo info{};

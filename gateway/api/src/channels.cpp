@@ -29,17 +29,31 @@ std::optional<Channel> inbound_channel(const std::string& name) {
 
 // A kernel message as one connection's frame: the envelope's encoding for the connection's
 // format, made by the first connection that sends it and shared by all.
+// Once written, a kernel's iopub message is recorded as the session's last delivered one
+// (ManagedKernel::delivered): what a gateway after a kill -9 replays starts after it.
+struct DeliveryMark {
+  std::shared_ptr<kernels::ManagedKernel> kernel;
+  std::string session_id;
+};
+
 class EnvelopeFrame : public http::OutFrame {
  public:
-  EnvelopeFrame(protocol::EnvelopePtr env, bool v1) : env_(std::move(env)), v1_(v1) {}
+  EnvelopeFrame(protocol::EnvelopePtr env, bool v1, std::shared_ptr<const DeliveryMark> mark)
+      : env_(std::move(env)), v1_(v1), mark_(std::move(mark)) {}
   const std::string& bytes() const override {
     return v1_ ? env_->ws_v1() : env_->ws_legacy(nullptr);
   }
   bool binary() const override { return v1_ || !env_->frames().buffers.empty(); }
+  void written() const override {
+    if (mark_) {
+      mark_->kernel->delivered(mark_->session_id, *env_);
+    }
+  }
 
  private:
   protocol::EnvelopePtr env_;
   bool v1_;
+  std::shared_ptr<const DeliveryMark> mark_;
 };
 
 // A client's message, checked and made an envelope: v1 frames are cut into their parts and
@@ -76,6 +90,9 @@ class ChannelBridge : public http::WsHandler,
                 std::function<void()> resume, std::function<Result<nlohmann::json>()> usage)
       : kernel_(std::move(kernel)),
         session_id_(std::move(session_id)),
+        mark_(session_id_.empty()
+                  ? nullptr
+                  : std::make_shared<const DeliveryMark>(DeliveryMark{kernel_, session_id_})),
         v1_(v1),
         resume_(std::move(resume)),
         usage_(std::move(usage)) {}
@@ -132,7 +149,8 @@ class ChannelBridge : public http::WsHandler,
 
   void deliver(protocol::EnvelopePtr msg) override {
     if (auto c = connection()) {
-      c->send(std::make_shared<EnvelopeFrame>(std::move(msg), v1_));
+      const bool iopub = msg->channel() == kernel::Channel::kIopub && msg->from_kernel();
+      c->send(std::make_shared<EnvelopeFrame>(std::move(msg), v1_, iopub ? mark_ : nullptr));
     }
   }
 
@@ -170,6 +188,7 @@ class ChannelBridge : public http::WsHandler,
 
   std::shared_ptr<kernels::ManagedKernel> kernel_;
   std::string session_id_;
+  std::shared_ptr<const DeliveryMark> mark_;  // null without a session id
   bool v1_;
   std::function<void()> resume_;
   std::function<Result<nlohmann::json>()> usage_;

@@ -259,6 +259,9 @@ class WsSession : public std::enable_shared_from_this<WsSession<Stream>> {
   void on_write(beast::error_code ec, std::size_t) {
     writing_ = false;
     if (in_flight_) {
+      if (!ec) {
+        in_flight_->written();
+      }
       queued_bytes_ -= std::min(queued_bytes_, in_flight_->bytes().size());
       in_flight_.reset();
       account();

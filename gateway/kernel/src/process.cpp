@@ -199,7 +199,7 @@ Result<std::unique_ptr<KernelProcess>> KernelProcess::start(LaunchRequest reques
                            errno);
       }
     }
-    args.insert(args.end(), {"--spec", spec_file});
+    args.insert(args.end(), {"--spec", spec_file, "--spool-socket", templ + "/spool.sock"});
     if (!request.restore_image.empty()) {
       args.insert(args.end(), {"--restore", request.restore_image});
     } else if (!request.zygote_socket.empty()) {
@@ -266,6 +266,10 @@ Result<std::unique_ptr<KernelProcess>> KernelProcess::start(LaunchRequest reques
     CELLGATE_ASSIGN_OR_RETURN(kp->connection_, ConnectionInfo::load(kp->started_->connection_file));
   }
   return kp;
+}
+
+std::string KernelProcess::spool_socket() const {
+  return jailed_ && !runtime_dir_.empty() ? runtime_dir_ + "/spool.sock" : std::string();
 }
 
 Result<std::unique_ptr<KernelProcess>> KernelProcess::adopt(const AdoptionFacts& facts) {

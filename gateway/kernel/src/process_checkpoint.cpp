@@ -166,7 +166,8 @@ Result<void> KernelProcess::restore(const std::string& image_dir,
   std::vector<std::string> args = {launcher_path_,   "--status-fd", "3",
                                    "--status-file",  status_file_,  "--connection-file",
                                    connection_file_, "--spec",      runtime_dir_ + "/jail.json",
-                                   "--restore",      image_dir};
+                                   "--restore",      image_dir,     "--spool-socket",
+                                   spool_socket()};
   if (die_with_parent_) {
     args.emplace_back("--die-with-parent");
   }

@@ -10,12 +10,14 @@
 #include <sys/mount.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
 
 #include "cellgate/jail/cgroup.hpp"
 #include "cellgate/jail/userns.hpp"
+#include "cellgate/kernel/spool.hpp"
 #include "cellgate/kernels/registry.hpp"
 #include "cellgate/launcher/status.hpp"
 #include "cleanup.hpp"
@@ -28,6 +30,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using kernel::Channel;
+
+constexpr std::chrono::milliseconds kSpoolTimeout{10000};
 
 // Ends what a record names (through its launcher, its cgroup) and removes its files.
 void clean_up(const std::string& state_dir, kernel::KernelBackend& backend, const Record& record) {
@@ -51,6 +55,56 @@ void clean_up(const std::string& state_dir, kernel::KernelBackend& backend, cons
   std::error_code ec;
   fs::remove_all(home, ec);
   ::unlink(record.path.c_str());
+}
+
+// What each absent session missed while no gateway ran: the launcher's spool after the session's
+// last delivered msg_id, checked as live iopub is (signature, JSON, limits).
+void replay_spool(ManagedKernel& k, const std::string& socket,
+                  const kernel::ConnectionInfo& connection, const protocol::Limits& limits,
+                  const std::map<std::string, std::string>& absent) {
+  if (absent.empty() || socket.empty()) {
+    return;
+  }
+  auto spooled = kernel::fetch_spool(socket, "", kSpoolTimeout);
+  if (!spooled) {
+    spdlog::warn("kernel {}: {}; what its clients missed while no gateway ran is not replayed",
+                 k.id(), spooled.error().message);
+    return;
+  }
+  auto signer = protocol::Signer::create(connection.signature_scheme, connection.key);
+  if (!signer) {
+    return;
+  }
+  std::vector<protocol::EnvelopePtr> all;
+  all.reserve(spooled->messages.size());
+  for (const auto& frames : spooled->messages) {
+    std::vector<std::string_view> views(frames.begin(), frames.end());
+    if (auto env = protocol::Envelope::from_wire(Channel::kIopub, views, *signer, limits)) {
+      all.push_back(std::move(env).value());
+    }
+  }
+  for (const auto& [session, last] : absent) {
+    auto at = std::find_if(all.begin(), all.end(),
+                           [&, &last = last](const auto& m) { return m->header().msg_id == last; });
+    if (at != all.end()) {
+      k.add_spooled(session, std::vector<protocol::EnvelopePtr>(at + 1, all.end()), nullptr);
+      continue;
+    }
+    // Gone from the spool (or never in it): how many went, asked without the messages.
+    auto head = kernel::fetch_spool(socket, last, kSpoolTimeout, /*head_only=*/true);
+    spdlog::info("kernel {}: session {} last had {}, gone from the spool: {}", k.id(), session,
+                 last.empty() ? "nothing" : last,
+                 head ? std::to_string(head->dropped) + (head->dropped_exact ? "" : " or fewer") +
+                            " message(s) lost"
+                      : head.error().message);
+    protocol::EnvelopePtr notice;
+    if (head && head->dropped > 0) {
+      notice = lost_notice(head->dropped, head->dropped_exact, all.empty() ? nullptr : all[0]);
+    }
+    k.add_spooled(session, all, notice);
+  }
+  spdlog::info("kernel {}: {} iopub message(s) from its launcher's spool for {} absent session(s)",
+               k.id(), all.size(), absent.size());
 }
 
 }  // namespace
@@ -124,7 +178,11 @@ Result<void> KernelRegistry::Impl::adopt(const Record& record) {
                           launcher::to_string(ended->reason) + ")");
   }
   auto k = make_kernel(record.id, *spec, record.uid, record.env);
+  // Every session the last gateway was sending to is absent now: what comes live is kept for it,
+  // and what it missed meanwhile is added from the launcher's spool below.
+  const std::map<std::string, std::string> absent = k->expect_absent_sessions();
   kernel::ClientOptions co = client_options(k, *process);
+  const protocol::Limits limits = co.limits;
   // kernel_info is not asked on shell: the kernel may be in the middle of a cell, and answers
   // shell requests only after it. Whether it answers heartbeats while busy follows its kind.
   co.heartbeat_while_busy = is_ipykernel(*spec);
@@ -145,7 +203,9 @@ Result<void> KernelRegistry::Impl::adopt(const Record& record) {
       spdlog::warn("kernel {}: {}", record.id, reserved.error().message);
     }
   }
+  const std::string spool_socket = process->spool_socket();
   CELLGATE_TRY(k->started(ManagedKernel::Running{std::move(process), std::move(connection)}));
+  replay_spool(*k, spool_socket, record.process->connection, limits, absent);
   {
     MutexLock lock(mu_);
     kernels_[k->id()] = Live{k, admission_.admit_adopted()};

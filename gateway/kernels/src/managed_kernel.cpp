@@ -6,6 +6,8 @@
 #include <csignal>
 #include <set>
 
+#include "delivery_record.hpp"
+
 namespace cellgate::kernels {
 namespace {
 
@@ -85,6 +87,7 @@ ManagedKernel::ManagedKernel(std::string id, kernel::KernelSpec spec, std::strin
       uid_(uid),
       env_(std::move(env)),
       now_(std::move(now)),
+      delivery_(std::make_unique<DeliveryRecord>("")),
       last_activity_wall_(std::chrono::system_clock::now()),
       last_activity_(now_()) {}
 
@@ -268,6 +271,10 @@ bool ManagedKernel::attach(const std::shared_ptr<ChannelListener>& listener,
     auto back = std::find_if(offline_.begin(), offline_.end(),
                              [&](const Offline& o) { return o.session_id == session_id; });
     if (!session_id.empty() && back != offline_.end()) {
+      if (back->dropped > 0) {  // at the gap: before what was kept
+        listener->deliver(lost_notice(back->dropped, /*exact=*/true,
+                                      back->missed.empty() ? nullptr : back->missed.front()));
+      }
       for (const auto& msg : back->missed) {
         listener->deliver(msg);
       }
@@ -339,6 +346,10 @@ void ManagedKernel::keep_for_offline_locked(const protocol::EnvelopePtr& msg,
       offline_bytes_ += msg->size();
     }
   }
+  trim_offline_locked();
+}
+
+void ManagedKernel::trim_offline_locked() {
   while (offline_bytes_ > kOfflineBudgetBytes) {
     auto largest =
         std::max_element(offline_.begin(), offline_.end(),
@@ -644,6 +655,103 @@ void ManagedKernel::resume_failed(const std::string& reason) {
     reason_ = reason;
     queued_.clear();
   }
+}
+
+}  // namespace cellgate::kernels
+
+namespace cellgate::kernels {
+
+protocol::EnvelopePtr lost_notice(std::uint64_t count, bool exact,
+                                  const protocol::EnvelopePtr& next) {
+  static const protocol::Session gateway_session("cellgate");
+  const std::string n = std::to_string(count);
+  json content = {
+      {"name", "stderr"},
+      {"text", "[cellgate] " + std::string(exact ? "" : "up to ") + n +
+                   " output message(s) before this point were lost: over what the gateway and "
+                   "the kernel's launcher keep for an absent client (8 MiB each)\n"}};
+  protocol::Message msg = gateway_session.make("stream", std::move(content));
+  msg.metadata = {{"cellgate", {{"lost_messages", count}, {"lost_exact", exact}}}};
+  if (next) {
+    // In the output of the cell whose messages follow it.
+    msg.parent_header = json::parse(next->frames().parent_header, nullptr, false);
+    if (!msg.parent_header.is_object()) {
+      msg.parent_header = json::object();
+    }
+  }
+  return protocol::Envelope::from_message(Channel::kIopub, std::move(msg));
+}
+
+void ManagedKernel::record_deliveries_in(std::string path) {
+  delivery_ = std::make_unique<DeliveryRecord>(std::move(path));
+}
+
+void ManagedKernel::delivered(const std::string& session_id, const protocol::Envelope& msg) {
+  // Only what the launcher's spool also has (a kernel's iopub) marks a place in it.
+  if (msg.channel() == Channel::kIopub && msg.from_kernel() && !session_id.empty()) {
+    delivery_->delivered(session_id, msg.header().msg_id);
+  }
+}
+
+std::map<std::string, std::string> ManagedKernel::expect_absent_sessions() {
+  auto record = delivery_->read();
+  std::vector<std::pair<std::string, DeliveryRecord::Last>> recent(record.begin(), record.end());
+  std::sort(recent.begin(), recent.end(),
+            [](const auto& a, const auto& b) { return a.second.generation > b.second.generation; });
+  if (recent.size() > kMaxOfflineSessions) {
+    recent.resize(kMaxOfflineSessions);
+  }
+  std::map<std::string, std::string> out;
+  MutexLock lock(mu_);
+  for (const auto& entry : recent) {
+    const std::string& session = entry.first;
+    const bool known = std::any_of(offline_.begin(), offline_.end(),
+                                   [&](const Offline& o) { return o.session_id == session; });
+    if (!known && offline_.size() < kMaxOfflineSessions) {
+      Offline o;
+      o.session_id = session;
+      offline_.push_back(std::move(o));
+    }
+    out[session] = entry.second.msg_id;
+  }
+  return out;
+}
+
+void ManagedKernel::add_spooled(const std::string& session_id,
+                                const std::vector<protocol::EnvelopePtr>& spooled,
+                                const protocol::EnvelopePtr& notice) {
+  MutexLock lock(mu_);
+  auto o = std::find_if(offline_.begin(), offline_.end(),
+                        [&](const Offline& x) { return x.session_id == session_id; });
+  if (o == offline_.end()) {
+    return;
+  }
+  // The spool was read after this gateway subscribed: its tail may be what came live already.
+  std::size_t cut = spooled.size();
+  auto first_live = std::find_if(o->missed.begin(), o->missed.end(),
+                                 [](const protocol::EnvelopePtr& m) { return m->from_kernel(); });
+  if (first_live != o->missed.end()) {
+    for (std::size_t i = 0; i < spooled.size(); ++i) {
+      if (spooled[i]->header().msg_id == (*first_live)->header().msg_id) {
+        cut = i;
+        break;
+      }
+    }
+  }
+  std::deque<protocol::EnvelopePtr> merged;
+  if (notice) {
+    merged.push_back(notice);
+  }
+  merged.insert(merged.end(), spooled.begin(), spooled.begin() + static_cast<std::ptrdiff_t>(cut));
+  std::size_t added = 0;
+  for (const auto& m : merged) {
+    added += m->size();
+  }
+  merged.insert(merged.end(), o->missed.begin(), o->missed.end());
+  o->missed = std::move(merged);
+  o->bytes += added;
+  offline_bytes_ += added;
+  trim_offline_locked();
 }
 
 }  // namespace cellgate::kernels

@@ -209,9 +209,13 @@ std::shared_ptr<ManagedKernel> KernelRegistry::Impl::make_kernel(
     const std::string& id, kernel::KernelSpec spec, uid_t uid,
     std::map<std::string, std::string> env) {
   const bool broker = options_.privilege_separated;
-  return std::make_shared<ManagedKernel>(
+  auto k = std::make_shared<ManagedKernel>(
       id, std::move(spec), options_.state_dir + "/kernels/" + id, uid, std::move(env), now_,
       broker ? options_.state_dir + "/work/" + id : std::string(), /*shared_files=*/broker);
+  if (!options_.state_dir.empty()) {
+    k->record_deliveries_in(k->home() + "/delivered");
+  }
+  return k;
 }
 
 kernel::ClientOptions KernelRegistry::Impl::client_options(

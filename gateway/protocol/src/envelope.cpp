@@ -117,7 +117,9 @@ Result<EnvelopePtr> Envelope::from_wire(Channel channel, std::span<const std::st
   for (std::string_view b : raw.buffers) {
     frames.buffers.emplace_back(b);
   }
-  return checked(channel, std::move(frames));
+  CELLGATE_ASSIGN_OR_RETURN(EnvelopePtr env, checked(channel, std::move(frames)));
+  const_cast<Envelope&>(*env).from_kernel_ = true;  // not yet shared: made just above
+  return env;
 }
 
 Result<EnvelopePtr> Envelope::from_frames(Channel channel, Frames frames) {

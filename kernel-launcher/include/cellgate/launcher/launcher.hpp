@@ -34,6 +34,10 @@ struct LaunchOptions {
   // Jailed only: the zygote's socket (zygote.hpp). A python3 ipykernel is then forked from the
   // zygote instead of started cold; any other kernel, or no zygote answering, starts cold.
   std::string zygote_socket;
+  // Jailed only (--spool-socket): where the launcher answers a gateway asking for the kernel's
+  // iopub messages it spooled (src/spool.hpp: the last kSpoolBudgetBytes of them, kept while no
+  // gateway listens). "": no spool.
+  std::string spool_socket;
   // run_restore_mode() only: the image dir a checkpoint was dumped to (checkpoint.hpp).
   std::string restore_dir;
   // run_checkpoint() only (--leave-running): a snapshot; the jail runs on after the dump and

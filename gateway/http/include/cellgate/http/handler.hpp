@@ -31,6 +31,8 @@ class OutFrame {
   virtual ~OutFrame() = default;
   virtual const std::string& bytes() const = 0;
   virtual bool binary() const = 0;
+  // Its write completed: every byte is in the kernel's socket buffer (on the strand).
+  virtual void written() const {}
 };
 
 // A frame already made.

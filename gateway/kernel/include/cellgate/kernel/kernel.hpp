@@ -222,6 +222,8 @@ class KernelProcessHandle {
   // The facts a restarted gateway adopts it by; nullopt when this kind of process cannot be
   // adopted (a fake).
   virtual std::optional<AdoptionFacts> adoption_facts() const { return std::nullopt; }
+  // The unix socket where its launcher answers for the iopub it spooled (spool.hpp); "" : none.
+  virtual std::string spool_socket() const { return {}; }
   // Whether the launcher reported the kernel forked from the zygote (false: started cold).
   virtual bool from_zygote() const { return false; }
   // Lets the kernel run on when the handle goes (a gateway handing its kernels over to the next

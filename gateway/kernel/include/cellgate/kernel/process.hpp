@@ -131,6 +131,7 @@ class KernelProcess : public KernelProcessHandle {
   // Waits up to `timeout` for the kernel to end.
   std::optional<launcher::StatusEvent> wait_exit(std::chrono::milliseconds timeout) override;
   std::optional<AdoptionFacts> adoption_facts() const override;
+  std::string spool_socket() const override;
   bool from_zygote() const override { return started_ && started_->zygote; }
   void detach() override;
   // process_checkpoint.cpp: `cellgate-kernel --checkpoint` and `--restore` on this kernel's

@@ -56,6 +56,13 @@
 
 namespace cellgate::kernels {
 
+class DeliveryRecord;
+
+// A gateway-made iopub stream message (stderr) saying `count` messages (exactly, or at most) were
+// lost before `next` (whose cell it is shown in; null: none); metadata.cellgate.lost_messages.
+protocol::EnvelopePtr lost_notice(std::uint64_t count, bool exact,
+                                  const protocol::EnvelopePtr& next);
+
 // The clock idle times are measured on (last_activity, culling): util::Clock::now in the
 // gateway, a clock the test moves in unit tests.
 using Now = std::function<util::Clock::time_point()>;
@@ -182,6 +189,21 @@ class ManagedKernel {
   // launcher's exit report, or lost heartbeats.
   std::string death_reason() const;
 
+  // ---- what each session was sent (delivery_record.hpp; docs/kernel-gateway.md) ----
+  // Keep the record in this file (state_dir/kernels/<id>/delivered); before the kernel is shared.
+  void record_deliveries_in(std::string path);
+  // A kernel's iopub message `msg` was written to the WebSocket of `session_id`.
+  void delivered(const std::string& session_id, const protocol::Envelope& msg);
+  // Adoption, before the connection starts: every session the record names (the most recent
+  // kMaxOfflineSessions) is made absent, so what arrives live is kept for it; returns each one's
+  // last delivered msg_id.
+  std::map<std::string, std::string> expect_absent_sessions();
+  // Adoption, once the launcher's spool is read: `spooled` (what the kernel published after that
+  // session's last delivered message, as the launcher kept it) goes before what arrived live
+  // meanwhile, the overlap once; `notice` (when some was lost) first.
+  void add_spooled(const std::string& session_id, const std::vector<protocol::EnvelopePtr>& spooled,
+                   const protocol::EnvelopePtr& notice);
+
   // ---- what the connection reports (kernel::ClientOptions) ----
   void on_iopub(const protocol::EnvelopePtr& msg);
   void on_unrouted(const protocol::EnvelopePtr& msg);
@@ -260,6 +282,7 @@ class ManagedKernel {
   static constexpr std::size_t kMaxOfflineSessions = 8;
   void keep_for_offline_locked(const protocol::EnvelopePtr& msg, const std::string& reply_session)
       CELLGATE_REQUIRES(mu_);
+  void trim_offline_locked() CELLGATE_REQUIRES(mu_);
 
   void touch_locked() CELLGATE_REQUIRES(mu_);
   std::vector<std::shared_ptr<ChannelListener>> listeners_locked() const CELLGATE_REQUIRES(mu_);
@@ -273,6 +296,7 @@ class ManagedKernel {
   const uid_t uid_;
   const std::map<std::string, std::string> env_;
   const Now now_;
+  std::unique_ptr<DeliveryRecord> delivery_;  // set before the kernel is shared; thread-safe
 
   Mutex lifecycle_mu_;  // before mu_
   mutable Mutex mu_;

@@ -68,6 +68,8 @@ class Envelope {
   const Frames& frames() const { return frames_; }
   // Every byte of the frames and buffers.
   std::size_t size() const;
+  // Made by from_wire(): a kernel sent it (not the gateway, not a client).
+  bool from_kernel() const { return from_kernel_; }
 
   // The parsed message (identities empty). Made on the first call.
   const Message& message() const;
@@ -90,6 +92,7 @@ class Envelope {
   Frames frames_;
   HeaderInfo header_;
   ParentInfo parent_;
+  bool from_kernel_ = false;
 
   mutable std::once_flag message_once_;
   mutable Message message_;
