@@ -109,9 +109,17 @@ std::unique_ptr<SpoolService> SpoolService::start(const std::string& iopub_endpo
     warn("chmod/listen('" + socket_path + "'): " + sys::error_text(errno) + "; no spool");
     return nullptr;
   }
+  s->iopub_endpoint_ = iopub_endpoint;
+  if (!s->subscribe()) {
+    return nullptr;
+  }
+  return s;
+}
+
+bool SpoolService::subscribe() {
   try {
-    s->zmq_ = std::make_unique<Zmq>();
-    auto& sub = s->zmq_->sub;
+    auto zmq = std::make_unique<Zmq>();
+    auto& sub = zmq->sub;
     sub.set(zmq::sockopt::linger, 0);
     // No frame larger than the whole budget is ever kept: libzmq drops the connection instead
     // of buffering it (and reconnects).
@@ -123,17 +131,21 @@ std::unique_ptr<SpoolService> SpoolService::start(const std::string& iopub_endpo
     // request.
     sub.set(zmq::sockopt::rcvhwm, 32);
     sub.set(zmq::sockopt::subscribe, "");
-    sub.connect(iopub_endpoint);
-    s->zmq_->fd = sub.get(zmq::sockopt::fd);
+    sub.connect(iopub_endpoint_);
+    zmq->fd = sub.get(zmq::sockopt::fd);
+    zmq_ = std::move(zmq);
   } catch (const zmq::error_t& e) {
-    warn(std::string("SUB on ") + iopub_endpoint + ": " + e.what() + "; no spool");
-    return nullptr;
+    warn(std::string("SUB on ") + iopub_endpoint_ + ": " + e.what() + "; no spool");
+    return false;
   }
-  return s;
+  backlog_ = true;  // ZMQ_FD is edge-triggered: drain once before waiting on it
+  return true;
 }
 
 void SpoolService::add_pollfds(std::vector<pollfd>& fds) const {
-  fds.push_back({zmq_->fd, POLLIN, 0});
+  if (zmq_) {
+    fds.push_back({zmq_->fd, POLLIN, 0});
+  }
   fds.push_back({listen_.get(), POLLIN, 0});
 }
 
@@ -149,6 +161,9 @@ void SpoolService::on_poll(const std::vector<pollfd>& fds) {
 
 void SpoolService::drain() {
   backlog_ = false;
+  if (!zmq_) {
+    return;  // held
+  }
   try {
     for (int n = 0; n < kDrainBatch; ++n) {
       std::vector<std::string> frames;
@@ -201,6 +216,21 @@ void SpoolService::serve_one() {
              Clock::now() + kRequestTimeout);
     return;
   }
+  const auto deadline = Clock::now() + kReplyTimeout;
+  if (auto hold = request.find("hold"); hold != request.end() && hold->is_boolean()) {
+    if (hold->get<bool>()) {
+      // zmq_ctx_term (the context's destructor) returns once libzmq's I/O thread has closed
+      // the socket's descriptors: the jail then has no stream leading here.
+      zmq_.reset();
+    } else if (!zmq_) {
+      (void)subscribe();  // a failure leaves it held, and says so below
+    }
+    send_all(conn.get(), std::string("{\"held\":") + (zmq_ ? "false" : "true") + "}\n", deadline);
+    return;
+  }
+  if (!zmq_) {
+    (void)subscribe();  // a gateway that held it died before it let go
+  }
   std::optional<std::string> after;
   if (auto it = request.find("after"); it != request.end() && it->is_string()) {
     after = it->get<std::string>();
@@ -211,7 +241,6 @@ void SpoolService::serve_one() {
     reply.messages.clear();
     reply.bytes = 0;
   }
-  const auto deadline = Clock::now() + kReplyTimeout;
   if (send_all(conn.get(), reply.head(kSpoolBudgetBytes), deadline)) {
     send_all(conn.get(), reply.body(), deadline);
   }

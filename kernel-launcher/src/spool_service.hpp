@@ -14,6 +14,14 @@
 // launcher's signal forwarding by seconds at most. Nothing fails the launch: a spool that cannot
 // start is logged and the kernel runs without one.
 //
+// A checkpoint holds the spool: CRIU cannot dump a jail whose unix stream leads out of it, and
+// the SUB socket is one. `{"hold":true}\n` closes the SUB socket and ends libzmq's I/O thread
+// (zmq_ctx_term waits for the descriptors to close) before it answers `{"held":true}\n`;
+// `{"hold":false}\n` connects again and answers `{"held":false}\n`. What the kernel publishes
+// while held is not spooled (the gateway holds it only while its own sockets are closed too, for
+// the dump). Any other request ends a hold first: a gateway killed mid-snapshot leaves none for
+// the next one to find.
+//
 // Thread-safety: the launcher's one thread.
 #pragma once
 
@@ -55,14 +63,18 @@ class SpoolService {
   void on_poll(const std::vector<pollfd>& fds);
 
   const IopubSpool& spool() const { return spool_; }
+  bool held() const { return !zmq_; }
 
  private:
   struct Zmq;
   SpoolService();
+  // Connects the SUB socket; false (with a line on stderr) when it cannot.
+  bool subscribe();
   void drain();
   void serve_one();
 
-  std::unique_ptr<Zmq> zmq_;
+  std::string iopub_endpoint_;
+  std::unique_ptr<Zmq> zmq_;  // null while held
   UniqueFd listen_;
   std::string socket_path_;
   IopubSpool spool_{kSpoolBudgetBytes};

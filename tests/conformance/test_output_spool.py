@@ -95,11 +95,13 @@ def read_until_end(client, msg_id):
             return got
 
 
-def run(tmp, leave_before_kill):
-    first = gb.start_cellgate(BIN_DIR, tmp, 4, ("--pool-size", "0"))
+def run(tmp, leave_before_kill, flags=("--pool-size", "0"), before=None):
+    first = gb.start_cellgate(BIN_DIR, tmp, 4, flags)
     second = None
     try:
         kid = gb.start_kernel(first)
+        if before:
+            before(first, kid)
         session = uuid.uuid4().hex
         client = connect(first, kid, session)
         msg_id = client.execute(CELL)
@@ -133,7 +135,7 @@ def run(tmp, leave_before_kill):
         # Published while no gateway runs: the second half.
         (work_dir(first, kid) / "go1").write_text("go")
         wait_for(lambda: (work_dir(first, kid) / "printed").exists(), 120, "the second half")
-        second = gb.start_cellgate(BIN_DIR, tmp, 4, ("--pool-size", "0"))
+        second = gb.start_cellgate(BIN_DIR, tmp, 4, flags)
         back = connect(second, kid, session)
         # Live output after the restart: the cell's end.
         (work_dir(second, kid) / "go2").write_text("go")
@@ -170,6 +172,44 @@ def test_a_client_cut_off_then_the_gateway_killed_gets_every_line_once():
 def test_a_client_connected_at_the_kill_misses_no_line():
     with tempfile.TemporaryDirectory() as tmp:
         run(tmp, leave_before_kill=False)
+
+
+# A checkpoint holds the launcher's spool for the dump (CRIU cannot dump the unix stream it
+# reads iopub by) and lets it go on after: a kernel snapshotted, or hibernated and resumed,
+# still keeps what it prints while no gateway runs.
+CHECKPOINT_FLAGS = ("--no-zygote", "--checkpoint-without-landlock", "--pool-size", "0")
+INSTALLED_CRIU = "/opt/cellgate/criu/sbin/criu"  # scripts/install-criu
+
+
+def checkpoint_or_skip(server, path):
+    import json
+    status, raw = gb.http_request(server, "POST", path, None, timeout=180)
+    answer = json.loads(raw) if raw else None
+    if status == 501:
+        assert not os.path.exists(INSTALLED_CRIU), answer
+        pytest.skip(f"checkpoints unavailable here: {answer['message']}")
+    assert status in (200, 201), (status, answer, server.log_tail())
+
+
+def test_a_snapshotted_kernel_still_spools_while_no_gateway_runs():
+    def snapshot(server, kid):
+        checkpoint_or_skip(server, f"/api/kernels/{kid}/snapshots")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run(tmp, leave_before_kill=True, flags=CHECKPOINT_FLAGS, before=snapshot)
+
+
+def test_a_resumed_kernel_spools_while_no_gateway_runs():
+    def hibernate_and_resume(server, kid):
+        checkpoint_or_skip(server, f"/api/kernels/{kid}/hibernate")
+        client = gb.KernelClient(server, kid)  # its execute resumes the kernel
+        try:
+            assert client.run_stdout("print('resumed')") == "resumed\n"
+        finally:
+            client.close()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run(tmp, leave_before_kill=True, flags=CHECKPOINT_FLAGS, before=hibernate_and_resume)
 
 
 def launcher_pid(server, kid):

@@ -3,6 +3,7 @@
 // same runtime dir: the jail spec, the connection dir (its ipc sockets are restored at the same
 // paths) and the work dir, whose tmpfs outlives the jail's processes.
 #include <fcntl.h>
+#include <spdlog/spdlog.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,12 +14,17 @@
 #include <utility>
 
 #include "cellgate/kernel/process.hpp"
+#include "cellgate/kernel/spool.hpp"
 #include "cellgate/sys/file.hpp"
 
 namespace cellgate::kernel {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The launcher answers a hold once its SUB socket is closed: milliseconds, unless it is busy
+// answering a gateway's read of the spool (bounded by its own reply timeout).
+constexpr std::chrono::milliseconds kSpoolHoldTimeout{15000};
 
 Error not_hibernatable(const std::string& why) {
   return make_error(ErrorCode::kFailedPrecondition, "not_hibernatable", why);
@@ -109,13 +115,41 @@ Result<void> KernelProcess::dump(const std::string& image_dir, bool leave_runnin
   if (!compress) {
     args.emplace_back("--no-compress");
   }
+  // The launcher's iopub spool is a unix stream into the jail, which CRIU cannot dump: it lets
+  // go of the kernel's iopub for the dump, and takes it up again when the jail runs on.
+  const std::string spool = spool_socket();
+  bool held = false;
+  if (!spool.empty()) {
+    auto hold = hold_spool(spool, true, kSpoolHoldTimeout);
+    held = hold && *hold;
+    if (!held) {
+      spdlog::warn("kernel {}: its launcher's spool was not held for the dump: {}", kernel_pid_,
+                   hold ? "it could not close its socket" : hold.error().message);
+    }
+  }
+  auto let_go = [&] {
+    if (held) {
+      if (auto go = hold_spool(spool, false, kSpoolHoldTimeout); !go || *go) {
+        spdlog::warn(
+            "kernel {}: its launcher's spool did not take up iopub again after the "
+            "dump; output published while no gateway runs may be lost",
+            kernel_pid_);
+      }
+    }
+  };
   CELLGATE_ASSIGN_OR_RETURN(auto pipe, status_pipe());
   auto& [read_end, write_end] = pipe;
-  CELLGATE_ASSIGN_OR_RETURN(
-      pid_t dumper,
-      spawn_with_status_fd(std::move(args), launcher_environment(), write_end.get(), log_file_));
+  auto dumper =
+      spawn_with_status_fd(std::move(args), launcher_environment(), write_end.get(), log_file_);
+  if (!dumper) {
+    let_go();
+    return std::move(dumper).error();
+  }
   write_end.reset();
-  const int status = reap(dumper);
+  const int status = reap(*dumper);
+  if (leave_running || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    let_go();  // the jail runs on
+  }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     std::string why = last_launcher_line(log_tail(4000));
     return make_error(ErrorCode::kInternal, "checkpoint_failed",

@@ -57,11 +57,8 @@ std::uint32_t u32_at(const std::string& s, std::size_t at) {
   return v;
 }
 
-}  // namespace
-
-Result<SpooledIopub> fetch_spool(const std::string& socket_path, const std::string& after,
-                                 std::chrono::milliseconds timeout, bool head_only) {
-  const auto deadline = Clock::now() + timeout;
+// Connects to the launcher's spool socket and sends one request line.
+Result<UniqueFd> send_request(const std::string& socket_path, const nlohmann::json& request) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (socket_path.empty() || socket_path.size() >= sizeof addr.sun_path) {
@@ -72,6 +69,33 @@ Result<SpooledIopub> fetch_spool(const std::string& socket_path, const std::stri
   if (!fd || ::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     return errno_error(ErrorCode::kUnavailable, "spool", "connect('" + socket_path + "')", errno);
   }
+  const std::string line = request.dump() + "\n";
+  if (::send(fd.get(), line.data(), line.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(line.size())) {
+    return errno_error(ErrorCode::kUnavailable, "spool", "send(spool socket)", errno);
+  }
+  return fd;
+}
+
+}  // namespace
+
+Result<bool> hold_spool(const std::string& socket_path, bool hold,
+                        std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  CELLGATE_ASSIGN_OR_RETURN(UniqueFd fd, send_request(socket_path, nlohmann::json{{"hold", hold}}));
+  std::string in;
+  CELLGATE_TRY(read_some(fd.get(), in, 0, deadline));
+  const auto reply = nlohmann::json::parse(in.substr(0, in.find('\n')), nullptr, false);
+  if (!reply.is_object() || !reply.contains("held") || !reply["held"].is_boolean()) {
+    return unavailable("a bad reply to a hold: " +
+                       in.substr(0, std::min<std::size_t>(in.size(), 200)));
+  }
+  return reply["held"].get<bool>();
+}
+
+Result<SpooledIopub> fetch_spool(const std::string& socket_path, const std::string& after,
+                                 std::chrono::milliseconds timeout, bool head_only) {
+  const auto deadline = Clock::now() + timeout;
   nlohmann::json request = nlohmann::json::object();
   if (!after.empty()) {
     request["after"] = after;
@@ -79,11 +103,7 @@ Result<SpooledIopub> fetch_spool(const std::string& socket_path, const std::stri
   if (head_only) {
     request["head_only"] = true;
   }
-  const std::string line = request.dump() + "\n";
-  if (::send(fd.get(), line.data(), line.size(), MSG_NOSIGNAL) !=
-      static_cast<ssize_t>(line.size())) {
-    return errno_error(ErrorCode::kUnavailable, "spool", "send(spool socket)", errno);
-  }
+  CELLGATE_ASSIGN_OR_RETURN(UniqueFd fd, send_request(socket_path, request));
   std::string in;
   CELLGATE_TRY(read_some(fd.get(), in, 0, deadline));
   const std::size_t eol = in.find('\n');
@@ -102,9 +122,15 @@ Result<SpooledIopub> fetch_spool(const std::string& socket_path, const std::stri
     CELLGATE_TRY(read_some(fd.get(), in, bytes, deadline));
   }
   SpooledIopub out;
-  out.found = head.value("found", false);
-  out.dropped = head.value("dropped", std::uint64_t{0});
-  out.dropped_exact = head.value("dropped_exact", false);
+  auto flag = [&](const char* key) {
+    auto it = head.find(key);
+    return it != head.end() && it->is_boolean() && it->get<bool>();
+  };
+  out.found = flag("found");
+  if (auto it = head.find("dropped"); it != head.end() && it->is_number_unsigned()) {
+    out.dropped = it->get<std::uint64_t>();
+  }
+  out.dropped_exact = flag("dropped_exact");
   std::size_t at = 0;
   auto need = [&](std::size_t n) { return at + n <= bytes; };
   for (std::uint64_t m = 0; m < count; ++m) {

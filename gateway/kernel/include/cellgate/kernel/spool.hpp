@@ -37,4 +37,10 @@ inline constexpr std::size_t kMaxSpoolFrames = 64;
 Result<SpooledIopub> fetch_spool(const std::string& socket_path, const std::string& after,
                                  std::chrono::milliseconds timeout, bool head_only = false);
 
+// Holds the spool (`hold` true: the launcher closes its SUB socket on the kernel's iopub, so a
+// checkpoint finds no unix stream leading out of the jail) or lets it go on (false). Answers
+// whether it is held now; kUnavailable when the launcher has no spool or did not answer in time.
+Result<bool> hold_spool(const std::string& socket_path, bool hold,
+                        std::chrono::milliseconds timeout);
+
 }  // namespace cellgate::kernel
