@@ -3,6 +3,8 @@
 // header costs, the reply's wire format read back by fetch_spool, and the hold a checkpoint
 // takes (the SUB socket closed, so the kernel's PUB sees its subscriber go; taken up again
 // after). A real ZeroMQ PUB on an ipc endpoint in a temp dir plays the kernel. No root.
+#include "cellgate/kernel/spool.hpp"
+
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <stdlib.h>
@@ -21,7 +23,6 @@
 #include <vector>
 #include <zmq.hpp>
 
-#include "cellgate/kernel/spool.hpp"
 #include "cellgate/testing/fake_kernel.hpp"
 #include "spool.hpp"
 #include "spool_service.hpp"
@@ -99,8 +100,8 @@ TEST(IopubSpool, AHostileHeaderYieldsNoMsgIdAndCostsBoundedWork) {
   // Deep nesting (no recursion on it), and more than the size limit.
   std::string deep = "{\"a\":" + std::string(60000, '[');
   EXPECT_EQ(header_msg_id(deep), "");
-  std::string large = "{\"msg_id\":\"a\",\"pad\":\"" +
-                      std::string(IopubSpool::kMaxHeaderBytes, 'x') + "\"}";
+  std::string large =
+      "{\"msg_id\":\"a\",\"pad\":\"" + std::string(IopubSpool::kMaxHeaderBytes, 'x') + "\"}";
   EXPECT_EQ(header_msg_id(large), "");
   // Such a message is still kept (it can be replayed, not asked for).
   IopubSpool spool(1 << 20);
