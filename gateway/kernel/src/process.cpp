@@ -363,10 +363,17 @@ void KernelProcess::detach() {
 
 void KernelProcess::parse_status_lines() {
   std::ifstream in(status_file_);
+  exited_.reset();
   for (std::string line; std::getline(in, line);) {
     auto ev = launcher::StatusEvent::parse_line(line);
-    if (ev && ev->kind == launcher::StatusEvent::Kind::kExited) {
+    if (!ev) {
+      continue;
+    }
+    if (ev->kind == launcher::StatusEvent::Kind::kExited) {
       exited_ = *ev;
+    } else if (ev->kind == launcher::StatusEvent::Kind::kStarted) {
+      // A hibernated kernel's file goes on after its restore: the dump's exit came before.
+      exited_.reset();
     }
   }
 }
