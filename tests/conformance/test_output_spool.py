@@ -250,15 +250,7 @@ open('printed', 'w').close()
             assert rss_after - rss_before < 20 * 1024, (rss_before, rss_after)
             second = gb.start_cellgate(BIN_DIR, tmp, 4, ("--pool-size", "0"))
             back = connect(second, kid, session)
-            got = []
-            while True:
-                msg = back.recv()
-                if msg["parent_header"].get("msg_id") != msg_id:
-                    continue
-                got.append(msg)
-                if msg["header"]["msg_type"] == "status" and \
-                        msg["content"]["execution_state"] == "idle":
-                    break
+            got = read_until_end(back, msg_id)
             notices = [m for m in got if m["header"]["msg_type"] == "stream" and
                        "[cellgate]" in m["content"]["text"]]
             lines = [ln.split(" ", 1)[0] for ln in lines_of(stdout_msgs(got, msg_id))]

@@ -47,6 +47,35 @@ print(json.dumps({'uid': os.getuid(), 'pids': sorted(int(p) for p in os.listdir(
 """
 
 
+# A copy's work dir is a new tmpfs, its files made in order: each gets the inode number its
+# source's had unless the source made and removed files before it (as ipykernel's start-up may,
+# by chance). So that the copy's history.sqlite surely has another number than the one its
+# SQLite connections remember, the source's is rewritten as a new file after 64 removed ones,
+# and its history opened on it.
+NEW_INODE = """import os, shutil
+from IPython.core.history import HistorySavingThread
+for i in range(64):
+    open(f'gap{i}', 'w').close()
+    os.remove(f'gap{i}')
+h = get_ipython().history_manager
+h.save_thread.stop()
+h.db.close()
+shutil.copy(h.hist_file, str(h.hist_file) + '.new')
+os.replace(str(h.hist_file) + '.new', h.hist_file)
+h.init_db()
+h.save_thread = HistorySavingThread(h)
+h.save_thread.start()
+"""
+
+# The cells of this session written out now, through the main thread's connection, and read
+# back; the saving thread still runs.
+HISTORY = """h = get_ipython().history_manager
+h.writeout_cache()
+n = h.db.execute('SELECT count(*) FROM history WHERE session = ?', (h.session_number,)).fetchone()[0]
+print('saved' if n > 0 else 'nothing saved', h.save_thread.is_alive())
+"""
+
+
 def test_snapshot_start_and_fork_make_separate_copies():
     with tempfile.TemporaryDirectory() as tmp:
         server = gb.start_cellgate(BIN_DIR, tmp, 8, FLAGS)
@@ -54,6 +83,7 @@ def test_snapshot_start_and_fork_make_separate_copies():
             source = gb.start_kernel(server)
             execute(server, source, "import numpy as np, os\nx = 41\na = np.arange(1e5)\n"
                                     "open('note.txt', 'w').write('kept')")
+            execute(server, source, NEW_INODE)
             src = json.loads(execute(server, source, FACTS))
             client = gb.KernelClient(server, source)
             try:
@@ -105,6 +135,10 @@ print(json.dumps({{'outside': [p for p in reached if p not in own],
                    'host_pid': os.path.exists('/proc/{os.getpid()}/status')}}))
 """))
                 assert probe == {"outside": [], "work": False, "host_pid": False}, probe
+                # IPython's history is written in the copy: its history.sqlite is a new file
+                # (a new inode) at the source's path, which SQLite refused to write to as "a
+                # readonly database" until the copy opened it again.
+                assert execute(server, kid, HISTORY) == "saved True\n"
                 execute(server, kid, "x = -1\nopen('note.txt', 'w').write('changed')")
             assert len(uids) == 4, uids  # per-uid limits (RLIMIT_NPROC, inotify) apart
             # Each copy signs with a connection key of its own, and the gateway talks to it so.

@@ -254,6 +254,28 @@ Result<std::vector<KernelModel>> KernelRegistry::Impl::fork(const std::string& k
 // source's key (the key guards sockets in the copy's own connection dir, which nothing but the
 // copy's jail and the gateway reaches): said in the log.
 
+// The same cell first opens IPython's history database again. SQLite keeps the inode number of
+// the file it opened in the process's memory, and a copy's work dir (where history.sqlite is) is
+// a new tmpfs with new inodes: the first write after the restore failed as "attempt to write a
+// readonly database" (SQLITE_READONLY_DBMOVED), and IPython's saving thread printed that into
+// whichever cell was running and stopped saving. The saving thread is stopped (it waits for work
+// and writes nothing meanwhile), both connections are opened anew, a new thread started. Any
+// failure leaves the history as it was, silently.
+constexpr const char* kReopenHistory =
+    "exec(\"try:\\n"
+    " import atexit\\n"
+    " from IPython.core.history import HistorySavingThread\\n"
+    " h = __import__('IPython').get_ipython().history_manager\\n"
+    " t = h.save_thread\\n"
+    " if h.enabled and t is not None:\\n"
+    "  t.stop()\\n"
+    "  atexit.unregister(t.stop)\\n"
+    "  h.init_db()\\n"
+    "  h.save_thread = HistorySavingThread(h)\\n"
+    "  h.save_thread.start()\\n"
+    "except Exception:\\n"
+    " pass\\n\", {})\n";
+
 Result<void> KernelRegistry::Impl::rekey(const ManagedKernel& k,
                                          kernel::KernelProcessHandle& process) {
   if (k.spec().language != "python") {
@@ -293,9 +315,12 @@ Result<void> KernelRegistry::Impl::rekey(const ManagedKernel& k,
                               backend_.connect(process, co));
     CELLGATE_TRY(old->wait_ready(timeout));
     // The kernel's own IPython, whatever the cell's namespace holds: nothing a user defined in
-    // the source can stand in for it.
-    const std::string code =
-        "__import__('IPython').get_ipython().kernel.session.key = b'" + key + "'\n";
+    // the source can stand in for it. First, in a namespace of its own, IPython's history is
+    // opened again (kReopenHistory); the key's change comes last, so nothing is published
+    // between it and the idle status.
+    const std::string code = std::string(kReopenHistory) +
+                             "__import__('IPython').get_ipython().kernel.session.key = b'" + key +
+                             "'\n";
     kernel::RequestHandlers handlers;
     handlers.on_message = [watch](kernel::Channel channel, const protocol::Message& msg) {
       std::lock_guard lock(watch->mu);
