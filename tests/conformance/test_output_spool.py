@@ -83,6 +83,14 @@ def lines_of(msgs):
     return "".join(m["content"]["text"] for m in msgs).splitlines()
 
 
+def stop_both(first, second):
+    """Stops the restarted gateway, and the first one unless the test killed it."""
+    if second:
+        second.stop()
+    if first.proc.poll() is None:
+        first.stop()
+
+
 def read_until_end(client, msg_id):
     """Messages of the cell until its idle status."""
     got = []
@@ -158,10 +166,7 @@ def run(tmp, leave_before_kill, flags=("--pool-size", "0"), before=None):
         assert back.run_stdout("print('after')") == "after\n"
         back.close()
     finally:
-        if second:
-            second.stop()
-        if first.proc.poll() is None:
-            first.stop()
+        stop_both(first, second)
 
 
 def test_a_client_cut_off_then_the_gateway_killed_gets_every_line_once():
@@ -267,7 +272,4 @@ open('printed', 'w').close()
             assert notices[0]["metadata"]["cellgate"]["lost_messages"] > 0, notices[0]
             back.close()
         finally:
-            if second:
-                second.stop()
-            if first.proc.poll() is None:
-                first.stop()
+            stop_both(first, second)
