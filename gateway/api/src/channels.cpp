@@ -27,8 +27,6 @@ std::optional<Channel> inbound_channel(const std::string& name) {
   return std::nullopt;  // iopub and hb are not for clients to send on
 }
 
-// A kernel message as one connection's frame: the envelope's encoding for the connection's
-// format, made by the first connection that sends it and shared by all.
 // Once written, a kernel's iopub message is recorded as the session's last delivered one
 // (ManagedKernel::delivered): what a gateway after a kill -9 replays starts after it.
 struct DeliveryMark {
@@ -36,6 +34,8 @@ struct DeliveryMark {
   std::string session_id;
 };
 
+// A kernel message as one connection's frame: the envelope's encoding for the connection's
+// format, made by the first connection that sends it and shared by all.
 class EnvelopeFrame : public http::OutFrame {
  public:
   EnvelopeFrame(protocol::EnvelopePtr env, bool v1, std::shared_ptr<const DeliveryMark> mark)
@@ -149,8 +149,8 @@ class ChannelBridge : public http::WsHandler,
 
   void deliver(protocol::EnvelopePtr msg) override {
     if (auto c = connection()) {
-      const bool iopub = msg->channel() == kernel::Channel::kIopub && msg->from_kernel();
-      c->send(std::make_shared<EnvelopeFrame>(std::move(msg), v1_, iopub ? mark_ : nullptr));
+      // ManagedKernel::delivered records a kernel's iopub messages only.
+      c->send(std::make_shared<EnvelopeFrame>(std::move(msg), v1_, mark_));
     }
   }
 

@@ -101,7 +101,9 @@ bool DeliveryRecord::open_locked() {
   }
   map_ = static_cast<unsigned char*>(m);
   for (std::size_t s = 0; s < kSlots; ++s) {
-    if (const Copy* c = newest(map_, s)) {
+    const Copy* c = newest(map_, s);
+    newer_[s] = c == nullptr ? -1 : (c == copy_at(map_, s, 0) ? 0 : 1);
+    if (c != nullptr) {
       slot_of_.emplace(std::string(c->session, c->session_len), s);
       generation_ = std::max(generation_, c->generation);
     }
@@ -125,8 +127,7 @@ void DeliveryRecord::delivered(std::string_view session_id, std::string_view msg
     // A free slot, else the one written longest ago.
     std::uint64_t oldest = UINT64_MAX;
     for (std::size_t s = 0; s < kSlots; ++s) {
-      const Copy* c = newest(map_, s);
-      const std::uint64_t g = c ? c->generation : 0;
+      const std::uint64_t g = newer_[s] < 0 ? 0 : copy_at(map_, s, newer_[s])->generation;
       if (g < oldest) {
         oldest = g;
         slot = s;
@@ -136,8 +137,8 @@ void DeliveryRecord::delivered(std::string_view session_id, std::string_view msg
     slot_of_.emplace(std::string(session_id), slot);
   }
   // Over the older copy (or the one that is not whole); the newer stays whole meanwhile.
-  const Copy* keep = newest(map_, slot);
-  Copy* c = copy_at(map_, slot, keep == copy_at(map_, slot, 0) ? 1 : 0);
+  const int target = newer_[slot] == 0 ? 1 : 0;
+  Copy* c = copy_at(map_, slot, target);
   Copy next{};
   next.generation = ++generation_;
   next.session_len = static_cast<std::uint16_t>(session_id.size());
@@ -146,6 +147,7 @@ void DeliveryRecord::delivered(std::string_view session_id, std::string_view msg
   std::memcpy(next.msg_id, msg_id.data(), msg_id.size());
   next.checksum = checksum_of(next);
   std::memcpy(static_cast<void*>(c), &next, sizeof next);
+  newer_[slot] = target;
 }
 
 std::map<std::string, DeliveryRecord::Last> DeliveryRecord::read() {

@@ -9,13 +9,15 @@
 //
 // Each slot holds two copies, written alternately, each with a generation and a checksum: a kill
 // in the middle of a write leaves the other copy whole, and the reader takes the newest whole
-// one. A write is a hash lookup, a copy of a few hundred bytes and a checksum over them. Past
+// one. A write is a lookup, a copy of a few hundred bytes and a checksum over them (which copy
+// of each slot is the newer is kept in memory, not found again by checksums). Past
 // kSlots sessions the one written longest ago gives up its slot. Session ids and msg_ids longer
 // than the slot holds are not recorded (ipykernel's are ~50 bytes; jupyter clients' uuids 32-36).
 //
 // Thread-safety: every method is thread-safe (one mutex; WebSocket strands call delivered()).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -56,6 +58,9 @@ class DeliveryRecord {
   unsigned char* map_ CELLGATE_GUARDED_BY(mu_) = nullptr;
   std::map<std::string, std::size_t, std::less<>> slot_of_ CELLGATE_GUARDED_BY(mu_);
   std::uint64_t generation_ CELLGATE_GUARDED_BY(mu_) = 0;
+  // Per slot, its newer whole copy (0 or 1), -1 when neither is whole; read once at open, then
+  // kept as each write makes the other copy the newer.
+  std::array<int, kSlots> newer_ CELLGATE_GUARDED_BY(mu_){};
 };
 
 }  // namespace cellgate::kernels

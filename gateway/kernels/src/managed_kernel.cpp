@@ -657,10 +657,6 @@ void ManagedKernel::resume_failed(const std::string& reason) {
   }
 }
 
-}  // namespace cellgate::kernels
-
-namespace cellgate::kernels {
-
 protocol::EnvelopePtr lost_notice(std::uint64_t count, bool exact,
                                   const protocol::EnvelopePtr& next) {
   static const protocol::Session gateway_session("cellgate");
