@@ -47,7 +47,7 @@ def call(server, method, path, body=None, timeout=120):
 def execute(server, kid, code, timeout=60):
     status, answer = call(server, "POST", f"/api/kernels/{kid}/execute",
                           {"code": code, "timeout": timeout}, timeout=timeout + 30)
-    assert status == 200, (status, answer, server.log_tail())
+    assert status == 200, f"{status} {answer}\n{server.log_tail()}"
     return answer
 
 
@@ -55,7 +55,7 @@ def hibernate(server, kid):
     status, answer = call(server, "POST", f"/api/kernels/{kid}/hibernate")
     if status == 501:
         unavailable(answer)
-    assert status == 200, (status, answer, server.log_tail())
+    assert status == 200, f"{status} {answer}\n{server.log_tail()}"
     return answer
 
 
@@ -253,7 +253,7 @@ def crash(server):
 
 def model(server, kid):
     status, answer = call(server, "GET", f"/api/kernels/{kid}")
-    assert status == 200, (status, answer, server.log_tail())
+    assert status == 200, f"{status} {answer}\n{server.log_tail()}"
     return answer
 
 

@@ -12,6 +12,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <set>
 #include <thread>
 
 namespace cellgate::kernels {
@@ -160,6 +162,94 @@ TEST_F(UidAllocatorTest, SavedOrEffectiveUidAloneMakesAUidBusy) {
   auto uid = a.allocate();
   ASSERT_TRUE(uid.ok()) << uid.error().describe();
   EXPECT_EQ(*uid, base + 2);
+}
+
+// A gateway restarted on a state dir (after kill -9, or stopped with kernels hibernated) must get
+// back the range its kernels run as: CRIU restores a hibernated kernel as the uid it dumped.
+TEST_F(UidAllocatorTest, TheRangeOfTheWantedUidsIsTakenFirstWhenFree) {
+  UidRangeOptions o = options(10, 4);
+  UidAllocator holder(o);
+  ASSERT_TRUE(holder.lease().ok());
+  ASSERT_EQ(holder.range()->first, o.base);
+  {
+    // One uid in range 1, two in range 3 (and one beyond every range, ignored): range 3 first.
+    UidAllocator restarted(o);
+    ASSERT_TRUE(restarted.lease({o.base + 12, o.base + 31, o.base + 35, o.base + 1000}).ok());
+    EXPECT_EQ(restarted.range()->first, o.base + 30);
+    EXPECT_TRUE(restarted.reserve(o.base + 31).ok());
+  }
+  // Range 3 is free again but range 1 is the only wanted one now.
+  UidAllocator again(o);
+  ASSERT_TRUE(again.lease({o.base + 12}).ok());
+  EXPECT_EQ(again.range()->first, o.base + 10);
+  // A wanted range another gateway holds is not waited for: the next free one is taken.
+  UidAllocator other(o);
+  ASSERT_TRUE(other.lease({o.base + 12}).ok());
+  EXPECT_EQ(other.range()->first, o.base + 20);
+}
+
+TEST_F(UidAllocatorTest, AFreeRangeAnotherStateDirStillKeepsIsTakenOnlyWhenNoOtherIsFree) {
+  std::set<std::string> keeping = {"/state/a"};
+  auto owned = [&](const std::string& owner, std::size_t ranges) {
+    UidRangeOptions o = options(10, ranges);
+    o.owner = owner;
+    o.owner_keeps = [&keeping](const std::string& other) { return keeping.count(other) > 0; };
+    return o;
+  };
+  {
+    UidAllocator a(owned("/state/a", 2));  // killed with kernels left in its state dir
+    ASSERT_TRUE(a.lease().ok());
+    ASSERT_EQ(a.range()->first, options().base);
+    std::ifstream lease(a.range()->lease_file);
+    const std::string text((std::istreambuf_iterator<char>(lease)), {});
+    EXPECT_NE(text.find("\nstate_dir /state/a\n"), std::string::npos) << text;
+  }
+  {
+    UidAllocator b(owned("/state/b", 2));
+    ASSERT_TRUE(b.lease().ok());
+    EXPECT_EQ(b.range()->first, options().base + 10);  // range 0 is a's
+    UidAllocator c(owned("/state/c", 2));
+    ASSERT_TRUE(c.lease().ok());  // nothing else free: a's range, with a warning
+    EXPECT_EQ(c.range()->first, options().base);
+  }
+  // c held range 0 last and keeps nothing: free for anyone again.
+  UidAllocator d(owned("/state/d", 2));
+  ASSERT_TRUE(d.lease().ok());
+  EXPECT_EQ(d.range()->first, options().base);
+}
+
+TEST_F(UidAllocatorTest, ItsOwnStateDirsRangeAndOneWhoseOwnerKeepsNothingAreTaken) {
+  std::set<std::string> keeping = {"/state/a"};
+  UidRangeOptions o = options(10, 3);
+  o.owner_keeps = [&keeping](const std::string& other) { return keeping.count(other) > 0; };
+  o.owner = "/state/a";
+  { ASSERT_TRUE(UidAllocator(o).lease().ok()); }
+  {
+    // The same state dir again, with no kernel uids to want: its own range 0.
+    UidAllocator a(o);
+    ASSERT_TRUE(a.lease().ok());
+    EXPECT_EQ(a.range()->first, o.base);
+  }
+  keeping.clear();  // a's kernels are gone: its range is anyone's
+  o.owner = "/state/z";
+  UidAllocator z(o);
+  ASSERT_TRUE(z.lease().ok());
+  EXPECT_EQ(z.range()->first, o.base);
+}
+
+TEST_F(UidAllocatorTest, AHostileLeaseFileNamesNoOwner) {
+  UidRangeOptions o = options(10, 2);
+  fs::create_directories(o.lease_dir);
+  {
+    // A line never finished, longer than what is read: no owner to trust.
+    std::ofstream f(o.lease_dir + "/range-0");
+    f << "pid 1\nstate_dir /state/a" << std::string(10000, 'x');
+  }
+  o.owner = "/state/b";
+  o.owner_keeps = [](const std::string&) { return true; };
+  UidAllocator b(o);
+  ASSERT_TRUE(b.lease().ok());
+  EXPECT_EQ(b.range()->first, o.base);
 }
 
 TEST_F(UidAllocatorTest, AllRangesLeasedIsAnError) {

@@ -6,8 +6,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <sstream>
 
+#include "cellgate/kernels/registry.hpp"
 #include "cellgate/launcher/spec_json.hpp"
 #include "cellgate/util/fs.hpp"
 
@@ -91,6 +93,30 @@ std::vector<Record> read_records(const std::string& state_dir) {
     out.push_back(std::move(r));
   }
   return out;
+}
+
+std::set<uid_t> recorded_kernel_uids(const std::string& state_dir) {
+  std::set<uid_t> out;
+  for (const Record& r : read_records(state_dir)) {
+    if (!r.pooled && r.process && r.uid != 0) {
+      out.insert(r.uid);
+    }
+  }
+  return out;
+}
+
+UidRangeOptions owned_by_state_dir(UidRangeOptions uids, const std::string& state_dir) {
+  uids.owner = state_dir;
+  uids.owner_keeps = [](const std::string& owner) {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(owner + "/kernels", ec)) {
+      if (entry.path().extension() == ".json") {
+        return true;
+      }
+    }
+    return false;
+  };
+  return uids;
 }
 
 void remove_record(const std::string& state_dir, const std::string& id) {

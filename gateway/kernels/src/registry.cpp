@@ -49,8 +49,11 @@ UidRangeOptions uid_options(const RegistryOptions& o) {
     u.range_size = range.count;
     u.ranges = 1;
   }
-  if (u.fallback_lease_dir.empty() && !o.state_dir.empty()) {
-    u.fallback_lease_dir = o.state_dir + "/uid-ranges";
+  if (!o.state_dir.empty()) {
+    if (u.fallback_lease_dir.empty()) {
+      u.fallback_lease_dir = o.state_dir + "/uid-ranges";
+    }
+    u = owned_by_state_dir(std::move(u), o.state_dir);
   }
   return u;
 }
@@ -160,18 +163,23 @@ Result<void> KernelRegistry::Impl::claim_state_dir() {
 }
 
 void KernelRegistry::Impl::start() {
+  const auto claimed = claim_state_dir();
+  if (!claimed) {
+    spdlog::error("{}; not adopting or cleaning up any kernel of it", claimed.error().message);
+  }
   // The uid range now, so a gateway that cannot have one says so at startup; kernel starts
-  // fail closed (allocate() answers the same error) until one is free.
+  // fail closed (allocate() answers the same error) until one is free. The range our kernels
+  // already run as, if free: adopted and hibernated kernels come back only as their own uid.
   if (!options_.no_jail) {
-    if (auto leased = uids_.lease(); !leased) {
+    const std::set<uid_t> wanted =
+        claimed ? recorded_kernel_uids(options_.state_dir) : std::set<uid_t>{};
+    if (auto leased = uids_.lease(wanted); !leased) {
       spdlog::error("{}; no kernel can start", leased.error().message);
     }
   }
   backend_.start();
-  if (auto claimed = claim_state_dir(); claimed) {
+  if (claimed) {
     adopt_kernels();
-  } else {
-    spdlog::error("{}; not adopting or cleaning up any kernel of it", claimed.error().message);
   }
   start_monitor();
   pool_.start();

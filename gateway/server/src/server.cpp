@@ -655,8 +655,8 @@ Result<std::unique_ptr<kernel::KernelBackend>> split_privileges(
   const engine::EngineOptions parts = engine_options(o);
   kernels::UidRangeOptions u = parts.registry.uids;
   u.fallback_lease_dir = o.state_dir + "/run/uid-ranges";
-  lease.emplace(u);
-  CELLGATE_TRY(lease->lease());
+  lease.emplace(kernels::owned_by_state_dir(std::move(u), o.state_dir));
+  CELLGATE_TRY(lease->lease(kernels::recorded_kernel_uids(o.state_dir)));
   const auto range = *lease->range();
 
   broker::BrokerPolicy policy;

@@ -139,6 +139,13 @@ struct RegistryOptions {
   UidRangeOptions uids;
 };
 
+// The uids of the kernels a state dir's records say run or lie hibernated (pooled ones aside):
+// the range a gateway restarted on that state dir leases first (uid_allocator.hpp).
+std::set<uid_t> recorded_kernel_uids(const std::string& state_dir);
+// `uids` with `state_dir` as the owner named in its lease file, and another owner counted as
+// keeping its range while its state dir has kernel records.
+UidRangeOptions owned_by_state_dir(UidRangeOptions uids, const std::string& state_dir);
+
 // What the registry has done since it started (GET /metrics).
 struct RegistryStats {
   util::Counter starts;          // client kernels started, pool claims included

@@ -7,6 +7,11 @@
 //    gateway's range is free again at once — for the next gateway to find its orphans in:
 //  - A uid is never handed out while any process still runs as it (real, effective, saved or fs
 //    uid, from /proc/<pid>/status), whoever started it.
+// A range stays with its state dir across restarts: the lease file names the state dir (`owner`)
+// that holds it, and lease() takes, in this order, the ranges of the uids the restarted
+// gateway's kernels already run as (`wanted`: adopted and hibernated kernels can only come back
+// as their uid), then free ranges no other state dir still keeps kernels in (`owner_keeps`), and
+// only then, with a warning, a range another state dir's kernels may need.
 // lease_dir is host-wide (/run/cellgate/uid-ranges); when it cannot be made or written, the
 // fallback dir (the state dir's) is used and a warning says that other state dirs may then
 // draw the same range (the /proc check still keeps live uids apart).
@@ -26,6 +31,7 @@
 #include <sys/types.h>
 
 #include <cstddef>
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -42,6 +48,10 @@ struct UidRangeOptions {
   std::size_t ranges = 1000;  // gateways per host
   std::string lease_dir = "/run/cellgate/uid-ranges";  // host-wide
   std::string fallback_lease_dir;  // when lease_dir is not writable; empty: none
+  std::string owner;               // written into the lease file: the gateway's state dir
+  // Whether the state dir named in a free range's lease file still has kernels that need that
+  // range's uids (a gateway killed, or stopped with kernels hibernated). Empty: never.
+  std::function<bool(const std::string& owner)> owner_keeps;
 };
 
 class UidAllocator {
@@ -50,8 +60,9 @@ class UidAllocator {
   UidAllocator(const UidAllocator&) = delete;
   UidAllocator& operator=(const UidAllocator&) = delete;
 
-  // Takes the first free range (once; later calls answer the same).
-  Result<void> lease();
+  // Takes a free range (once; later calls answer the same): one holding the most of `wanted`
+  // first, then the first no other owner keeps, then any.
+  Result<void> lease(const std::set<uid_t>& wanted = {});
   // The lowest uid of our range not allocated and with no live process; leases first if needed.
   Result<uid_t> allocate();
   // Marks `uid` allocated: a kernel a previous gateway started (adopted, or hibernated with no
@@ -68,10 +79,13 @@ class UidAllocator {
   std::optional<Range> range() const;
 
  private:
-  Result<void> lease_locked() CELLGATE_REQUIRES(mu_);
-  // Tries every range's lease file in `dir`: true when one is ours now, false when all are held,
-  // an error when the dir cannot be used at all.
-  Result<bool> lease_in(const std::string& dir) CELLGATE_REQUIRES(mu_);
+  Result<void> lease_locked(const std::set<uid_t>& wanted) CELLGATE_REQUIRES(mu_);
+  // Tries every range's lease file in `dir`, in lease()'s order: true when one is ours now, false
+  // when all are held, an error when the dir cannot be used at all.
+  Result<bool> lease_in(const std::string& dir, const std::set<uid_t>& wanted)
+      CELLGATE_REQUIRES(mu_);
+  // Makes range i, whose lease file `fd` we have locked, ours.
+  void take(std::size_t i, const std::string& path, UniqueFd fd) CELLGATE_REQUIRES(mu_);
 
   const UidRangeOptions options_;
   mutable Mutex mu_;
