@@ -123,3 +123,51 @@ Result<CgroupStats> read_cgroup_stats(CgroupVersion version, const std::vector<s
 }
 
 }  // namespace cellgate::jail
+
+namespace cellgate::jail {
+
+using namespace cgroup_internal;  // NOLINT(google-build-using-namespace): this room's helpers
+
+namespace {
+
+// The directory of `dirs` holding the CPU quota file, and the file's path.
+Result<std::string> cpu_quota_file(CgroupVersion version, const std::vector<std::string>& dirs) {
+  const char* name = version == CgroupVersion::kV1 ? "/cpu.cfs_quota_us" : "/cpu.max";
+  for (const auto& dir : dirs) {
+    if (!is_dir(dir)) {
+      return make_error(ErrorCode::kNotFound, "cgroup_removed", dir + " no longer exists");
+    }
+    if (exists(dir + name)) {
+      return dir + name;
+    }
+  }
+  return make_error(ErrorCode::kFailedPrecondition, "cpu_limit_unavailable",
+                    "the kernel's cgroup has no CPU limit file (" + std::string(name + 1) + ")");
+}
+
+}  // namespace
+
+Result<std::string> read_cpu_quota(CgroupVersion version, const std::vector<std::string>& dirs) {
+  CELLGATE_ASSIGN_OR_RETURN(const std::string path, cpu_quota_file(version, dirs));
+  CELLGATE_ASSIGN_OR_RETURN(std::string text, cgroup_internal::read_file(path));
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) {
+    text.pop_back();
+  }
+  return text;
+}
+
+Result<void> write_cpu_quota(CgroupVersion version, const std::vector<std::string>& dirs,
+                             const std::string& value) {
+  CELLGATE_ASSIGN_OR_RETURN(const std::string path, cpu_quota_file(version, dirs));
+  return cgroup_internal::write_file(path, value);
+}
+
+std::string least_cpu_quota(CgroupVersion version) {
+  // The smallest quota the kernel takes, in the period the jail writes: 1% of one CPU.
+  return version == CgroupVersion::kV1
+             ? std::to_string(cgroup_internal::kCpuMinQuotaUsec)
+             : std::to_string(cgroup_internal::kCpuMinQuotaUsec) + " " +
+                   std::to_string(cgroup_internal::kCpuPeriodUsec);
+}
+
+}  // namespace cellgate::jail

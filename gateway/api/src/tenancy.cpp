@@ -37,6 +37,63 @@ class EditingExchange : public http::Exchange {
   std::function<void(Response&)> edit_;
 };
 
+// Charges a tenant's one-shot cell to its CPU budget: the answer's metrics.cpu_ms, in a JSON
+// answer or the streamed answer's line that carries it.
+class ChargingExchange : public http::Exchange {
+ public:
+  ChargingExchange(std::shared_ptr<http::Exchange> inner, std::function<void(std::uint64_t)> charge)
+      : inner_(std::move(inner)), charge_(std::move(charge)) {}
+  void reply(Response res) override {
+    look_at(res.body());
+    inner_->reply(std::move(res));
+  }
+  void begin(Response head) override { inner_->begin(std::move(head)); }
+  bool write(std::string data) override {
+    for (char c : data) {
+      if (c == '\n') {
+        look_at(line_);
+        line_.clear();
+      } else if (line_.size() < kMaxLine) {
+        line_.push_back(c);
+      }
+    }
+    return inner_->write(std::move(data));
+  }
+  void end() override {
+    look_at(line_);
+    inner_->end();
+  }
+  void watch(std::function<void()> on_gone) override { inner_->watch(std::move(on_gone)); }
+  std::string peer() const override { return inner_->peer(); }
+
+ private:
+  static constexpr std::size_t kMaxLine = 4u << 20;  // a longer line is not the one with metrics
+  void look_at(std::string_view text) {
+    if (charged_ || text.find("\"cpu_ms\"") == std::string_view::npos) {
+      return;
+    }
+    if (text.substr(0, 5) == "data:") {
+      text.remove_prefix(5);  // server-sent events
+    }
+    const json j = json::parse(text, nullptr, false);
+    for (const json* at : {&j, j.is_object() && j.contains("result") ? &j["result"] : nullptr}) {
+      if (at == nullptr || !at->is_object() || !at->contains("metrics")) {
+        continue;
+      }
+      const json& m = (*at)["metrics"];
+      if (m.is_object() && m.contains("cpu_ms") && m["cpu_ms"].is_number_unsigned()) {
+        charged_ = true;
+        charge_(m["cpu_ms"].get<std::uint64_t>() * 1000);
+        return;
+      }
+    }
+  }
+  std::shared_ptr<http::Exchange> inner_;
+  std::function<void(std::uint64_t)> charge_;
+  std::string line_;
+  bool charged_ = false;
+};
+
 // The kernel id of a kernel model ("id") or a session model ("kernel": {"id"}).
 std::string kernel_of(const json& item, bool session) {
   const json* k =
@@ -114,9 +171,21 @@ std::optional<Response> Api::tenant_gate(Call& call, const std::string& tenant) 
                                [this](const std::string& k) { return bool(registry_.find(k)); });
         });
   };
-  // A start past the tenant's kernels (--tenant-max-kernels); racing starts may pass it by as
-  // many as run at once.
+  // A start past the tenant's kernels (--tenant-max-kernels; racing starts may pass it by as
+  // many as run at once) or its CPU budget (--tenant-max-cpu-seconds).
+  auto over_budget = [&]() -> std::optional<Response> {
+    if (options_.cpu_budget != nullptr) {
+      if (auto why = options_.cpu_budget->refusal(tenant, std::chrono::system_clock::now())) {
+        return http::error_response(
+            call.req, make_error(ErrorCode::kResourceExhausted, "tenant_cpu_budget", *why));
+      }
+    }
+    return std::nullopt;
+  };
   auto over_limit = [&]() -> std::optional<Response> {
+    if (auto refused = over_budget()) {
+      return refused;
+    }
     if (options_.tenant_max_kernels == 0 ||
         options_.owners->count(tenant, [this](const std::string& k) {
           return bool(registry_.find(k));
@@ -200,6 +269,15 @@ std::optional<Response> Api::tenant_gate(Call& call, const std::string& tenant) 
   if (what == "execute" || what == "artifacts") {
     // A one-shot cell in a kernel of its own; artifacts by SHA-256 (a capability: the URL an
     // answer gave).
+    if (what == "execute" && method == Verb::post && options_.cpu_budget != nullptr) {
+      if (auto refused = over_budget()) {
+        return refused;
+      }
+      call.exchange = std::make_shared<ChargingExchange>(
+          std::move(call.exchange), [budget = options_.cpu_budget, tenant](std::uint64_t usec) {
+            budget->charge(tenant, usec, std::chrono::system_clock::now());
+          });
+    }
     return std::nullopt;
   }
   return refuse();

@@ -260,6 +260,20 @@ CLI::App* add_serve_command(CLI::App& app, ServeCommandLine& serve) {
                   "its E2B sandboxes' counted (0: no limit but --max-kernels); more: 403")
       ->envname("CELLGATE_TENANT_MAX_KERNELS")
       ->capture_default_str();
+  cmd->add_option("--tenant-max-cpu-seconds", o.tenant_max_cpu_seconds,
+                  "CPU-seconds one tenant's kernels and sandboxes (their commands included) may "
+                  "use per --tenant-cpu-window, counted from their cgroups (0: no budget); past "
+                  "it nothing more starts (403; E2B: 429) and its kernels are throttled to 1% of "
+                  "a CPU until the next window")
+      ->envname("CELLGATE_TENANT_MAX_CPU_SECONDS")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--tenant-cpu-window", o.tenant_cpu_window,
+                  "the window of --tenant-max-cpu-seconds, in seconds (fixed windows from the "
+                  "Unix epoch: 3600 is each hour of the clock)")
+      ->envname("CELLGATE_TENANT_CPU_WINDOW")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_option("--e2b-webhook", o.e2b_webhooks,
                   "POST E2B's sandbox lifecycle events (created, paused, resumed, snapshotted, "
                   "killed) as JSON to this URL (repeat for more), signed: X-Cellgate-Signature "

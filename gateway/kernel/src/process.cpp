@@ -553,4 +553,30 @@ Result<jail::CgroupStats> KernelProcess::cgroup_stats() const {
       started_->cgroup_paths);
 }
 
+Result<void> KernelProcess::throttle_cpu(bool throttled) {
+  if (!started_ || started_->cgroup_paths.empty()) {
+    return make_error(ErrorCode::kNotFound, "no_cgroup", "the kernel has no cgroup of its own");
+  }
+  const auto version =
+      started_->cgroup_version == "v2" ? jail::CgroupVersion::kV2 : jail::CgroupVersion::kV1;
+  const std::string least = jail::least_cpu_quota(version);
+  MutexLock lock(throttle_mu_);
+  if (throttled) {
+    if (!own_cpu_quota_) {
+      CELLGATE_ASSIGN_OR_RETURN(std::string own,
+                                jail::read_cpu_quota(version, started_->cgroup_paths));
+      if (own != least) {
+        own_cpu_quota_ = std::move(own);
+      }
+    }
+    return jail::write_cpu_quota(version, started_->cgroup_paths, least);
+  }
+  if (!own_cpu_quota_) {
+    return ok_result();
+  }
+  CELLGATE_TRY(jail::write_cpu_quota(version, started_->cgroup_paths, *own_cpu_quota_));
+  own_cpu_quota_.reset();
+  return ok_result();
+}
+
 }  // namespace cellgate::kernel

@@ -169,6 +169,14 @@ Result<jail::CgroupStats> ManagedKernel::cgroup_stats() const {
   return running_.process->cgroup_stats();
 }
 
+Result<void> ManagedKernel::throttle_cpu(bool throttled) {
+  MutexLock lock(mu_);
+  if (!running_.process) {
+    return make_error(ErrorCode::kUnavailable, "kernel_not_running", "the kernel is not running");
+  }
+  return running_.process->throttle_cpu(throttled);
+}
+
 std::optional<ProcessFacts> ManagedKernel::process_facts() const {
   MutexLock lock(mu_);
   if (!running_.process) {

@@ -218,7 +218,17 @@ std::vector<Sandbox> SandboxRegistry::visible(const Caller& caller) const {
   return out;
 }
 
+Result<void> SandboxRegistry::within_budget(const Caller& caller) const {
+  if (options_.cpu_budget != nullptr && !caller.sees_all) {
+    if (auto why = options_.cpu_budget->refusal(caller.tenant, std::chrono::system_clock::now())) {
+      return make_error(ErrorCode::kResourceExhausted, "tenant_cpu_budget", *why);
+    }
+  }
+  return ok_result();
+}
+
 Result<void> SandboxRegistry::admit(const Caller& caller) const {
+  CELLGATE_TRY(within_budget(caller));
   if (options_.max_per_tenant == 0 || caller.sees_all) {
     return ok_result();
   }
@@ -493,6 +503,7 @@ Result<SandboxRegistry::Connected> SandboxRegistry::connect(const Caller& caller
     CELLGATE_ASSIGN_OR_RETURN(out.sandbox, visible_locked(caller, id));
   }
   if (out.sandbox.state == State::kPaused) {
+    CELLGATE_TRY(within_budget(caller));
     CELLGATE_TRY(kernels_.resume(out.sandbox.kernel_id));
     out.resumed = true;
     spdlog::info("sandbox {} resumed", id);

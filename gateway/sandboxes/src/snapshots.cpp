@@ -109,6 +109,7 @@ Result<std::vector<Result<Sandbox>>> SandboxRegistry::fork(const Caller& caller,
     MutexLock lock(mu_);
     CELLGATE_ASSIGN_OR_RETURN(s, visible_locked(caller, id));
   }
+  CELLGATE_TRY(within_budget(caller));
   // Every copy counts against the tenant's limit.
   if (options_.max_per_tenant != 0 && !caller.sees_all) {
     MutexLock lock(mu_);

@@ -46,6 +46,7 @@
 #include "cellgate/sandboxes/webhooks.hpp"
 #include "cellgate/sys/file.hpp"
 #include "cellgate/sys/text.hpp"
+#include "cellgate/tenants/cpu_budget.hpp"
 #include "cellgate/tenants/keys.hpp"
 #include "cellgate/tenants/owners.hpp"
 #include "metrics.hpp"
@@ -170,6 +171,53 @@ engine::EngineOptions engine_options(const ServeOptions& o) {
   return e;
 }
 
+// How often each tenant's kernels' CPU time is read (--tenant-max-cpu-seconds): a tenant passes its
+// budget by at most what its kernels use in this time.
+constexpr std::chrono::milliseconds kCpuBudgetInterval{2000};
+
+// The CPU budget over the registry's kernels and the tenants that own them. Fails closed: a budget
+// it cannot hold (no cgroup to read or throttle) stops serve from starting.
+std::unique_ptr<tenants::CpuBudget> make_cpu_budget(const ServeOptions& o,
+                                                    kernels::KernelRegistry& registry,
+                                                    tenants::KernelOwners& owners) {
+  if (o.no_jail || !o.user.empty()) {
+    throw std::invalid_argument(
+        std::string("--tenant-max-cpu-seconds needs kernels in cgroups this gateway can "
+                    "throttle: not with ") +
+        (o.no_jail ? "--no-jail" : "--user (the broker's kernels)"));
+  }
+  tenants::CpuBudgetOptions bo;
+  bo.max_cpu_seconds = o.tenant_max_cpu_seconds;
+  bo.window = std::chrono::seconds(std::max<long long>(1, std::llround(o.tenant_cpu_window)));
+  bo.file = o.state_dir + "/tenant-cpu.json";
+  tenants::CpuBudgetHooks hooks;
+  hooks.owned = [&registry, &owners] {
+    std::vector<tenants::CpuBudgetHooks::Owned> out;
+    for (auto& [kernel_id, tenant] : owners.all()) {
+      if (registry.find(kernel_id)) {
+        out.push_back({kernel_id, tenant});
+      }
+    }
+    return out;
+  };
+  hooks.cpu_usec = [&registry](const std::string& id) -> std::optional<std::uint64_t> {
+    auto k = registry.find(id);
+    if (!k) {
+      return std::nullopt;
+    }
+    auto stats = (*k)->cgroup_stats();
+    if (!stats || !stats->cpu_usage_known) {
+      return std::nullopt;
+    }
+    return stats->cpu_usage_usec;
+  };
+  hooks.throttle = [&registry](const std::string& id, bool throttled) -> Result<void> {
+    CELLGATE_ASSIGN_OR_RETURN(auto k, registry.find(id));
+    return k->throttle_cpu(throttled);
+  };
+  return std::make_unique<tenants::CpuBudget>(std::move(bo), std::move(hooks));
+}
+
 }  // namespace
 
 struct Server::Impl {
@@ -183,6 +231,7 @@ struct Server::Impl {
   // E2B's control plane on the E2B port, over the tenants' keys (sandboxes/front.hpp).
   std::unique_ptr<tenants::KeyStore> keys;
   tenants::KernelOwners owners;  // which tenant's each kernel is (api/src/tenancy.cpp)
+  std::unique_ptr<tenants::CpuBudget> cpu_budget;  // --tenant-max-cpu-seconds; null: none
   std::unique_ptr<sandboxes::Webhooks> webhooks;  // E2B lifecycle events; null: none
   std::unique_ptr<sandboxes::SandboxRegistry> sandboxes;
   std::unique_ptr<sandboxes::E2bFront> e2b_front;
@@ -267,6 +316,10 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   ao.keys = impl_->keys.get();
   ao.owners = &impl_->owners;
   ao.tenant_max_kernels = o.tenant_max_kernels;
+  if (o.tenant_max_cpu_seconds > 0) {
+    impl_->cpu_budget = make_cpu_budget(o, registry, impl_->owners);
+    ao.cpu_budget = impl_->cpu_budget.get();
+  }
   impl_->api = std::make_unique<api::Api>(registry, executor, std::move(ao), impl_->offload());
   api::E2bOptions e2b_options;
   e2b_options.token = impl_->token;
@@ -300,6 +353,7 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   so.state_dir = o.state_dir;
   so.max_per_tenant = o.tenant_max_sandboxes;
   so.owners = &impl_->owners;
+  so.cpu_budget = impl_->cpu_budget.get();
   so.shape.cpu_count = std::max(1, static_cast<int>(std::ceil(o.jail.cpus)));
   so.shape.memory_mb = static_cast<int>(o.jail.memory_bytes >> 20);
   so.shape.disk_mb = static_cast<int>(o.jail.work_bytes >> 20);
@@ -470,6 +524,9 @@ Server::~Server() {
   impl_->listener.reset();
   impl_->e2b_listener.reset();
   impl_->agent.reset();
+  if (impl_->cpu_budget) {
+    impl_->cpu_budget->stop();  // a sample under way ends with the engine's threads
+  }
   impl_->envd.reset();  // its commands killed, their pumps done, before the engine stops
   // Kernels end, then the threads (engine.hpp's teardown); then the front ends, then the engine.
   impl_->engine->stop();
@@ -483,6 +540,7 @@ Server::~Server() {
   impl_->mcp.reset();
   impl_->mcp_kernels.reset();
   impl_->api.reset();
+  impl_->cpu_budget.reset();
   impl_->engine.reset();
 }
 
@@ -574,6 +632,9 @@ Result<int> Server::start() {
   }
   impl_->engine->start();
   impl_->sandboxes->start();  // after the kernels' adoption: the sandboxes of adopted kernels
+  if (impl_->cpu_budget) {
+    impl_->cpu_budget->start(impl_->engine->loop(), impl_->offload(), kCpuBudgetInterval);
+  }
   impl_->listener->start();
   if (impl_->e2b_listener) {
     impl_->e2b_listener->start();

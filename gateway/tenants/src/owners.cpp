@@ -14,6 +14,11 @@ void KernelOwners::set(const std::string& kernel_id, const std::string& tenant,
   owners_[kernel_id] = tenant;
 }
 
+std::map<std::string, std::string> KernelOwners::all() const {
+  MutexLock lock(mu_);
+  return owners_;
+}
+
 std::optional<std::string> KernelOwners::owner(const std::string& kernel_id) const {
   MutexLock lock(mu_);
   if (auto it = owners_.find(kernel_id); it != owners_.end()) {

@@ -173,6 +173,14 @@ Result<KernelCgroupPlacement> place_kernel_cgroups(const CgroupPlacementRequest&
 // The figures of a cgroup someone else created (a kernel's, named by its launcher), read from
 // whichever of `dirs` holds each file. Only reads; kNotFound once the cgroup is gone.
 Result<CgroupStats> read_cgroup_stats(CgroupVersion version, const std::vector<std::string>& dirs);
+// The CPU limit of such a cgroup as its file says it (v1 cpu.cfs_quota_us, v2 cpu.max, from
+// whichever of `dirs` has it), to be written back as read: a kernel throttled while its tenant is
+// past its CPU budget (gateway/tenants/cpu_budget.hpp) gets its own limit again after.
+Result<std::string> read_cpu_quota(CgroupVersion version, const std::vector<std::string>& dirs);
+Result<void> write_cpu_quota(CgroupVersion version, const std::vector<std::string>& dirs,
+                             const std::string& value);
+// That file's value for the least CPU the kernel allows: 1% of one CPU, in the jail's period.
+std::string least_cpu_quota(CgroupVersion version);
 
 class Cgroup {
  public:

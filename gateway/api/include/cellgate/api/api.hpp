@@ -30,6 +30,7 @@
 #include "cellgate/http/stats.hpp"
 #include "cellgate/kernels/registry.hpp"
 #include "cellgate/mutex.hpp"
+#include "cellgate/tenants/cpu_budget.hpp"
 #include "cellgate/tenants/keys.hpp"
 #include "cellgate/tenants/owners.hpp"
 #include "cellgate/util/loop.hpp"
@@ -75,6 +76,9 @@ struct ApiOptions {
   // Kernels one tenant may have at once (its E2B sandboxes' included); more: 403, as
   // max_kernels. 0: no limit but max_kernels.
   std::size_t tenant_max_kernels = 0;
+  // Each tenant's CPU-seconds; a tenant past its budget starts nothing (403), and its one-shot
+  // cells are charged to it. Null: no budget.
+  tenants::CpuBudget* cpu_budget = nullptr;
 };
 
 struct Session {

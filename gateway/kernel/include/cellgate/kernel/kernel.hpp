@@ -215,6 +215,13 @@ class KernelProcessHandle {
   virtual std::string log_tail(std::size_t max_bytes = 2000) const = 0;
   // CPU and memory of the kernel's cgroup; kNotFound when unjailed or gone.
   virtual Result<jail::CgroupStats> cgroup_stats() const = 0;
+  // Holds the kernel's cgroup to the least CPU the kernel allows (true), or gives it back the
+  // limit it had (false): its tenant is past its CPU budget (tenants/cpu_budget.hpp).
+  // kFailedPrecondition where this gateway cannot write the kernel's cgroup.
+  virtual Result<void> throttle_cpu(bool /*throttled*/) {
+    return make_error(ErrorCode::kFailedPrecondition, "cpu_throttle_unavailable",
+                      "this kind of kernel process cannot be throttled");
+  }
   virtual Result<void> signal(int sig) = 0;
   // The launcher's "exited" report once the kernel has ended; nullopt while it runs.
   virtual std::optional<launcher::StatusEvent> poll_exit() = 0;

@@ -28,6 +28,7 @@
 #include "cellgate/kernel/connection.hpp"
 #include "cellgate/kernel/kernel.hpp"
 #include "cellgate/launcher/status.hpp"
+#include "cellgate/mutex.hpp"
 #include "cellgate/result.hpp"
 #include "cellgate/unique_fd.hpp"
 
@@ -123,6 +124,7 @@ class KernelProcess : public KernelProcessHandle {
   // The kernel cgroup's figures (CPU used, memory now and at peak); kNotFound for an unjailed
   // kernel or once the cgroup is gone.
   Result<jail::CgroupStats> cgroup_stats() const override;
+  Result<void> throttle_cpu(bool throttled) override;
   // Sends a signal to the kernel (SIGINT interrupts an ipykernel), through the launcher, which
   // forwards it (into the jail).
   Result<void> signal(int sig) override;
@@ -175,6 +177,9 @@ class KernelProcess : public KernelProcessHandle {
   std::string status_buffer_;
   std::optional<launcher::StatusEvent> started_;
   std::optional<launcher::StatusEvent> exited_;
+  Mutex throttle_mu_;
+  // The cgroup's own CPU limit while throttled, as its file said it.
+  std::optional<std::string> own_cpu_quota_ CELLGATE_GUARDED_BY(throttle_mu_);
 };
 
 }  // namespace cellgate::kernel

@@ -173,6 +173,8 @@ class ManagedKernel {
   std::shared_ptr<kernel::KernelConnection> connection() const;
   // Its cgroup's CPU and memory figures; an error when unjailed or not running.
   Result<jail::CgroupStats> cgroup_stats() const;
+  // Throttles its cgroup's CPU, or gives its own limit back (kernel::KernelProcessHandle).
+  Result<void> throttle_cpu(bool throttled);
   // The running process's facts; nullopt without one.
   std::optional<ProcessFacts> process_facts() const;
   // How to run a command in the running kernel's jail (kernel::JailCommand); kUnavailable

@@ -38,6 +38,7 @@
 #include "cellgate/mutex.hpp"
 #include "cellgate/sandboxes/model.hpp"
 #include "cellgate/sandboxes/webhooks.hpp"
+#include "cellgate/tenants/cpu_budget.hpp"
 #include "cellgate/tenants/owners.hpp"
 #include "cellgate/util/loop.hpp"
 
@@ -57,6 +58,9 @@ struct SandboxOptions {
   // Where a tenant's sandbox kernels are recorded as its own, so its key reaches them through
   // the Jupyter and agent routes too; null: nowhere.
   tenants::KernelOwners* owners = nullptr;
+  // Each tenant's CPU-seconds: a tenant past its budget creates, forks and resumes nothing (429);
+  // null: no budget.
+  const tenants::CpuBudget* cpu_budget = nullptr;
   Webhooks* webhooks = nullptr;  // lifecycle events; null: none
   std::chrono::milliseconds metrics_interval{5000};
   std::size_t metrics_kept = 720;
@@ -155,6 +159,8 @@ class SandboxRegistry {
                                const std::string& template_id, const std::string& alias,
                                const CreateRequest& request, bool set_up);
   Result<void> admit(const Caller& caller) const;
+  // kResourceExhausted while the caller's tenant is past its CPU budget.
+  Result<void> within_budget(const Caller& caller) const;
   void arm_locked(Entry& entry) CELLGATE_REQUIRES(mu_);
   // A checkpoint's refusal as the SDK reads it: the sandbox named, and a busy or unsuitable
   // kernel (kFailedPrecondition) as 400, since 409 would tell the SDK "paused already".

@@ -122,6 +122,11 @@ struct ServeOptions {
   // Kernels one tenant may have at once through the Jupyter and agent routes, its sandboxes'
   // kernels counted; 0: no limit but max_kernels. Over it: 403 (Jupyter's limit answer).
   std::size_t tenant_max_kernels = 0;
+  // CPU-seconds one tenant's kernels and sandboxes may use per window (tenants/cpu_budget.hpp);
+  // past it: nothing more starts (403 / E2B's 429) and its kernels are throttled until the next
+  // window. 0: no budget.
+  double tenant_max_cpu_seconds = 0;
+  double tenant_cpu_window = 3600;  // seconds
   // E2B lifecycle events (created, paused, resumed, snapshotted, killed) POSTed to these URLs,
   // signed with the secret in e2b_webhook_secret_file (sandboxes/webhooks.hpp).
   std::vector<std::string> e2b_webhooks;

@@ -32,6 +32,8 @@ class KernelOwners {
   std::size_t count(const std::string& tenant,
                     const std::function<bool(const std::string&)>& alive) const;
   void erase(const std::string& kernel_id);
+  // Every kernel with an owner: kernel id → tenant.
+  std::map<std::string, std::string> all() const;
 
  private:
   const std::size_t prune_above_;
