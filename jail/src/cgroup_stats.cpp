@@ -164,10 +164,9 @@ Result<void> write_cpu_quota(CgroupVersion version, const std::vector<std::strin
 
 std::string least_cpu_quota(CgroupVersion version) {
   // The smallest quota the kernel takes, in the period the jail writes: 1% of one CPU.
-  return version == CgroupVersion::kV1
-             ? std::to_string(cgroup_internal::kCpuMinQuotaUsec)
-             : std::to_string(cgroup_internal::kCpuMinQuotaUsec) + " " +
-                   std::to_string(cgroup_internal::kCpuPeriodUsec);
+  return version == CgroupVersion::kV1 ? std::to_string(cgroup_internal::kCpuMinQuotaUsec)
+                                       : std::to_string(cgroup_internal::kCpuMinQuotaUsec) + " " +
+                                             std::to_string(cgroup_internal::kCpuPeriodUsec);
 }
 
 }  // namespace cellgate::jail

@@ -232,7 +232,7 @@ struct Server::Impl {
   std::unique_ptr<tenants::KeyStore> keys;
   tenants::KernelOwners owners;  // which tenant's each kernel is (api/src/tenancy.cpp)
   std::unique_ptr<tenants::CpuBudget> cpu_budget;  // --tenant-max-cpu-seconds; null: none
-  std::unique_ptr<sandboxes::Webhooks> webhooks;  // E2B lifecycle events; null: none
+  std::unique_ptr<sandboxes::Webhooks> webhooks;   // E2B lifecycle events; null: none
   std::unique_ptr<sandboxes::SandboxRegistry> sandboxes;
   std::unique_ptr<sandboxes::E2bFront> e2b_front;
   std::unique_ptr<envd::EnvdApi> envd;           // envd behind e2b_front: commands, PTYs, files

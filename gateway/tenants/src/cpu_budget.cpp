@@ -36,8 +36,7 @@ CpuBudget::~CpuBudget() {
   stop();
 }
 
-void CpuBudget::start(util::Loop& loop, util::Offload offload,
-                      std::chrono::milliseconds interval) {
+void CpuBudget::start(util::Loop& loop, util::Offload offload, std::chrono::milliseconds interval) {
   if (options_.max_cpu_seconds <= 0) {
     return;
   }
@@ -100,12 +99,22 @@ void CpuBudget::load() {
     if (!j.is_object() || j.value("window_seconds", std::int64_t{0}) != options_.window.count()) {
       throw std::invalid_argument("another window length, or not an object");
     }
+    // nlohmann converts between number kinds silently: each count must be unsigned as written.
+    auto count = [](const json& v) {
+      if (!v.is_number_unsigned()) {
+        throw std::invalid_argument("a count that is not a whole number >= 0");
+      }
+      return v.get<std::uint64_t>();
+    };
+    if (!j.at("window").is_number_integer()) {
+      throw std::invalid_argument("window is not a number");
+    }
     window_ = j.at("window").get<std::int64_t>();
     for (const auto& [tenant, usec] : j.at("used_usec").items()) {
-      used_usec_[tenant] = usec.get<std::uint64_t>();
+      used_usec_[tenant] = count(usec);
     }
     for (const auto& [id, k] : j.at("kernels").items()) {
-      kernels_[id] = Seen{k.at("tenant").get<std::string>(), k.at("usec").get<std::uint64_t>()};
+      kernels_[id] = Seen{k.at("tenant").get<std::string>(), count(k.at("usec"))};
     }
   } catch (const std::exception& e) {
     spdlog::warn("tenant CPU budget: {} is not what this gateway writes ({}); counting afresh",
@@ -201,13 +210,15 @@ void CpuBudget::sample(TimePoint now) {
       if (auto done = hooks_.throttle(id, true); done) {
         MutexLock lock(mu_);
         if (throttled_.insert(id).second) {
-          spdlog::warn("kernel {}: its tenant used its {} CPU-seconds of this window; throttled "
-                       "until the window ends",
-                       id, options_.max_cpu_seconds);
+          spdlog::warn(
+              "kernel {}: its tenant used its {} CPU-seconds of this window; throttled "
+              "until the window ends",
+              id, options_.max_cpu_seconds);
         }
       } else {
-        spdlog::error("kernel {}: its tenant is past its CPU budget, but it cannot be throttled: {}",
-                      id, done.error().message);
+        spdlog::error(
+            "kernel {}: its tenant is past its CPU budget, but it cannot be throttled: {}", id,
+            done.error().message);
       }
     }
     for (const auto& id : release) {
@@ -219,8 +230,8 @@ void CpuBudget::sample(TimePoint now) {
   }
   if (!text.empty()) {
     // Not fsync'd: written every few seconds, a crash loses at most the last samples' counts.
-    if (auto written = sys::atomic_write(options_.file, text, 0600, sys::Durability::kNone,
-                                         "tenant_cpu_file");
+    if (auto written =
+            sys::atomic_write(options_.file, text, 0600, sys::Durability::kNone, "tenant_cpu_file");
         !written) {
       spdlog::warn("tenant CPU budget: {}", written.error().message);
     }

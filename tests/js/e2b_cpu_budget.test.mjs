@@ -1,0 +1,178 @@
+// A tenant's CPU budget (--tenant-max-cpu-seconds, docs/e2b.md "Tenants"), with E2B's SDK out of
+// debug mode and the Jupyter and agent routes: a tenant whose sandbox burns CPU past its budget is
+// refused new sandboxes (RateLimitError) and kernels (403), its kernel is throttled in its cgroup
+// (the quota file, and the kernel's own throttling count growing), another tenant is untouched,
+// and the next window gives the kernel its own limit back.
+//
+// The window is short (WINDOW_SECONDS), so the test sees a window end; everything it waits for is
+// an event it polls (a refusal, a file's content) with a deadline, never a guessed time.
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFile, spawn } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { mkdtemp, readFile, readdir, rm } from 'node:fs/promises';
+import net from 'node:net';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+
+import { RateLimitError, Sandbox } from '@e2b/code-interpreter';
+
+import { servePort } from './serve_port.mjs';
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+const BIN_DIR = path.resolve(HERE, process.env.CELLGATE_BIN_DIR || '../../build/bin');
+const CELLGATE = path.join(BIN_DIR, 'cellgate');
+const BUDGET_SECONDS = 3;
+const WINDOW_SECONDS = 45;
+
+for (const name of Object.keys(process.env)) {
+  if (name.startsWith('E2B_')) {
+    delete process.env[name];
+  }
+}
+
+const gw = { proc: null, dir: null, port: 0, e2bPort: 0, token: '', log: [], keys: {} };
+const logTail = (n = 60) => gw.log.join('').split('\n').slice(-n).join('\n');
+const sleep = ms => new Promise(resolve => setTimeout(resolve, ms));
+const state = () => path.join(gw.dir, 'state');
+
+async function freePort() {
+  const server = net.createServer();
+  await new Promise(resolve => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address();
+  await new Promise(resolve => server.close(resolve));
+  return port;
+}
+
+async function makeKey(tenant) {
+  const { stdout } = await promisify(execFile)(CELLGATE, ['keys', 'create', tenant, '--state-dir', state()]);
+  const key = stdout.trim().split('\n').at(-1);
+  assert.match(key, /^e2b_[0-9a-f]{40}$/, stdout);
+  return key;
+}
+
+async function waitFor(probe, what, ms = 120_000) {
+  const deadline = Date.now() + ms;
+  let last;
+  while (Date.now() < deadline) {
+    try {
+      last = await probe();
+      if (last) {
+        return last;
+      }
+    } catch (e) {
+      last = e;
+    }
+    await sleep(100);
+  }
+  throw new Error(`${what}: not within ${ms} ms (last: ${last})\n${logTail()}`);
+}
+
+async function call(key, method, route, body) {
+  const res = await fetch(`http://127.0.0.1:${gw.port}${route}`, {
+    method,
+    headers: { Authorization: `token ${key}`, 'Content-Type': 'application/json' },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  return { status: res.status, body: await res.json().catch(() => null) };
+}
+
+// The cgroup files of the kernels the state dir records: {id: {quota, stat}} (quota: v1
+// cpu.cfs_quota_us or v2 cpu.max; stat: cpu.stat), read where the kernel's cgroup has them.
+async function kernelCpu() {
+  const out = {};
+  for (const name of await readdir(path.join(state(), 'kernels'))) {
+    if (!name.endsWith('.json')) {
+      continue;
+    }
+    const record = JSON.parse(await readFile(path.join(state(), 'kernels', name), 'utf8'));
+    const v1 = record.process.cgroup_version === 'v1';
+    for (const dir of record.process.cgroup_paths) {
+      const quota = await readFile(path.join(dir, v1 ? 'cpu.cfs_quota_us' : 'cpu.max'), 'utf8').catch(() => null);
+      if (quota !== null) {
+        const stat = await readFile(path.join(dir, 'cpu.stat'), 'utf8');
+        out[record.id] = { quota: quota.trim(), throttled: Number(/nr_throttled (\d+)/.exec(stat)[1]), v1 };
+      }
+    }
+  }
+  return out;
+}
+
+before(async () => {
+  gw.dir = await mkdtemp(path.join(tmpdir(), 'cellgate-e2b-cpu-budget-'));
+  gw.token = randomBytes(16).toString('hex');
+  gw.keys.alice = await makeKey('alice');
+  gw.keys.bob = await makeKey('bob');
+  gw.e2bPort = await freePort();
+  gw.proc = spawn(CELLGATE, ['serve', '--ip', '127.0.0.1', '--port', '0', '--token', gw.token,
+    '--state-dir', state(), '--e2b-port', String(gw.e2bPort), '--pool-size', '0',
+    '--tenant-max-cpu-seconds', String(BUDGET_SECONDS), '--tenant-cpu-window', String(WINDOW_SECONDS)],
+  { stdio: ['ignore', 'pipe', 'pipe'] });
+  gw.port = await servePort(gw, logTail);
+  const url = `http://127.0.0.1:${gw.e2bPort}`;
+  process.env.E2B_API_URL = url;
+  process.env.E2B_SANDBOX_URL = url;
+  process.env.E2B_DOMAIN = 'x.invalid';
+}, { timeout: 60_000 });
+
+after(async () => {
+  if (gw.proc && gw.proc.exitCode === null && gw.proc.signalCode === null) {
+    gw.proc.kill('SIGTERM');
+    const timer = setTimeout(() => gw.proc.kill('SIGKILL'), 30_000);
+    await gw.exited;
+    clearTimeout(timer);
+  }
+  await rm(gw.dir, { recursive: true, force: true }).catch(() => {});
+}, { timeout: 40_000 });
+
+test('a tenant past its CPU budget starts nothing and its kernel is throttled until the window ends',
+  { timeout: 300_000 }, async () => {
+    const sbx = await Sandbox.create({ apiKey: gw.keys.alice });
+    try {
+      const [kernelId] = Object.keys(await kernelCpu());
+      assert.ok(kernelId, 'the sandbox kernel has a record with a CPU quota file');
+      const own = (await kernelCpu())[kernelId].quota;
+      // A cell that burns CPU until it is stopped; its answer is not waited for.
+      sbx.runCode('while True:\n    pass', { timeoutMs: 280_000 }).catch(() => {});
+
+      // Past the budget: E2B's create is 429, which the SDK raises as RateLimitError.
+      const refused = await waitFor(async () => {
+        try {
+          const more = await Sandbox.create({ apiKey: gw.keys.alice });
+          await more.kill();
+          return false;
+        } catch (e) {
+          return e instanceof RateLimitError ? e : false;
+        }
+      }, 'alice refused a sandbox');
+      assert.match(refused.message, /CPU-seconds/);
+      // The Jupyter and agent routes refuse her too: a kernel and a one-shot cell.
+      const kernel = await call(gw.keys.alice, 'POST', '/api/kernels', {});
+      assert.equal(kernel.status, 403, JSON.stringify(kernel.body));
+      assert.match(kernel.body.message, /--tenant-max-cpu-seconds/);
+      const once = await call(gw.keys.alice, 'POST', '/api/execute', { code: '1' });
+      assert.equal(once.status, 403, JSON.stringify(once.body));
+
+      // Her kernel is held to 1% of a CPU, and the kernel itself says it is being held.
+      const least = (await kernelCpu())[kernelId].v1 ? '1000' : '1000 100000';
+      await waitFor(async () => (await kernelCpu())[kernelId].quota === least, 'the quota at its least');
+      const before = (await kernelCpu())[kernelId].throttled;
+      await waitFor(async () => (await kernelCpu())[kernelId].throttled > before + 3, 'throttled periods');
+
+      // Another tenant is untouched.
+      const bobs = await Sandbox.create({ apiKey: gw.keys.bob });
+      const ran = await bobs.runCode('6 * 7');
+      assert.equal(ran.text, '42');
+      await bobs.kill();
+
+      // The next window gives her kernel its own limit back (then it passes the budget again).
+      await waitFor(async () => (await kernelCpu())[kernelId].quota === own, 'its own quota back',
+        (WINDOW_SECONDS + 60) * 1000);
+      const log = logTail(400);
+      assert.match(log, /throttled until the window ends/);
+    } finally {
+      await sbx.kill();
+    }
+  });
