@@ -53,6 +53,7 @@
 #include "node.hpp"
 #include "privsep.hpp"
 #include "systemd.hpp"
+#include "tenant_budget.hpp"
 
 namespace cellgate::server {
 namespace {
@@ -169,53 +170,6 @@ engine::EngineOptions engine_options(const ServeOptions& o) {
   e.cell_threads = kCellThreads;
   e.offload_threads = kOffloadThreads;
   return e;
-}
-
-// How often each tenant's kernels' CPU time is read (--tenant-max-cpu-seconds): a tenant passes its
-// budget by at most what its kernels use in this time.
-constexpr std::chrono::milliseconds kCpuBudgetInterval{2000};
-
-// The CPU budget over the registry's kernels and the tenants that own them. Fails closed: a budget
-// it cannot hold (no cgroup to read or throttle) stops serve from starting.
-std::unique_ptr<tenants::CpuBudget> make_cpu_budget(const ServeOptions& o,
-                                                    kernels::KernelRegistry& registry,
-                                                    tenants::KernelOwners& owners) {
-  if (o.no_jail || !o.user.empty()) {
-    throw std::invalid_argument(
-        std::string("--tenant-max-cpu-seconds needs kernels in cgroups this gateway can "
-                    "throttle: not with ") +
-        (o.no_jail ? "--no-jail" : "--user (the broker's kernels)"));
-  }
-  tenants::CpuBudgetOptions bo;
-  bo.max_cpu_seconds = o.tenant_max_cpu_seconds;
-  bo.window = std::chrono::seconds(std::max<long long>(1, std::llround(o.tenant_cpu_window)));
-  bo.file = o.state_dir + "/tenant-cpu.json";
-  tenants::CpuBudgetHooks hooks;
-  hooks.owned = [&registry, &owners] {
-    std::vector<tenants::CpuBudgetHooks::Owned> out;
-    for (auto& [kernel_id, tenant] : owners.all()) {
-      if (registry.find(kernel_id)) {
-        out.push_back({kernel_id, tenant});
-      }
-    }
-    return out;
-  };
-  hooks.cpu_usec = [&registry](const std::string& id) -> std::optional<std::uint64_t> {
-    auto k = registry.find(id);
-    if (!k) {
-      return std::nullopt;
-    }
-    auto stats = (*k)->cgroup_stats();
-    if (!stats || !stats->cpu_usage_known) {
-      return std::nullopt;
-    }
-    return stats->cpu_usage_usec;
-  };
-  hooks.throttle = [&registry](const std::string& id, bool throttled) -> Result<void> {
-    CELLGATE_ASSIGN_OR_RETURN(auto k, registry.find(id));
-    return k->throttle_cpu(throttled);
-  };
-  return std::make_unique<tenants::CpuBudget>(std::move(bo), std::move(hooks));
 }
 
 }  // namespace
