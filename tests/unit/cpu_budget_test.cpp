@@ -1,6 +1,7 @@
-// CpuBudget: each tenant's CPU-seconds per window, from its kernels' cumulative cgroup readings
-// (deltas, a lower reading a new cgroup), refusal and throttling past the budget, release in the
-// next window, one-shot charges, and the file a restarted gateway reads back (and a damaged one).
+// CpuBudget and DiskLimit: each tenant's CPU-seconds per window, from its kernels' cumulative
+// cgroup readings (deltas, a lower reading a new cgroup), refusal and throttling past the budget,
+// release in the next window, one-shot charges, and the file a restarted gateway reads back (and a
+// damaged one); a tenant's disk room.
 #include "cellgate/tenants/cpu_budget.hpp"
 
 #include <gtest/gtest.h>
@@ -10,6 +11,8 @@
 #include <fstream>
 #include <map>
 #include <set>
+
+#include "cellgate/tenants/disk_limit.hpp"
 
 namespace cellgate::tenants {
 namespace {
@@ -208,6 +211,23 @@ TEST_F(CpuBudgetTest, NoBudgetCountsAndRefusesNothing) {
   EXPECT_FALSE(budget.refusal("alice", at(1)));
   EXPECT_EQ(k.throttle_calls, 0);
   EXPECT_FALSE(fs::exists(options().file));
+}
+
+TEST(DiskLimitTest, RoomIsWhatTheTenantHoldsPlusWhatItAddsWithinTheLimit) {
+  std::map<std::string, std::uint64_t> held = {{"alice", 60u << 20}, {"bob", 120u << 20}};
+  DiskLimit disk(100u << 20, [&](const std::string& t) { return held[t]; });
+  EXPECT_TRUE(disk.room("alice", 40u << 20).ok());
+  auto refused = disk.room("alice", (40u << 20) + 1);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, ErrorCode::kResourceExhausted);
+  EXPECT_EQ(refused.error().reason, "tenant_disk");
+  EXPECT_NE(refused.error().message.find("hold 60 MiB of its 100 MiB"), std::string::npos)
+      << refused.error().message;
+  EXPECT_FALSE(disk.room("bob", 0).ok());  // past it already (a pause grew its image)
+  EXPECT_TRUE(disk.room("carol", 100u << 20).ok());
+  // No overflow: an addition near the top of the range is refused, not wrapped.
+  EXPECT_FALSE(disk.room("alice", ~std::uint64_t{0}).ok());
+  EXPECT_TRUE(DiskLimit(0, nullptr).room("alice", ~std::uint64_t{0}).ok());  // no limit
 }
 
 }  // namespace

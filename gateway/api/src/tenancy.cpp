@@ -172,7 +172,8 @@ std::optional<Response> Api::tenant_gate(Call& call, const std::string& tenant) 
         });
   };
   // A start past the tenant's kernels (--tenant-max-kernels; racing starts may pass it by as
-  // many as run at once) or its CPU budget (--tenant-max-cpu-seconds).
+  // many as run at once), its CPU budget (--tenant-max-cpu-seconds) or its disk
+  // (--tenant-max-disk-mb).
   auto over_budget = [&]() -> std::optional<Response> {
     if (options_.cpu_budget != nullptr) {
       if (auto why = options_.cpu_budget->refusal(tenant, std::chrono::system_clock::now())) {
@@ -185,6 +186,11 @@ std::optional<Response> Api::tenant_gate(Call& call, const std::string& tenant) 
   auto over_limit = [&]() -> std::optional<Response> {
     if (auto refused = over_budget()) {
       return refused;
+    }
+    if (options_.disk_limit != nullptr) {
+      if (auto room = options_.disk_limit->room(tenant, options_.work_dir_bytes); !room) {
+        return http::error_response(call.req, room.error());
+      }
     }
     if (options_.tenant_max_kernels == 0 ||
         options_.owners->count(tenant, [this](const std::string& k) {

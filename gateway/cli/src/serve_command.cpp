@@ -274,6 +274,12 @@ CLI::App* add_serve_command(CLI::App& app, ServeCommandLine& serve) {
       ->envname("CELLGATE_TENANT_CPU_WINDOW")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd->add_option("--tenant-max-disk-mb", o.tenant_max_disk_mb,
+                  "MiB one tenant may hold: each running kernel or sandbox its work dir's cap, "
+                  "each paused sandbox and snapshot its image (0: no limit); past it nothing "
+                  "more starts, forks or is snapshotted (403; E2B: 429)")
+      ->envname("CELLGATE_TENANT_MAX_DISK_MB")
+      ->capture_default_str();
   cmd->add_option("--e2b-webhook", o.e2b_webhooks,
                   "POST E2B's sandbox lifecycle events (created, paused, resumed, snapshotted, "
                   "killed) as JSON to this URL (repeat for more), signed: X-Cellgate-Signature "

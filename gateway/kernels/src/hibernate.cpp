@@ -29,28 +29,42 @@ double ms_since(std::chrono::steady_clock::time_point start) {
       .count();
 }
 
+// Bytes of the regular files below `dir` (an image: a few dozen files).
+std::uint64_t dir_bytes(const fs::path& dir) {
+  std::uint64_t total = 0;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    return 0;
+  }
+  for (const auto& f : fs::recursive_directory_iterator(dir, ec)) {
+    std::error_code ec2;
+    if (f.is_regular_file(ec2)) {
+      total += f.file_size(ec2);
+    }
+  }
+  return total;
+}
+
 // Bytes of every image under <state_dir>/kernels/*/hibernated (a walk over at most the kernels'
 // homes and their images' few dozen files).
 std::uint64_t images_bytes(const std::string& state_dir) {
   std::uint64_t total = 0;
   std::error_code ec;
   for (const auto& home : fs::directory_iterator(state_dir + "/kernels", ec)) {
-    const fs::path images = home.path() / "hibernated";
     std::error_code ec2;
-    if (!home.is_directory(ec2) || !fs::is_directory(images, ec2)) {
-      continue;
-    }
-    for (const auto& f : fs::recursive_directory_iterator(images, ec2)) {
-      std::error_code ec3;
-      if (f.is_regular_file(ec3)) {
-        total += f.file_size(ec3);
-      }
+    if (home.is_directory(ec2)) {
+      total += dir_bytes(home.path() / "hibernated");
     }
   }
   return total;
 }
 
 }  // namespace
+
+std::uint64_t KernelRegistry::Impl::image_bytes(const std::string& id) const {
+  auto k = find(id);
+  return k ? dir_bytes(image_dir(**k)) : 0;
+}
 
 Result<void> KernelRegistry::Impl::disk_room_for(const kernel::KernelProcessHandle& process) const {
   const std::uint64_t budget = options_.hibernate_disk_max;

@@ -53,6 +53,7 @@ class KernelRegistry::Impl {
   Result<KernelModel> hibernate(const std::string& id);  // hibernate.cpp
   Result<void> resume(const std::string& id);
   Result<SnapshotModel> snapshot(const std::string& kernel_id, bool compress);  // snapshots.cpp
+  std::uint64_t image_bytes(const std::string& id) const;                       // hibernate.cpp
   std::vector<SnapshotModel> snapshots() const;
   Result<void> delete_snapshot(const std::string& snapshot_id);
   Result<KernelModel> start_from_snapshot(const std::string& snapshot_id, const std::string& name,

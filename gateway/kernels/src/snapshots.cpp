@@ -365,6 +365,9 @@ Result<SnapshotModel> KernelRegistry::snapshot(const std::string& kernel_id) {
 std::vector<SnapshotModel> KernelRegistry::snapshots() const {
   return impl_->snapshots();
 }
+std::uint64_t KernelRegistry::image_bytes(const std::string& kernel_id) const {
+  return impl_->image_bytes(kernel_id);
+}
 Result<void> KernelRegistry::delete_snapshot(const std::string& snapshot_id) {
   return impl_->delete_snapshot(snapshot_id);
 }

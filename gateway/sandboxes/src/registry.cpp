@@ -218,17 +218,27 @@ std::vector<Sandbox> SandboxRegistry::visible(const Caller& caller) const {
   return out;
 }
 
-Result<void> SandboxRegistry::within_budget(const Caller& caller) const {
-  if (options_.cpu_budget != nullptr && !caller.sees_all) {
+Result<void> SandboxRegistry::within_budget(const Caller& caller, std::uint64_t disk_bytes) const {
+  if (caller.sees_all) {
+    return ok_result();
+  }
+  if (options_.cpu_budget != nullptr) {
     if (auto why = options_.cpu_budget->refusal(caller.tenant, std::chrono::system_clock::now())) {
       return make_error(ErrorCode::kResourceExhausted, "tenant_cpu_budget", *why);
     }
   }
+  if (options_.disk_limit != nullptr && disk_bytes > 0) {
+    CELLGATE_TRY(options_.disk_limit->room(caller.tenant, disk_bytes));
+  }
   return ok_result();
 }
 
+std::uint64_t SandboxRegistry::work_dir_bytes() const {
+  return static_cast<std::uint64_t>(std::max(0, options_.shape.disk_mb)) << 20;
+}
+
 Result<void> SandboxRegistry::admit(const Caller& caller) const {
-  CELLGATE_TRY(within_budget(caller));
+  CELLGATE_TRY(within_budget(caller, work_dir_bytes()));
   if (options_.max_per_tenant == 0 || caller.sees_all) {
     return ok_result();
   }

@@ -42,6 +42,16 @@ Result<SnapshotRecord> SandboxRegistry::snapshot(const Caller& caller, const std
     MutexLock lock(mu_);
     CELLGATE_ASSIGN_OR_RETURN(s, visible_locked(caller, id));
   }
+  if (options_.disk_limit != nullptr && !caller.sees_all) {
+    // Its image: at most the kernel's memory (CRIU writes anonymous memory), and its work files.
+    std::uint64_t estimate = work_dir_bytes();
+    if (auto kernel = kernels_.find(s.kernel_id)) {
+      if (auto stats = (*kernel)->cgroup_stats()) {
+        estimate = stats->memory_current_bytes + work_dir_bytes();
+      }
+    }
+    CELLGATE_TRY(within_budget(caller, estimate));
+  }
   if (s.state == State::kPaused) {
     CELLGATE_TRY(kernels_.resume(s.kernel_id));  // a snapshot is of a running kernel
   }
@@ -109,7 +119,8 @@ Result<std::vector<Result<Sandbox>>> SandboxRegistry::fork(const Caller& caller,
     MutexLock lock(mu_);
     CELLGATE_ASSIGN_OR_RETURN(s, visible_locked(caller, id));
   }
-  CELLGATE_TRY(within_budget(caller));
+  CELLGATE_TRY(within_budget(
+      caller, work_dir_bytes() * static_cast<std::uint64_t>(std::max(0, request.count))));
   // Every copy counts against the tenant's limit.
   if (options_.max_per_tenant != 0 && !caller.sees_all) {
     MutexLock lock(mu_);

@@ -186,6 +186,7 @@ struct Server::Impl {
   std::unique_ptr<tenants::KeyStore> keys;
   tenants::KernelOwners owners;  // which tenant's each kernel is (api/src/tenancy.cpp)
   std::unique_ptr<tenants::CpuBudget> cpu_budget;  // --tenant-max-cpu-seconds; null: none
+  std::unique_ptr<tenants::DiskLimit> disk_limit;  // --tenant-max-disk-mb; null: none
   std::unique_ptr<sandboxes::Webhooks> webhooks;   // E2B lifecycle events; null: none
   std::unique_ptr<sandboxes::SandboxRegistry> sandboxes;
   std::unique_ptr<sandboxes::E2bFront> e2b_front;
@@ -274,6 +275,18 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
     impl_->cpu_budget = make_cpu_budget(o, registry, impl_->owners);
     ao.cpu_budget = impl_->cpu_budget.get();
   }
+  if (o.tenant_max_disk_mb > 0) {
+    impl_->disk_limit =
+        make_disk_limit(o, registry, impl_->owners, [impl = impl_.get()](const std::string& t) {
+          std::vector<std::string> ids;
+          for (const auto& snap : impl->sandboxes->snapshots(sandboxes::Caller{t, false})) {
+            ids.push_back(snap.id);
+          }
+          return ids;
+        });
+    ao.disk_limit = impl_->disk_limit.get();
+    ao.work_dir_bytes = o.jail.work_bytes;
+  }
   impl_->api = std::make_unique<api::Api>(registry, executor, std::move(ao), impl_->offload());
   api::E2bOptions e2b_options;
   e2b_options.token = impl_->token;
@@ -308,6 +321,7 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   so.max_per_tenant = o.tenant_max_sandboxes;
   so.owners = &impl_->owners;
   so.cpu_budget = impl_->cpu_budget.get();
+  so.disk_limit = impl_->disk_limit.get();
   so.shape.cpu_count = std::max(1, static_cast<int>(std::ceil(o.jail.cpus)));
   so.shape.memory_mb = static_cast<int>(o.jail.memory_bytes >> 20);
   so.shape.disk_mb = static_cast<int>(o.jail.work_bytes >> 20);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -47,6 +48,38 @@ std::unique_ptr<tenants::CpuBudget> make_cpu_budget(const ServeOptions& o,
     return k->throttle_cpu(throttled);
   };
   return std::make_unique<tenants::CpuBudget>(std::move(bo), std::move(hooks));
+}
+
+std::unique_ptr<tenants::DiskLimit> make_disk_limit(
+    const ServeOptions& o, kernels::KernelRegistry& registry, tenants::KernelOwners& owners,
+    std::function<std::vector<std::string>(const std::string& tenant)> snapshots_of) {
+  const std::uint64_t work_dir = o.jail.work_bytes;
+  auto held = [&registry, &owners, work_dir,
+               snapshots_of = std::move(snapshots_of)](const std::string& tenant) {
+    std::uint64_t total = 0;
+    for (const auto& [kernel_id, owner] : owners.all()) {
+      if (owner != tenant) {
+        continue;
+      }
+      auto k = registry.find(kernel_id);
+      if (!k) {
+        continue;
+      }
+      total += (*k)->model().hibernated ? registry.image_bytes(kernel_id) : work_dir;
+    }
+    if (snapshots_of) {
+      std::map<std::string, std::uint64_t> bytes;
+      for (const auto& snap : registry.snapshots()) {
+        bytes[snap.id] = snap.bytes;
+      }
+      for (const auto& id : snapshots_of(tenant)) {
+        auto it = bytes.find(id);
+        total += it == bytes.end() ? 0 : it->second;
+      }
+    }
+    return total;
+  };
+  return std::make_unique<tenants::DiskLimit>(o.tenant_max_disk_mb << 20, std::move(held));
 }
 
 }  // namespace cellgate::server

@@ -3,11 +3,15 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "cellgate/kernels/registry.hpp"
 #include "cellgate/server/config.hpp"
 #include "cellgate/tenants/cpu_budget.hpp"
+#include "cellgate/tenants/disk_limit.hpp"
 #include "cellgate/tenants/owners.hpp"
 
 namespace cellgate::server {
@@ -21,5 +25,11 @@ inline constexpr std::chrono::milliseconds kCpuBudgetInterval{2000};
 std::unique_ptr<tenants::CpuBudget> make_cpu_budget(const ServeOptions& o,
                                                     kernels::KernelRegistry& registry,
                                                     tenants::KernelOwners& owners);
+
+// The tenants' disk limit (--tenant-max-disk-mb): what a tenant holds is its running kernels' work
+// dir caps, its hibernated kernels' images and the images of the snapshots `snapshots_of` names.
+std::unique_ptr<tenants::DiskLimit> make_disk_limit(
+    const ServeOptions& o, kernels::KernelRegistry& registry, tenants::KernelOwners& owners,
+    std::function<std::vector<std::string>(const std::string& tenant)> snapshots_of);
 
 }  // namespace cellgate::server

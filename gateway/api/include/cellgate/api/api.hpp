@@ -31,6 +31,7 @@
 #include "cellgate/kernels/registry.hpp"
 #include "cellgate/mutex.hpp"
 #include "cellgate/tenants/cpu_budget.hpp"
+#include "cellgate/tenants/disk_limit.hpp"
 #include "cellgate/tenants/keys.hpp"
 #include "cellgate/tenants/owners.hpp"
 #include "cellgate/util/loop.hpp"
@@ -79,6 +80,10 @@ struct ApiOptions {
   // Each tenant's CPU-seconds; a tenant past its budget starts nothing (403), and its one-shot
   // cells are charged to it. Null: no budget.
   tenants::CpuBudget* cpu_budget = nullptr;
+  // The disk each tenant may hold: a start needs room for its work dir (work_dir_bytes). Null:
+  // no limit.
+  const tenants::DiskLimit* disk_limit = nullptr;
+  std::uint64_t work_dir_bytes = 0;
 };
 
 struct Session {

@@ -248,6 +248,8 @@ class KernelRegistry {
   // hibernate_disk_max, which bounds the snapshots together.
   Result<SnapshotModel> snapshot(const std::string& kernel_id);
   std::vector<SnapshotModel> snapshots() const;
+  // Bytes on disk of a hibernated kernel's image (0: none, or no such kernel).
+  std::uint64_t image_bytes(const std::string& kernel_id) const;
   Result<void> delete_snapshot(const std::string& snapshot_id);  // kNotFound "no_snapshot"
   // Blocking. A new kernel restored from a snapshot: its source's variables and work files, its
   // own id, uid, cgroup, work dir and namespaces (the image rebased: checkpoint/rebase.hpp).

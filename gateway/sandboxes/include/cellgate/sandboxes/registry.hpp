@@ -39,6 +39,7 @@
 #include "cellgate/sandboxes/model.hpp"
 #include "cellgate/sandboxes/webhooks.hpp"
 #include "cellgate/tenants/cpu_budget.hpp"
+#include "cellgate/tenants/disk_limit.hpp"
 #include "cellgate/tenants/owners.hpp"
 #include "cellgate/util/loop.hpp"
 
@@ -61,6 +62,9 @@ struct SandboxOptions {
   // Each tenant's CPU-seconds: a tenant past its budget creates, forks and resumes nothing (429);
   // null: no budget.
   const tenants::CpuBudget* cpu_budget = nullptr;
+  // The disk each tenant may hold: a create or fork needs room for its work dirs (shape.disk_mb
+  // each), a snapshot for its image (estimated as the kernel's memory); past it 429. Null: none.
+  const tenants::DiskLimit* disk_limit = nullptr;
   Webhooks* webhooks = nullptr;  // lifecycle events; null: none
   std::chrono::milliseconds metrics_interval{5000};
   std::size_t metrics_kept = 720;
@@ -159,8 +163,10 @@ class SandboxRegistry {
                                const std::string& template_id, const std::string& alias,
                                const CreateRequest& request, bool set_up);
   Result<void> admit(const Caller& caller) const;
-  // kResourceExhausted while the caller's tenant is past its CPU budget.
-  Result<void> within_budget(const Caller& caller) const;
+  // kResourceExhausted while the caller's tenant is past its CPU budget, or when `disk_bytes` more
+  // would take it past its disk limit.
+  Result<void> within_budget(const Caller& caller, std::uint64_t disk_bytes = 0) const;
+  std::uint64_t work_dir_bytes() const;  // a sandbox's work dir cap (shape.disk_mb)
   void arm_locked(Entry& entry) CELLGATE_REQUIRES(mu_);
   // A checkpoint's refusal as the SDK reads it: the sandbox named, and a busy or unsuitable
   // kernel (kFailedPrecondition) as 400, since 409 would tell the SDK "paused already".

@@ -127,6 +127,10 @@ struct ServeOptions {
   // window. 0: no budget.
   double tenant_max_cpu_seconds = 0;
   double tenant_cpu_window = 3600;  // seconds
+  // MiB one tenant's kernels (their work dir caps), paused sandboxes and snapshots (their images)
+  // may hold (tenants/disk_limit.hpp); past it nothing more starts or is snapshotted (403 /
+  // E2B's 429). 0: no limit.
+  std::uint64_t tenant_max_disk_mb = 0;
   // E2B lifecycle events (created, paused, resumed, snapshotted, killed) POSTed to these URLs,
   // signed with the secret in e2b_webhook_secret_file (sandboxes/webhooks.hpp).
   std::vector<std::string> e2b_webhooks;

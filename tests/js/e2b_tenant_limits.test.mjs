@@ -1,8 +1,12 @@
-// A tenant's CPU budget (--tenant-max-cpu-seconds, docs/e2b.md "Tenants"), with E2B's SDK out of
-// debug mode and the Jupyter and agent routes: a tenant whose sandbox burns CPU past its budget is
-// refused new sandboxes (RateLimitError) and kernels (403), its kernel is throttled in its cgroup
-// (the quota file, and the kernel's own throttling count growing), another tenant is untouched,
-// and the next window gives the kernel its own limit back.
+// A tenant's CPU budget and disk limit (--tenant-max-cpu-seconds, --tenant-max-disk-mb; docs/e2b.md
+// "Tenants"), with E2B's SDK out of debug mode and the Jupyter and agent routes, each on a gateway
+// of its own:
+// - a tenant whose sandbox burns CPU past its budget is refused new sandboxes (RateLimitError) and
+//   kernels (403), its kernel is throttled in its cgroup (the quota file, and the kernel's own
+//   throttling count growing), another tenant is untouched, and the next window gives the kernel
+//   its own limit back;
+// - a tenant whose sandboxes' work dirs fill its disk limit is refused another sandbox and a
+//   kernel until it kills one; another tenant is untouched.
 //
 // The window is short (WINDOW_SECONDS), so the test sees a window end; everything it waits for is
 // an event it polls (a refusal, a file's content) with a deadline, never a guessed time.
@@ -33,7 +37,11 @@ for (const name of Object.keys(process.env)) {
   }
 }
 
-const gw = { proc: null, dir: null, port: 0, e2bPort: 0, token: '', log: [], keys: {} };
+const WORK_DIR_MB = 512;  // serve's default --work-dir size: what each sandbox reserves
+const DISK_MB = 2 * WORK_DIR_MB + 100;  // room for two sandboxes of a tenant, not three
+
+// The gateway of the test running now.
+let gw = null;
 const logTail = (n = 60) => gw.log.join('').split('\n').slice(-n).join('\n');
 const sleep = ms => new Promise(resolve => setTimeout(resolve, ms));
 const state = () => path.join(gw.dir, 'state');
@@ -100,35 +108,42 @@ async function kernelCpu() {
   return out;
 }
 
-before(async () => {
-  gw.dir = await mkdtemp(path.join(tmpdir(), 'cellgate-e2b-cpu-budget-'));
+// A gateway with `limits` (serve flags) and keys for alice and bob; the SDK pointed at it.
+async function startGateway(limits) {
+  gw = { proc: null, dir: null, port: 0, e2bPort: 0, token: '', log: [], keys: {} };
+  gw.dir = await mkdtemp(path.join(tmpdir(), 'cellgate-e2b-tenant-limits-'));
   gw.token = randomBytes(16).toString('hex');
   gw.keys.alice = await makeKey('alice');
   gw.keys.bob = await makeKey('bob');
   gw.e2bPort = await freePort();
   gw.proc = spawn(CELLGATE, ['serve', '--ip', '127.0.0.1', '--port', '0', '--token', gw.token,
-    '--state-dir', state(), '--e2b-port', String(gw.e2bPort), '--pool-size', '0',
-    '--tenant-max-cpu-seconds', String(BUDGET_SECONDS), '--tenant-cpu-window', String(WINDOW_SECONDS)],
+    '--state-dir', state(), '--e2b-port', String(gw.e2bPort), '--pool-size', '0', ...limits],
   { stdio: ['ignore', 'pipe', 'pipe'] });
   gw.port = await servePort(gw, logTail);
   const url = `http://127.0.0.1:${gw.e2bPort}`;
   process.env.E2B_API_URL = url;
   process.env.E2B_SANDBOX_URL = url;
   process.env.E2B_DOMAIN = 'x.invalid';
-}, { timeout: 60_000 });
+}
 
-after(async () => {
-  if (gw.proc && gw.proc.exitCode === null && gw.proc.signalCode === null) {
+async function stopGateway() {
+  if (gw?.proc && gw.proc.exitCode === null && gw.proc.signalCode === null) {
     gw.proc.kill('SIGTERM');
     const timer = setTimeout(() => gw.proc.kill('SIGKILL'), 30_000);
     await gw.exited;
     clearTimeout(timer);
   }
-  await rm(gw.dir, { recursive: true, force: true }).catch(() => {});
-}, { timeout: 40_000 });
+  if (gw?.dir) {
+    await rm(gw.dir, { recursive: true, force: true }).catch(() => {});
+  }
+}
+
+after(stopGateway, { timeout: 40_000 });
 
 test('a tenant past its CPU budget starts nothing and its kernel is throttled until the window ends',
   { timeout: 300_000 }, async () => {
+    await startGateway(['--tenant-max-cpu-seconds', String(BUDGET_SECONDS),
+      '--tenant-cpu-window', String(WINDOW_SECONDS)]);
     const sbx = await Sandbox.create({ apiKey: gw.keys.alice });
     try {
       const [kernelId] = Object.keys(await kernelCpu());
@@ -174,5 +189,37 @@ test('a tenant past its CPU budget starts nothing and its kernel is throttled un
       assert.match(log, /throttled until the window ends/);
     } finally {
       await sbx.kill();
+      await stopGateway();
+    }
+  });
+
+test('a tenant whose sandboxes fill its disk limit starts nothing more until it kills one',
+  { timeout: 180_000 }, async () => {
+    await startGateway(['--tenant-max-disk-mb', String(DISK_MB)]);
+    const made = [];
+    try {
+      made.push(await Sandbox.create({ apiKey: gw.keys.alice }));
+      made.push(await Sandbox.create({ apiKey: gw.keys.alice }));
+      const refused = await Sandbox.create({ apiKey: gw.keys.alice }).then(
+        s => { made.push(s); return null; }, e => e);
+      assert.ok(refused instanceof RateLimitError, String(refused));
+      assert.match(refused.message, /--tenant-max-disk-mb/);
+      const kernel = await call(gw.keys.alice, 'POST', '/api/kernels', {});
+      assert.equal(kernel.status, 403, JSON.stringify(kernel.body));
+      assert.match(kernel.body.message, /--tenant-max-disk-mb/);
+      // Another tenant has room of its own; the operator has no limit.
+      const bobs = await Sandbox.create({ apiKey: gw.keys.bob });
+      await bobs.kill();
+      const operators = await call(gw.token, 'POST', '/api/kernels', {});
+      assert.equal(operators.status, 201, JSON.stringify(operators.body));
+      assert.equal((await call(gw.token, 'DELETE', `/api/kernels/${operators.body.id}`)).status, 204);
+      // A sandbox killed frees its room.
+      await made.pop().kill();
+      made.push(await Sandbox.create({ apiKey: gw.keys.alice }));
+    } finally {
+      for (const s of made) {
+        await s.kill();
+      }
+      await stopGateway();
     }
   });
