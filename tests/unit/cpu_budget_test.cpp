@@ -213,6 +213,25 @@ TEST_F(CpuBudgetTest, NoBudgetCountsAndRefusesNothing) {
   EXPECT_FALSE(fs::exists(options().file));
 }
 
+TEST_F(CpuBudgetTest, ItSamplesOnTheLoopUntilStopped) {
+  FakeKernels k;
+  k.tenant_of = {{"a1", "alice"}};
+  k.usec = {{"a1", 20 * kSecond}};
+  util::ManualLoop loop;
+  CpuBudget budget(options(10), k.hooks());
+  budget.start(
+      loop, [](std::function<void()> fn) { fn(); }, std::chrono::milliseconds(2000));
+  EXPECT_EQ(k.throttle_calls, 0);
+  loop.advance(std::chrono::milliseconds(2000));
+  EXPECT_EQ(k.throttle_calls, 1);
+  loop.advance(std::chrono::milliseconds(2000));
+  EXPECT_EQ(k.throttle_calls, 2);
+  budget.stop();
+  loop.advance(std::chrono::milliseconds(10000));
+  EXPECT_EQ(k.throttle_calls, 2);
+  EXPECT_EQ(loop.pending_timers(), 0u);
+}
+
 TEST(DiskLimitTest, RoomIsWhatTheTenantHoldsPlusWhatItAddsWithinTheLimit) {
   std::map<std::string, std::uint64_t> held = {{"alice", 60u << 20}, {"bob", 120u << 20}};
   DiskLimit disk(100u << 20, [&](const std::string& t) { return held[t]; });

@@ -271,22 +271,11 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   ao.keys = impl_->keys.get();
   ao.owners = &impl_->owners;
   ao.tenant_max_kernels = o.tenant_max_kernels;
-  if (o.tenant_max_cpu_seconds > 0) {
-    impl_->cpu_budget = make_cpu_budget(o, registry, impl_->owners);
-    ao.cpu_budget = impl_->cpu_budget.get();
-  }
-  if (o.tenant_max_disk_mb > 0) {
-    impl_->disk_limit =
-        make_disk_limit(o, registry, impl_->owners, [impl = impl_.get()](const std::string& t) {
-          std::vector<std::string> ids;
-          for (const auto& snap : impl->sandboxes->snapshots(sandboxes::Caller{t, false})) {
-            ids.push_back(snap.id);
-          }
-          return ids;
-        });
-    ao.disk_limit = impl_->disk_limit.get();
-    ao.work_dir_bytes = o.jail.work_bytes;
-  }
+  impl_->cpu_budget = make_cpu_budget(o, registry, impl_->owners);
+  impl_->disk_limit = make_disk_limit(o, registry, impl_->owners, impl_->sandboxes);
+  ao.cpu_budget = impl_->cpu_budget.get();
+  ao.disk_limit = impl_->disk_limit.get();
+  ao.work_dir_bytes = o.jail.work_bytes;
   impl_->api = std::make_unique<api::Api>(registry, executor, std::move(ao), impl_->offload());
   api::E2bOptions e2b_options;
   e2b_options.token = impl_->token;
@@ -492,10 +481,8 @@ Server::~Server() {
   impl_->listener.reset();
   impl_->e2b_listener.reset();
   impl_->agent.reset();
-  if (impl_->cpu_budget) {
-    impl_->cpu_budget->stop();  // a sample under way ends with the engine's threads
-  }
-  impl_->envd.reset();  // its commands killed, their pumps done, before the engine stops
+  impl_->cpu_budget.reset();  // a sample under way ends before it returns
+  impl_->envd.reset();        // its commands killed, their pumps done, before the engine stops
   // Kernels end, then the threads (engine.hpp's teardown); then the front ends, then the engine.
   impl_->engine->stop();
   impl_->notebook.reset();
@@ -508,7 +495,6 @@ Server::~Server() {
   impl_->mcp.reset();
   impl_->mcp_kernels.reset();
   impl_->api.reset();
-  impl_->cpu_budget.reset();
   impl_->engine.reset();
 }
 

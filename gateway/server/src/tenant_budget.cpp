@@ -12,6 +12,9 @@ namespace cellgate::server {
 std::unique_ptr<tenants::CpuBudget> make_cpu_budget(const ServeOptions& o,
                                                     kernels::KernelRegistry& registry,
                                                     tenants::KernelOwners& owners) {
+  if (o.tenant_max_cpu_seconds <= 0) {
+    return nullptr;
+  }
   if (o.no_jail || !o.user.empty()) {
     throw std::invalid_argument(
         std::string("--tenant-max-cpu-seconds needs kernels in cgroups this gateway can "
@@ -52,10 +55,12 @@ std::unique_ptr<tenants::CpuBudget> make_cpu_budget(const ServeOptions& o,
 
 std::unique_ptr<tenants::DiskLimit> make_disk_limit(
     const ServeOptions& o, kernels::KernelRegistry& registry, tenants::KernelOwners& owners,
-    std::function<std::vector<std::string>(const std::string& tenant)> snapshots_of) {
+    const std::unique_ptr<sandboxes::SandboxRegistry>& sandboxes) {
+  if (o.tenant_max_disk_mb == 0) {
+    return nullptr;
+  }
   const std::uint64_t work_dir = o.jail.work_bytes;
-  auto held = [&registry, &owners, work_dir,
-               snapshots_of = std::move(snapshots_of)](const std::string& tenant) {
+  auto held = [&registry, &owners, work_dir, &sandboxes](const std::string& tenant) {
     std::uint64_t total = 0;
     for (const auto& [kernel_id, owner] : owners.all()) {
       if (owner != tenant) {
@@ -67,13 +72,13 @@ std::unique_ptr<tenants::DiskLimit> make_disk_limit(
       }
       total += (*k)->model().hibernated ? registry.image_bytes(kernel_id) : work_dir;
     }
-    if (snapshots_of) {
+    if (sandboxes) {
       std::map<std::string, std::uint64_t> bytes;
       for (const auto& snap : registry.snapshots()) {
         bytes[snap.id] = snap.bytes;
       }
-      for (const auto& id : snapshots_of(tenant)) {
-        auto it = bytes.find(id);
+      for (const auto& snap : sandboxes->snapshots(sandboxes::Caller{tenant, false})) {
+        auto it = bytes.find(snap.id);
         total += it == bytes.end() ? 0 : it->second;
       }
     }

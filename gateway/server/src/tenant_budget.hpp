@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cellgate/kernels/registry.hpp"
+#include "cellgate/sandboxes/registry.hpp"
 #include "cellgate/server/config.hpp"
 #include "cellgate/tenants/cpu_budget.hpp"
 #include "cellgate/tenants/disk_limit.hpp"
@@ -20,16 +21,18 @@ namespace cellgate::server {
 // budget by at most what its kernels use in this time.
 inline constexpr std::chrono::milliseconds kCpuBudgetInterval{2000};
 
-// Fails closed: a budget it cannot hold (no cgroup this gateway can read and throttle: --no-jail,
+// Null without --tenant-max-cpu-seconds. Fails closed: a budget it cannot hold (no cgroup this
+// gateway can read and throttle: --no-jail,
 // --user) throws std::invalid_argument, so serve does not start.
 std::unique_ptr<tenants::CpuBudget> make_cpu_budget(const ServeOptions& o,
                                                     kernels::KernelRegistry& registry,
                                                     tenants::KernelOwners& owners);
 
 // The tenants' disk limit (--tenant-max-disk-mb): what a tenant holds is its running kernels' work
-// dir caps, its hibernated kernels' images and the images of the snapshots `snapshots_of` names.
+// dir caps, its hibernated kernels' images and its E2B snapshots' images (`sandboxes`, made after
+// this and read only when a limit is checked). Null without --tenant-max-disk-mb.
 std::unique_ptr<tenants::DiskLimit> make_disk_limit(
     const ServeOptions& o, kernels::KernelRegistry& registry, tenants::KernelOwners& owners,
-    std::function<std::vector<std::string>(const std::string& tenant)> snapshots_of);
+    const std::unique_ptr<sandboxes::SandboxRegistry>& sandboxes);
 
 }  // namespace cellgate::server

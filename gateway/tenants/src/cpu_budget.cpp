@@ -40,6 +40,7 @@ void CpuBudget::start(util::Loop& loop, util::Offload offload, std::chrono::mill
   if (options_.max_cpu_seconds <= 0) {
     return;
   }
+  loop_ = &loop;
   strand_ = loop.strand();
   offload_ = std::move(offload);
   interval_ = interval;
@@ -47,12 +48,13 @@ void CpuBudget::start(util::Loop& loop, util::Offload offload, std::chrono::mill
 }
 
 void CpuBudget::stop() {
-  MutexLock lock(timer_mu_);
+  UniqueLock lock(timer_mu_);
   stopping_ = true;
   if (timer_) {
     timer_->cancel();
     timer_.reset();
   }
+  sampled_.wait(lock, [this]() CELLGATE_REQUIRES(timer_mu_) { return !sampling_; });
 }
 
 void CpuBudget::schedule() {
@@ -60,10 +62,21 @@ void CpuBudget::schedule() {
   if (stopping_ || !strand_) {
     return;
   }
-  timer_ = strand_->at(util::Clock::now() + interval_, [this] {
+  timer_ = strand_->at(loop_->now() + interval_, [this] {
+    {
+      MutexLock timer_lock(timer_mu_);
+      if (stopping_) {
+        return;
+      }
+      sampling_ = true;  // from here until the sample ends, stop() waits
+    }
     offload_([this] {
       sample(std::chrono::system_clock::now());
       schedule();
+      // The last touch of `this`: stop() may return, and the budget go, once this lock is free.
+      MutexLock timer_lock(timer_mu_);
+      sampling_ = false;
+      sampled_.notify_all();
     });
   });
 }

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -64,7 +65,7 @@ class CpuBudget {
   CpuBudget& operator=(const CpuBudget&) = delete;
 
   // Samples every `interval` on `offload` (the reads and the file are blocking work) until
-  // stop(); a sample under way when stop() returns still finishes on its thread.
+  // stop(), which waits for a sample under way (so the budget may be destroyed after it).
   void start(util::Loop& loop, util::Offload offload, std::chrono::milliseconds interval);
   void stop();
 
@@ -102,11 +103,14 @@ class CpuBudget {
   std::set<std::string> throttled_ CELLGATE_GUARDED_BY(mu_);
   bool charged_ CELLGATE_GUARDED_BY(mu_) = false;  // since the file was written
   void schedule();
+  util::Loop* loop_ = nullptr;
   std::shared_ptr<util::Strand> strand_;
   util::Offload offload_;
   std::chrono::milliseconds interval_{0};
   Mutex timer_mu_;
   bool stopping_ CELLGATE_GUARDED_BY(timer_mu_) = false;
+  bool sampling_ CELLGATE_GUARDED_BY(timer_mu_) = false;  // a scheduled sample runs
+  std::condition_variable_any sampled_;
   std::shared_ptr<util::Timer> timer_ CELLGATE_GUARDED_BY(timer_mu_);
 };
 
