@@ -6,7 +6,10 @@
 //   throttling count growing), another tenant is untouched, and the next window gives the kernel
 //   its own limit back;
 // - a tenant whose sandboxes' work dirs fill its disk limit is refused another sandbox and a
-//   kernel until it kills one; another tenant is untouched.
+//   kernel until it kills one; another tenant is untouched;
+// - a tenant's key on MCP (/mcp, @modelcontextprotocol/sdk): its conversation's kernels are its
+//   own (listed on its Jupyter routes, not another's), another tenant's Mcp-Session-Id is 404, its
+//   limits hold there too (--tenant-max-kernels), snapshots are the operator's.
 //
 // The window is short (WINDOW_SECONDS), so the test sees a window end; everything it waits for is
 // an event it polls (a refusal, a file's content) with a deadline, never a guessed time.
@@ -22,6 +25,8 @@ import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 
 import { RateLimitError, Sandbox } from '@e2b/code-interpreter';
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 
 import { servePort } from './serve_port.mjs';
 
@@ -223,3 +228,59 @@ test('a tenant whose sandboxes fill its disk limit starts nothing more until it 
       await stopGateway();
     }
   });
+
+test('a tenant\'s key on MCP: its own conversations and kernels, its limits', { timeout: 180_000 }, async () => {
+  await startGateway(['--tenant-max-kernels', '1']);
+  const connect = async key => {
+    const client = new Client({ name: 'tenant-test', version: '1.0.0' });
+    const transport = new StreamableHTTPClientTransport(new URL(`http://127.0.0.1:${gw.port}/mcp`), {
+      requestInit: { headers: { Authorization: `Bearer ${key}` } },
+    });
+    await client.connect(transport);
+    return { client, transport };
+  };
+  const text = r => r.content.map(c => c.text ?? '').join('');
+  const alice = await connect(gw.keys.alice);
+  const bob = await connect(gw.keys.bob);
+  try {
+    const ran = await alice.client.callTool({ name: 'run_code', arguments: { code: 'print(6 * 7)' } });
+    assert.ok(!ran.isError, text(ran));
+    assert.match(text(ran), /42/);
+    // Her MCP kernel is hers on the Jupyter routes, and not bob's.
+    const mine = await call(gw.keys.alice, 'GET', '/api/kernels');
+    assert.equal(mine.status, 200);
+    assert.equal(mine.body.length, 1, JSON.stringify(mine.body));
+    assert.deepEqual((await call(gw.keys.bob, 'GET', '/api/kernels')).body, []);
+    assert.equal((await call(gw.keys.bob, 'GET', `/api/kernels/${mine.body[0].id}`)).status, 404);
+    // Bob cannot use her conversation: its id is unknown to his key (and to the operator's).
+    for (const key of [gw.keys.bob, gw.token]) {
+      const res = await fetch(`http://127.0.0.1:${gw.port}/mcp`, {
+        method: 'POST',
+        headers: {
+          Authorization: `Bearer ${key}`, 'Content-Type': 'application/json',
+          Accept: 'application/json, text/event-stream', 'Mcp-Session-Id': alice.transport.sessionId,
+        },
+        body: JSON.stringify({ jsonrpc: '2.0', id: 7, method: 'tools/list' }),
+      });
+      assert.equal(res.status, 404);
+    }
+    // --tenant-max-kernels 1: a second session is refused as a tool error naming the limit.
+    const second = await alice.client.callTool({ name: 'run_code', arguments: { code: '1', session: 'two' } });
+    assert.ok(second.isError);
+    assert.match(text(second), /--tenant-max-kernels/);
+    const snap = await alice.client.callTool({ name: 'snapshot_session', arguments: {} });
+    assert.ok(snap.isError);
+    assert.match(text(snap), /operator/);
+    // Bob's own conversation works, within his own limit.
+    const his = await bob.client.callTool({ name: 'run_code', arguments: { code: 'print(7 * 6)' } });
+    assert.ok(!his.isError, text(his));
+    // /metrics stays the operator's.
+    assert.equal((await call(gw.keys.alice, 'GET', '/metrics')).status, 403);
+  } finally {
+    await alice.transport.terminateSession().catch(() => {});
+    await bob.transport.terminateSession().catch(() => {});
+    await alice.client.close();
+    await bob.client.close();
+    await stopGateway();
+  }
+});

@@ -115,8 +115,8 @@ bool Api::origin_allowed(const Request& req) const {
   return netloc == std::string(host->value());
 }
 
-void Api::mount(std::string path, http::Handler& handler) {
-  mounts_[std::move(path)] = &handler;
+void Api::mount(std::string path, http::Handler& handler, bool tenants) {
+  mounts_[std::move(path)] = Mount{&handler, tenants};
 }
 
 void Api::decorate(const Request& req, Response& res) const {
@@ -264,19 +264,23 @@ void Api::handle(Request req, std::shared_ptr<http::Exchange> exchange) {
       return;
     }
   }
-  if (!tenant.empty() && mount != mounts_.end()) {
-    // /mcp and /metrics are the operator's (MCP's sessions are not scoped by tenant yet).
-    Response refusal = error_response(
-        req, make_error(ErrorCode::kPermissionDenied, "tenant_key",
-                        "this route is the operator's; a tenant's API key is refused here"));
-    decorate(req, refusal);
-    exchange->reply(std::move(refusal));
-    return;
-  }
   if (mount != mounts_.end()) {
+    req.erase(http::kTenantField);  // only ours is trusted
+    if (!tenant.empty()) {
+      if (!mount->second.tenants) {
+        // /metrics is the operator's.
+        Response refusal = error_response(
+            req, make_error(ErrorCode::kPermissionDenied, "tenant_key",
+                            "this route is the operator's; a tenant's API key is refused here"));
+        decorate(req, refusal);
+        exchange->reply(std::move(refusal));
+        return;
+      }
+      req.set(http::kTenantField, tenant);
+    }
     auto decorated =
         std::make_shared<DecoratedExchange>(*this, Request(req.base(), ""), std::move(exchange));
-    mount->second->handle(std::move(req), std::move(decorated));
+    mount->second.handler->handle(std::move(req), std::move(decorated));
     return;
   }
   Call call{std::move(req), nullptr, std::move(target), {}};

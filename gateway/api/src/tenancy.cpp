@@ -107,6 +107,36 @@ std::string kernel_of(const json& item, bool session) {
 
 }  // namespace
 
+Result<void> Api::tenant_room(const std::string& tenant, bool kernel) const {
+  if (options_.cpu_budget != nullptr) {
+    if (auto why = options_.cpu_budget->refusal(tenant, std::chrono::system_clock::now())) {
+      return make_error(ErrorCode::kResourceExhausted, "tenant_cpu_budget", *why);
+    }
+  }
+  if (!kernel) {
+    return ok_result();
+  }
+  if (options_.disk_limit != nullptr) {
+    CELLGATE_TRY(options_.disk_limit->room(tenant, options_.work_dir_bytes));
+  }
+  if (options_.tenant_max_kernels != 0 && options_.owners != nullptr &&
+      options_.owners->count(tenant, [this](const std::string& k) {
+        return bool(registry_.find(k));
+      }) >= options_.tenant_max_kernels) {
+    return make_error(ErrorCode::kResourceExhausted, "tenant_limit",
+                      "this tenant has " + std::to_string(options_.tenant_max_kernels) +
+                          " kernels, its most (--tenant-max-kernels); shut one down");
+  }
+  return ok_result();
+}
+
+void Api::record_owner(const std::string& tenant, const std::string& kernel_id) {
+  if (options_.owners != nullptr) {
+    options_.owners->set(kernel_id, tenant,
+                         [this](const std::string& k) { return bool(registry_.find(k)); });
+  }
+}
+
 bool Api::tenant_owns(const std::string& tenant, const std::string& kernel_id) const {
   return options_.owners != nullptr && options_.owners->owned_by(kernel_id, tenant);
 }
@@ -167,41 +197,21 @@ std::optional<Response> Api::tenant_gate(Call& call, const std::string& tenant) 
           if (owner && *owner != tenant) {
             return;  // never reached: the gate refused another's kernel
           }
-          options_.owners->set(id, tenant,
-                               [this](const std::string& k) { return bool(registry_.find(k)); });
+          record_owner(tenant, id);
         });
   };
-  // A start past the tenant's kernels (--tenant-max-kernels; racing starts may pass it by as
-  // many as run at once), its CPU budget (--tenant-max-cpu-seconds) or its disk
-  // (--tenant-max-disk-mb).
+  // A start past the tenant's limits (tenant_room).
   auto over_budget = [&]() -> std::optional<Response> {
-    if (options_.cpu_budget != nullptr) {
-      if (auto why = options_.cpu_budget->refusal(tenant, std::chrono::system_clock::now())) {
-        return http::error_response(
-            call.req, make_error(ErrorCode::kResourceExhausted, "tenant_cpu_budget", *why));
-      }
+    if (auto room = tenant_room(tenant, /*kernel=*/false); !room) {
+      return http::error_response(call.req, room.error());
     }
     return std::nullopt;
   };
   auto over_limit = [&]() -> std::optional<Response> {
-    if (auto refused = over_budget()) {
-      return refused;
+    if (auto room = tenant_room(tenant, /*kernel=*/true); !room) {
+      return http::error_response(call.req, room.error());
     }
-    if (options_.disk_limit != nullptr) {
-      if (auto room = options_.disk_limit->room(tenant, options_.work_dir_bytes); !room) {
-        return http::error_response(call.req, room.error());
-      }
-    }
-    if (options_.tenant_max_kernels == 0 ||
-        options_.owners->count(tenant, [this](const std::string& k) {
-          return bool(registry_.find(k));
-        }) < options_.tenant_max_kernels) {
-      return std::nullopt;
-    }
-    return http::error_response(
-        call.req, make_error(ErrorCode::kResourceExhausted, "tenant_limit",
-                             "this tenant has " + std::to_string(options_.tenant_max_kernels) +
-                                 " kernels, its most (--tenant-max-kernels); shut one down"));
+    return std::nullopt;
   };
   const std::string& what = parts[1];
   if (what == "kernels") {

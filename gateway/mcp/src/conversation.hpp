@@ -19,6 +19,11 @@ class Conversation {
     std::string language;
   };
 
+  explicit Conversation(std::string owner = "") : tenant(std::move(owner)) {}
+
+  // The tenant whose API key opened it ("": the operator's): only that key reaches it, and the
+  // kernels it starts are that tenant's.
+  const std::string tenant;
   Mutex mu;
   std::string protocol_version CELLGATE_GUARDED_BY(mu);  // "" until initialize
   bool initialized CELLGATE_GUARDED_BY(mu) = false;      // notifications/initialized arrived

@@ -179,10 +179,11 @@ void HttpEndpoint::post(Request req, std::shared_ptr<http::Exchange> exchange) {
   const auto kind = jsonrpc::classify(message);
   const Request head(req.base(), "");
   const std::string sid = header(req, kSessionHeader);
+  const std::string tenant = header(req, http::kTenantField);  // the Api's, never a client's
 
   if (kind == jsonrpc::Kind::kRequest && message["method"] == "initialize") {
     // A new conversation; it is kept only if initialize succeeds.
-    auto conversation = server_.open();
+    auto conversation = server_.open(tenant);
     Outbox out;
     out.reply = [this, exchange, head, conversation](json response) {
       Response res = http::json_response(head, Status::ok, response);
@@ -205,7 +206,7 @@ void HttpEndpoint::post(Request req, std::shared_ptr<http::Exchange> exchange) {
                            "Bad Request: Mcp-Session-Id header is required (initialize first)"));
     return;
   }
-  auto conversation = find(sid);
+  auto conversation = find(sid, tenant);
   if (!conversation) {
     exchange->reply(refuse(req, Status::not_found, "Session not found", -32001));
     return;
@@ -252,7 +253,9 @@ void HttpEndpoint::remove(Request req, std::shared_ptr<http::Exchange> exchange)
   std::shared_ptr<Conversation> conversation;
   {
     MutexLock lock(mu_);
-    if (auto it = conversations_.find(sid); it != conversations_.end()) {
+    if (auto it = conversations_.find(sid);
+        it != conversations_.end() &&
+        it->second.conversation->tenant == header(req, http::kTenantField)) {
       conversation = std::move(it->second.conversation);
       conversations_.erase(it);
     }
@@ -271,13 +274,25 @@ void HttpEndpoint::add(const std::string& id, std::shared_ptr<Conversation> conv
   std::shared_ptr<Conversation> evicted;
   {
     MutexLock lock(mu_);
-    if (conversations_.size() >= options_.max_conversations) {
-      auto oldest = std::min_element(
-          conversations_.begin(), conversations_.end(),
-          [](const auto& a, const auto& b) { return a.second.used < b.second.used; });
+    // A tenant past its share ends its own least recently used conversation, never another's.
+    const std::string& tenant = conversation->tenant;
+    const bool own =
+        !tenant.empty() && static_cast<std::size_t>(std::count_if(
+                               conversations_.begin(), conversations_.end(), [&](const auto& e) {
+                                 return e.second.conversation->tenant == tenant;
+                               })) >= options_.max_tenant_conversations;
+    if (own || conversations_.size() >= options_.max_conversations) {
+      auto oldest = conversations_.end();
+      for (auto it = conversations_.begin(); it != conversations_.end(); ++it) {
+        if ((!own || it->second.conversation->tenant == tenant) &&
+            (oldest == conversations_.end() || it->second.used < oldest->second.used)) {
+          oldest = it;
+        }
+      }
       evicted = std::move(oldest->second.conversation);
-      spdlog::info("mcp: more than {} sessions; ending the least recently used one",
-                   options_.max_conversations);
+      spdlog::info("mcp: more than {} sessions{}; ending the least recently used one",
+                   own ? options_.max_tenant_conversations : options_.max_conversations,
+                   own ? " of tenant " + tenant : "");
       conversations_.erase(oldest);
     }
     conversations_[id] = {std::move(conversation), std::chrono::steady_clock::now()};
@@ -287,11 +302,11 @@ void HttpEndpoint::add(const std::string& id, std::shared_ptr<Conversation> conv
   }
 }
 
-std::shared_ptr<Conversation> HttpEndpoint::find(const std::string& id) {
+std::shared_ptr<Conversation> HttpEndpoint::find(const std::string& id, const std::string& tenant) {
   MutexLock lock(mu_);
   auto it = conversations_.find(id);
-  if (it == conversations_.end()) {
-    return nullptr;
+  if (it == conversations_.end() || it->second.conversation->tenant != tenant) {
+    return nullptr;  // another tenant's is unknown here, as with E2B's and Jupyter's ids
   }
   it->second.used = std::chrono::steady_clock::now();
   return it->second.conversation;

@@ -56,8 +56,8 @@ bool Server::supports(std::string_view version) {
   return std::find(v.begin(), v.end(), version) != v.end();
 }
 
-std::shared_ptr<Conversation> Server::open() {
-  return std::make_shared<Conversation>();
+std::shared_ptr<Conversation> Server::open(const std::string& tenant) {
+  return std::make_shared<Conversation>(tenant);
 }
 
 void Server::close(Conversation& conversation) {

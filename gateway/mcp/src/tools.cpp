@@ -396,6 +396,19 @@ std::shared_ptr<client::Cell> Tools::call(const std::string& name, const json& a
   return pending;
 }
 
+Result<void> Tools::tenant_may_start(const Conversation& c) const {
+  if (c.tenant.empty() || !options_.tenant_may_start) {
+    return ok_result();
+  }
+  return options_.tenant_may_start(c.tenant);
+}
+
+void Tools::tenant_owns(const Conversation& c, const std::string& kernel_id) const {
+  if (!c.tenant.empty() && options_.tenant_owns) {
+    options_.tenant_owns(c.tenant, kernel_id);
+  }
+}
+
 Result<std::pair<Conversation::Named, bool>> Tools::ensure(Conversation& c, const std::string& name,
                                                            bool create, const std::string& kernel,
                                                            const std::string& language) {
@@ -455,7 +468,9 @@ Result<std::pair<Conversation::Named, bool>> Tools::ensure(Conversation& c, cons
                           "; available: " + available);
   }
   Conversation::Named named{"", chosen->name, chosen->language};
+  CELLGATE_TRY(tenant_may_start(c));
   CELLGATE_ASSIGN_OR_RETURN(named.kernel_id, kernels_.start(chosen->name));
+  tenant_owns(c, named.kernel_id);
   bool closed = false;
   {
     MutexLock lock(c.mu);
@@ -703,6 +718,11 @@ json Tools::session_tool(const std::string& tool, const json& args, Conversation
              {"kernel_id", named->first.kernel_id},
              {"kernel", named->first.kernelspec}});
   }
+  if (!c.tenant.empty() && (tool == "snapshot_session" || tool == "restore_snapshot")) {
+    return tool_error(
+        "snapshots are the operator's: a tenant's API key cannot take or restore "
+        "them here (E2B's createSnapshot can)");
+  }
   if (tool == "snapshot_session") {
     auto named = ensure(c, name, false, "", "");
     if (!named) {
@@ -751,12 +771,16 @@ json Tools::session_tool(const std::string& tool, const json& args, Conversation
       }
     }
     Conversation::Named copy;
+    if (auto may = tenant_may_start(c); !may) {
+      return tool_error(may.error().message);
+    }
     if (source) {
       auto ids = kernels_.fork(source->kernel_id, 1);
       if (!ids) {
         return tool_error(ids.error().message);
       }
       copy = Conversation::Named{ids->front(), source->kernelspec, source->language};
+      tenant_owns(c, copy.kernel_id);
     } else {
       auto started = kernels_.start_from_snapshot(snapshot);
       if (!started) {

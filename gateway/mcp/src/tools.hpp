@@ -54,6 +54,9 @@ class Tools {
   nlohmann::json session_tool(const std::string& tool, const nlohmann::json& args,
                               Conversation& conversation);
   // The session's kernel, started when `create`; a tool error's text otherwise.
+  // A tenant's conversation: its limits, and the kernels it starts recorded as its own.
+  Result<void> tenant_may_start(const Conversation& c) const;
+  void tenant_owns(const Conversation& c, const std::string& kernel_id) const;
   Result<std::pair<Conversation::Named, bool>> ensure(Conversation& conversation,
                                                       const std::string& name, bool create,
                                                       const std::string& kernel,

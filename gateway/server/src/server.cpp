@@ -388,12 +388,13 @@ Server::Server(ServeOptions options, std::unique_ptr<kernel::KernelBackend> back
   }
   mo.artifact_base = base + "/api/artifacts/";
   impl_->mcp_kernels = client::make_local(registry, executor, mo);
-  impl_->mcp = std::make_unique<mcp::Server>(*impl_->mcp_kernels, impl_->offload());
+  impl_->mcp = std::make_unique<mcp::Server>(*impl_->mcp_kernels, impl_->offload(),
+                                             mcp_options(*impl_->api));
   mcp::HttpEndpointOptions mcp_http;
   mcp_http.allow_origins = o.allow_origins;
   impl_->mcp_endpoint =
       std::make_unique<mcp::HttpEndpoint>(*impl_->mcp, impl_->offload(), std::move(mcp_http));
-  impl_->api->mount("/mcp", *impl_->mcp_endpoint);
+  impl_->api->mount("/mcp", *impl_->mcp_endpoint, /*tenants=*/true);
 
   MetricsSources sources;
   sources.registry = &registry;

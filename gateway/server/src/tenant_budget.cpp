@@ -87,4 +87,15 @@ std::unique_ptr<tenants::DiskLimit> make_disk_limit(
   return std::make_unique<tenants::DiskLimit>(o.tenant_max_disk_mb << 20, std::move(held));
 }
 
+mcp::ServerOptions mcp_options(api::Api& api) {
+  mcp::ServerOptions o;
+  o.tenant_may_start = [&api](const std::string& tenant) {
+    return api.tenant_room(tenant, /*kernel=*/true);
+  };
+  o.tenant_owns = [&api](const std::string& tenant, const std::string& kernel_id) {
+    api.record_owner(tenant, kernel_id);
+  };
+  return o;
+}
+
 }  // namespace cellgate::server

@@ -1,5 +1,6 @@
-// The tenants' CPU budget of a `cellgate serve` (--tenant-max-cpu-seconds), over the registry's
-// kernels and the tenants that own them (tenants/cpu_budget.hpp).
+// The tenants' limits of a `cellgate serve`: the CPU budget (--tenant-max-cpu-seconds) and disk
+// limit (--tenant-max-disk-mb) over the registry's kernels and the tenants that own them
+// (tenants/cpu_budget.hpp, tenants/disk_limit.hpp), and the same limits on MCP's conversations.
 #pragma once
 
 #include <chrono>
@@ -8,7 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "cellgate/api/api.hpp"
 #include "cellgate/kernels/registry.hpp"
+#include "cellgate/mcp/server.hpp"
 #include "cellgate/sandboxes/registry.hpp"
 #include "cellgate/server/config.hpp"
 #include "cellgate/tenants/cpu_budget.hpp"
@@ -34,5 +37,9 @@ std::unique_ptr<tenants::CpuBudget> make_cpu_budget(const ServeOptions& o,
 std::unique_ptr<tenants::DiskLimit> make_disk_limit(
     const ServeOptions& o, kernels::KernelRegistry& registry, tenants::KernelOwners& owners,
     const std::unique_ptr<sandboxes::SandboxRegistry>& sandboxes);
+
+// MCP's options with its tenants' conversations held to the same limits as the Jupyter routes'
+// starts, and their kernels recorded as theirs (`api` outlives the MCP server).
+mcp::ServerOptions mcp_options(api::Api& api);
 
 }  // namespace cellgate::server

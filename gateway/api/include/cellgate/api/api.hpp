@@ -105,8 +105,16 @@ class Api : public http::Handler {
 
   // Serves `path` below base_url (e.g. "/mcp") with another handler, behind the same Origin
   // check and token auth as every route — except that a wrong token is 401 there, as MCP
-  // clients expect. Call before serving; `handler` outlives the Api's use of it.
-  void mount(std::string path, http::Handler& handler);
+  // clients expect. Call before serving; `handler` outlives the Api's use of it. With `tenants`, a
+  // tenant's API key reaches it too, named in the request's http::kTenantField; else 403.
+  void mount(std::string path, http::Handler& handler, bool tenants = false);
+
+  // Whether `tenant` may start something now: its CPU budget, and for a kernel (`kernel`) its disk
+  // and --tenant-max-kernels (racing starts may pass them by as many as start at once).
+  // kResourceExhausted naming the limit. MCP's conversations ask it too (tenancy.cpp).
+  Result<void> tenant_room(const std::string& tenant, bool kernel) const;
+  // Records `kernel_id` as `tenant`'s.
+  void record_owner(const std::string& tenant, const std::string& kernel_id);
 
   // Adds CORS headers for an allowed Origin.
   void decorate(const http::Request& req, http::Response& res) const;
@@ -129,6 +137,7 @@ class Api : public http::Handler {
   // wrapped to filter a list or record what it started).
   std::optional<http::Response> tenant_gate(http::Call& call, const std::string& tenant);
   bool tenant_owns(const std::string& tenant, const std::string& kernel_id) const;
+
   // Removes base_url from the front of `path`; false when the path is not under it.
   bool strip_base(std::string& path) const;
   http::Upgrade decide_upgrade(const http::Request& req);
@@ -169,7 +178,11 @@ class Api : public http::Handler {
   std::string base_;  // base_url without its trailing slash ("" for "/")
   http::Router router_;
 
-  std::map<std::string, http::Handler*> mounts_;  // path below base_url → its handler
+  struct Mount {
+    http::Handler* handler = nullptr;
+    bool tenants = false;  // a tenant's key may use it
+  };
+  std::map<std::string, Mount> mounts_;  // path below base_url → its handler
 
   // Archives arriving from other nodes (moves.cpp).
   std::shared_ptr<class Imports> imports_;

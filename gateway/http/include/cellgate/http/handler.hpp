@@ -78,6 +78,11 @@ struct Upgrade {
   std::string subprotocol;
 };
 
+// Set by the Api on a request it passes to a mounted handler (/mcp): the tenant whose API key
+// authenticated it; absent for the operator's token. A client's own is removed first, so a
+// handler may trust it.
+inline constexpr const char* kTenantField = "X-Cellgate-Tenant";
+
 class Handler {
  public:
   virtual ~Handler() = default;

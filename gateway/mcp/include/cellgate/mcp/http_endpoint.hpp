@@ -19,7 +19,11 @@
 // MCP-Protocol-Version when present (400 if unsupported), Content-Type application/json (415),
 // an Accept that allows JSON or SSE (406). Refusals carry a JSON-RPC error without an id.
 //
-// Conversations beyond max_conversations end the least recently used one (its kernels too).
+// Conversations beyond max_conversations end the least recently used one (its kernels too); a
+// tenant's beyond max_tenant_conversations end its own least recently used one.
+// Tenants (http::kTenantField, set by the Api for a tenant's API key): a conversation is the
+// tenant's that opened it; another tenant's (or the operator's) Mcp-Session-Id is 404, as an
+// unknown one; its kernels are the tenant's (server.hpp: ServerOptions::tenant_may_start).
 //
 // Thread-safety: handle() from any network thread; blocking work goes to `offload`.
 #pragma once
@@ -39,6 +43,7 @@ namespace cellgate::mcp {
 struct HttpEndpointOptions {
   std::vector<std::string> allow_origins;  // exact origins, or "*"; loopback origins always pass
   std::size_t max_conversations = 1024;
+  std::size_t max_tenant_conversations = 64;  // of one tenant: past it, its own oldest ends
 };
 
 class HttpEndpoint : public http::Handler {
@@ -61,7 +66,8 @@ class HttpEndpoint : public http::Handler {
   void post(http::Request req, std::shared_ptr<http::Exchange> exchange);
   void remove(http::Request req, std::shared_ptr<http::Exchange> exchange);
   void add(const std::string& id, std::shared_ptr<Conversation> conversation);
-  std::shared_ptr<Conversation> find(const std::string& id);
+  // The conversation `id` if `tenant` ("": the operator) opened it.
+  std::shared_ptr<Conversation> find(const std::string& id, const std::string& tenant);
   void end_later(std::shared_ptr<Conversation> conversation);
 
   Server& server_;

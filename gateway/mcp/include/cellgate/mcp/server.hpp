@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "cellgate/client/kernels.hpp"
+#include "cellgate/result.hpp"
 #include "cellgate/util/loop.hpp"
 
 namespace cellgate::mcp {
@@ -38,6 +39,11 @@ struct ServerOptions {
   std::string name = "cellgate";
   std::string version = "0.1.0";
   std::size_t max_sessions = 16;  // named sessions (kernels) per conversation
+  // A conversation of a tenant (Server::open's `tenant`): whether it may start a kernel now (its
+  // limits: kernels, CPU budget, disk), and where a kernel it started is recorded as its own.
+  // Its snapshot tools are refused (snapshots are the operator's on the Jupyter routes too).
+  std::function<Result<void>(const std::string& tenant)> tenant_may_start;
+  std::function<void(const std::string& tenant, const std::string& kernel_id)> tenant_owns;
 };
 
 // Where one message's answer goes.
@@ -59,7 +65,8 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
-  std::shared_ptr<Conversation> open();
+  // A conversation for `tenant` ("": the operator).
+  std::shared_ptr<Conversation> open(const std::string& tenant = "");
   // One parsed JSON-RPC message (a batch is refused: MCP has none since 2025-06-18).
   void handle(const std::shared_ptr<Conversation>& conversation, const nlohmann::json& message,
               Outbox out);
