@@ -159,6 +159,13 @@ async function eventsOf(sandboxId, labels) {
   }, `webhooks ${labels} of ${sandboxId}`, 10_000);
 }
 
+// GET on E2B's events API with `key`, its JSON answer (200 expected).
+async function lifecycleEvents(key, route) {
+  const res = await fetch(`${process.env.E2B_API_URL}${route}`, { headers: { 'X-API-Key': key } });
+  assert.equal(res.status, 200, await res.clone().text());
+  return res.json();
+}
+
 async function listAll(opts) {
   const paginator = Sandbox.list(opts);
   const all = [];
@@ -199,6 +206,25 @@ test('create, getInfo, list by metadata, kill twice, isRunning', { timeout: 120_
   assert.equal(created.type, 'sandbox.lifecycle.created');
   assert.equal(created.sandboxTeamId, 'alice');
   assert.deepEqual(created.sandboxMetadata, { suite: tag });
+
+  // E2B's events API: the same events (the same ids as the webhooks'), newest first, to alice only.
+  const api = await lifecycleEvents(gw.keys.alice, `/events/sandboxes/${sbx.sandboxId}`);
+  assert.deepEqual(api.map(e => e.eventLabel), ['killed', 'created']);
+  assert.equal(api[1].id, created.id);
+  assert.equal(api[0].version, 'v1');
+  assert.deepEqual(await lifecycleEvents(gw.keys.bob, `/events/sandboxes/${sbx.sandboxId}`), []);
+  const oldestFirst = await lifecycleEvents(gw.keys.alice,
+    `/events/sandboxes/${sbx.sandboxId}?orderAsc=true&limit=1`);
+  assert.deepEqual(oldestFirst.map(e => e.eventLabel), ['created']);
+  const killedOnly = await lifecycleEvents(gw.keys.alice,
+    `/events/sandboxes/${sbx.sandboxId}?types=sandbox.lifecycle.killed`);
+  assert.deepEqual(killedOnly.map(e => e.eventLabel), ['killed']);
+  const teams = await lifecycleEvents(gw.keys.alice, '/events/sandboxes?limit=100');
+  assert.ok(teams.some(e => e.sandboxId === sbx.sandboxId));
+  assert.ok(teams.every(e => e.sandboxTeamId === 'alice'), JSON.stringify(teams));
+  const bad = await fetch(`${process.env.E2B_API_URL}/events/sandboxes?limit=0`,
+    { headers: { 'X-API-Key': gw.keys.alice } });
+  assert.equal(bad.status, 400);
 });
 
 test('list: limit 1 gives two pages, newest first', { timeout: 120_000 }, async () => {
@@ -520,6 +546,9 @@ test('a sandbox outlives a gateway restart that keeps its kernel (SIGUSR2)', { t
     assert.equal(after.endAt.getTime(), before.endAt.getTime());
     assert.equal((await sbx.runCode('w * 2')).text, '10', logTail());
     assert.equal(await sbx.isRunning(), true);
+    // The events the gateway before this one recorded are still there.
+    const kept = await lifecycleEvents(gw.keys.alice, `/events/sandboxes/${sbx.sandboxId}`);
+    assert.deepEqual(kept.map(e => e.eventLabel), ['created']);
   } finally {
     await sbx.kill();
   }

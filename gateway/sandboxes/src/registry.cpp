@@ -66,7 +66,10 @@ SandboxRegistry::SandboxRegistry(kernels::KernelRegistry& kernels, execute::Exec
       executor_(executor),
       strand_(loop.strand()),
       offload_(std::move(offload)),
-      options_(std::move(options)) {}
+      options_(std::move(options)),
+      events_(std::make_unique<EventLog>(EventLogOptions{
+          .file = options_.state_dir.empty() ? ""
+                                             : options_.state_dir + "/sandboxes/events.ndjson"})) {}
 
 SandboxRegistry::~SandboxRegistry() {
   MutexLock lock(mu_);
@@ -366,9 +369,11 @@ void SandboxRegistry::note_owner(const Sandbox& s) const {
 }
 
 void SandboxRegistry::emit(std::string_view label, const Sandbox& s) const {
+  nlohmann::json event = Webhooks::event(label, s);
   if (options_.webhooks != nullptr) {
-    options_.webhooks->emit(label, s);
+    options_.webhooks->send(event);
   }
+  events_->add(s.tenant, std::move(event));
 }
 
 void SandboxRegistry::arm_locked(Entry& entry) {

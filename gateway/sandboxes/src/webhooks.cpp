@@ -37,17 +37,22 @@ Webhooks::Webhooks(WebhookOptions options, std::vector<http::client::Url> urls,
       signer_(std::move(signer)),
       offload_(std::move(offload)) {}
 
-std::string Webhooks::body(std::string_view label, const Sandbox& sandbox) {
-  return nlohmann::json{{"id", protocol::new_uuid()},
+nlohmann::json Webhooks::event(std::string_view label, const Sandbox& sandbox) {
+  return nlohmann::json{{"version", "v1"},
+                        {"id", protocol::new_uuid()},
                         {"type", "sandbox.lifecycle." + std::string(label)},
                         {"eventCategory", "lifecycle"},
                         {"eventLabel", label},
+                        {"eventData", nullptr},
                         {"sandboxId", sandbox.id},
                         {"sandboxTemplateId", sandbox.template_id},
                         {"sandboxTeamId", sandbox.tenant.empty() ? "operator" : sandbox.tenant},
                         {"sandboxMetadata", sandbox.metadata},
-                        {"timestamp", iso8601(std::chrono::system_clock::now())}}
-      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+                        {"timestamp", iso8601(std::chrono::system_clock::now())}};
+}
+
+std::string Webhooks::body(std::string_view label, const Sandbox& sandbox) {
+  return event(label, sandbox).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::string Webhooks::signature(std::string_view body) const {
@@ -60,8 +65,10 @@ std::string Webhooks::e2b_signature(std::string_view body) const {
   return http::sha256_base64_unpadded(data);
 }
 
-void Webhooks::emit(std::string_view label, const Sandbox& sandbox) {
-  const std::string payload = body(label, sandbox);
+void Webhooks::send(const nlohmann::json& event) {
+  const std::string payload = event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  const std::string label = event.value("eventLabel", std::string());
+  const std::string sandbox_id = event.value("sandboxId", std::string());
   const std::string signed_as = signature(payload);
   const std::string e2b_signed = e2b_signature(payload);
   for (std::size_t i = 0; i < urls_.size(); ++i) {
@@ -70,11 +77,11 @@ void Webhooks::emit(std::string_view label, const Sandbox& sandbox) {
     if (in_flight_->fetch_add(1) >= options_.max_in_flight) {
       in_flight_->fetch_sub(1);
       spdlog::warn("webhook {}:{}{}: {} deliveries wait already; {} of sandbox {} dropped",
-                   url.host, url.port, url.base, options_.max_in_flight, label, sandbox.id);
+                   url.host, url.port, url.base, options_.max_in_flight, label, sandbox_id);
       continue;
     }
     offload_([url, payload, signed_as, e2b_signed, webhook_id, timeout = options_.timeout,
-              in_flight = in_flight_, what = std::string(label) + " of sandbox " + sandbox.id] {
+              in_flight = in_flight_, what = label + " of sandbox " + sandbox_id] {
       // The URL's path is its base: the target below it is empty.
       http::client::Client client(url, "", "cellgate-webhook",
                                   {{"X-Cellgate-Signature", signed_as},

@@ -36,6 +36,7 @@
 #include "cellgate/execute/executor.hpp"
 #include "cellgate/kernels/registry.hpp"
 #include "cellgate/mutex.hpp"
+#include "cellgate/sandboxes/events.hpp"
 #include "cellgate/sandboxes/model.hpp"
 #include "cellgate/sandboxes/webhooks.hpp"
 #include "cellgate/tenants/cpu_budget.hpp"
@@ -139,6 +140,8 @@ class SandboxRegistry {
   Result<nlohmann::json> template_alias(const Caller& caller, const std::string& alias) const;
 
   const SandboxOptions& options() const { return options_; }
+  // E2B's events API: every sandbox's lifecycle events (events.hpp).
+  const EventLog& events() const { return *events_; }
 
   // One pass of the metrics sampler (start() runs it every metrics_interval); tests may call it.
   void sample_metrics();
@@ -174,7 +177,7 @@ class SandboxRegistry {
   // Its kernel hibernated: the record says paused (saved), its timer re-armed, "paused" sent.
   void mark_paused(const std::string& id) CELLGATE_EXCLUDES(mu_);
   void note_owner(const Sandbox& s) const;                    // in options_.owners
-  void emit(std::string_view label, const Sandbox& s) const;  // to options_.webhooks
+  void emit(std::string_view label, const Sandbox& s) const;  // events_, options_.webhooks
   void expire(const std::string& id);
   void save_locked(const Sandbox& s) const CELLGATE_REQUIRES(mu_);
   void save_snapshots_locked() const CELLGATE_REQUIRES(mu_);
@@ -192,6 +195,7 @@ class SandboxRegistry {
   std::shared_ptr<util::Strand> strand_;
   util::Offload offload_;
   const SandboxOptions options_;
+  std::unique_ptr<EventLog> events_;
   std::function<void(const std::string&)> on_ended_;
 
   mutable Mutex mu_;

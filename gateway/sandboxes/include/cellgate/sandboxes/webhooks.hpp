@@ -7,9 +7,9 @@
 // unpadded base64 of SHA-256 over the secret followed by the body), `e2b-webhook-id` (one per
 // configured URL) and `e2b-delivery-id` (one per delivery). The body:
 //
-//   {"id", "type": "sandbox.lifecycle.killed", "eventCategory": "lifecycle", "eventLabel":
-//    "killed", "sandboxId", "sandboxTemplateId", "sandboxTeamId" (the tenant, or "operator"),
-//    "sandboxMetadata", "timestamp"}
+//   {"version": "v1", "id", "type": "sandbox.lifecycle.killed", "eventCategory": "lifecycle",
+//    "eventLabel": "killed", "eventData": null, "sandboxId", "sandboxTemplateId",
+//    "sandboxTeamId" (the tenant, or "operator"), "sandboxMetadata", "timestamp"}
 //
 // Each delivery is one attempt on the offload pool with a deadline (5 s); a receiver that fails
 // or is slow is logged, never retried, and at most `max_in_flight` deliveries wait at once (the
@@ -48,7 +48,11 @@ class Webhooks {
   // kInvalidArgument for a URL that is not http(s), or a secret shorter than 16 characters.
   static Result<std::unique_ptr<Webhooks>> create(WebhookOptions options, util::Offload offload);
   // `label`: created | paused | resumed | snapshotted | killed.
-  void emit(std::string_view label, const Sandbox& sandbox);
+  void emit(std::string_view label, const Sandbox& sandbox) { send(event(label, sandbox)); }
+  // Delivers one event (event()'s) to every URL.
+  void send(const nlohmann::json& event);
+  // One lifecycle event, as the webhooks and the events API (events.hpp) show it.
+  static nlohmann::json event(std::string_view label, const Sandbox& sandbox);
   // The body emit() sends and its signature header's value (tests; receivers' documentation).
   static std::string body(std::string_view label, const Sandbox& sandbox);
   std::string signature(std::string_view body) const;
