@@ -11,4 +11,9 @@ function(cellgate_warnings target)
   if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
     target_compile_options(${target} PRIVATE -Wthread-safety)
   endif()
+  # With CELLGATE_FUZZ, coverage for libFuzzer in the libraries the fuzz targets drive (top-level
+  # CMakeLists.txt).
+  if(CELLGATE_FUZZ AND target IN_LIST CELLGATE_FUZZED_LIBRARIES)
+    target_compile_options(${target} PRIVATE -fsanitize=fuzzer-no-link)
+  endif()
 endfunction()
