@@ -15,7 +15,6 @@ import { createHash, createHmac, randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import http from 'node:http';
-import net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -23,6 +22,7 @@ import { promisify } from 'node:util';
 
 import { AuthenticationError, RateLimitError, Sandbox, SandboxNotFoundError } from '@e2b/code-interpreter';
 
+import * as helpers from './gateway_helpers.mjs';
 import { servePort } from './serve_port.mjs';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
@@ -44,7 +44,6 @@ const gw = { proc: null, dir: null, port: 0, e2bPort: 0, token: '', log: [], key
 // The webhook receiver: every event as {body, signature}.
 const hooks = { server: null, secret: randomBytes(24).toString('hex'), events: [] };
 const logTail = (n = 60) => gw.log.join('').split('\n').slice(-n).join('\n');
-const sleep = ms => new Promise(resolve => setTimeout(resolve, ms));
 
 // The gateway's exit ({code, signal}), or null if it has not exited within `ms`.
 function exitWithin(ms) {
@@ -53,39 +52,8 @@ function exitWithin(ms) {
     .finally(() => clearTimeout(timer));
 }
 
-async function freePort() {
-  const server = net.createServer();
-  await new Promise(resolve => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address();
-  await new Promise(resolve => server.close(resolve));
-  return port;
-}
-
-async function makeKey(tenant) {
-  const { stdout } = await promisify(execFile)(
-    CELLGATE, ['keys', 'create', tenant, '--state-dir', path.join(gw.dir, 'state')]);
-  const key = stdout.trim().split('\n').at(-1);
-  assert.match(key, /^e2b_[0-9a-f]{40}$/, stdout);
-  return key;
-}
-
-// Polls `probe` until it answers something truthy, against a generous deadline.
-async function waitFor(probe, what, ms = 60_000) {
-  const deadline = Date.now() + ms;
-  let last;
-  while (Date.now() < deadline) {
-    try {
-      last = await probe();
-      if (last) {
-        return last;
-      }
-    } catch (e) {
-      last = e;
-    }
-    await sleep(200);
-  }
-  throw new Error(`${what}: not within ${ms} ms (last: ${last})\n${logTail()}`);
-}
+const makeKey = tenant => helpers.makeKey(CELLGATE, path.join(gw.dir, 'state'), tenant);
+const waitFor = (probe, what, ms = 60_000) => helpers.waitFor(probe, what, ms, logTail);
 
 async function startGateway() {
   gw.log = [];
@@ -101,7 +69,7 @@ before(async () => {
   gw.token = randomBytes(16).toString('hex');
   gw.keys.alice = await makeKey('alice');
   gw.keys.bob = await makeKey('bob');
-  gw.e2bPort = await freePort();
+  gw.e2bPort = await helpers.freePort();
   hooks.server = http.createServer((req, res) => {
     let body = '';
     req.on('data', d => { body += d; });

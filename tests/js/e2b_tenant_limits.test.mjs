@@ -15,19 +15,18 @@
 // an event it polls (a refusal, a file's content) with a deadline, never a guessed time.
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFile, spawn } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { mkdtemp, readFile, readdir, rm } from 'node:fs/promises';
-import net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { promisify } from 'node:util';
 
 import { RateLimitError, Sandbox } from '@e2b/code-interpreter';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 
+import * as helpers from './gateway_helpers.mjs';
 import { servePort } from './serve_port.mjs';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
@@ -48,40 +47,10 @@ const DISK_MB = 2 * WORK_DIR_MB + 100;  // room for two sandboxes of a tenant, n
 // The gateway of the test running now.
 let gw = null;
 const logTail = (n = 60) => gw.log.join('').split('\n').slice(-n).join('\n');
-const sleep = ms => new Promise(resolve => setTimeout(resolve, ms));
 const state = () => path.join(gw.dir, 'state');
 
-async function freePort() {
-  const server = net.createServer();
-  await new Promise(resolve => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address();
-  await new Promise(resolve => server.close(resolve));
-  return port;
-}
-
-async function makeKey(tenant) {
-  const { stdout } = await promisify(execFile)(CELLGATE, ['keys', 'create', tenant, '--state-dir', state()]);
-  const key = stdout.trim().split('\n').at(-1);
-  assert.match(key, /^e2b_[0-9a-f]{40}$/, stdout);
-  return key;
-}
-
-async function waitFor(probe, what, ms = 120_000) {
-  const deadline = Date.now() + ms;
-  let last;
-  while (Date.now() < deadline) {
-    try {
-      last = await probe();
-      if (last) {
-        return last;
-      }
-    } catch (e) {
-      last = e;
-    }
-    await sleep(100);
-  }
-  throw new Error(`${what}: not within ${ms} ms (last: ${last})\n${logTail()}`);
-}
+const makeKey = tenant => helpers.makeKey(CELLGATE, state(), tenant);
+const waitFor = (probe, what, ms = 120_000) => helpers.waitFor(probe, what, ms, logTail, 100);
 
 async function call(key, method, route, body) {
   const res = await fetch(`http://127.0.0.1:${gw.port}${route}`, {
@@ -120,7 +89,7 @@ async function startGateway(limits) {
   gw.token = randomBytes(16).toString('hex');
   gw.keys.alice = await makeKey('alice');
   gw.keys.bob = await makeKey('bob');
-  gw.e2bPort = await freePort();
+  gw.e2bPort = await helpers.freePort();
   gw.proc = spawn(CELLGATE, ['serve', '--ip', '127.0.0.1', '--port', '0', '--token', gw.token,
     '--state-dir', state(), '--e2b-port', String(gw.e2bPort), '--pool-size', '0', ...limits],
   { stdio: ['ignore', 'pipe', 'pipe'] });
