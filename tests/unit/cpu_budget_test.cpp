@@ -154,6 +154,19 @@ TEST_F(CpuBudgetTest, AKernelThatCannotBeThrottledIsTriedAgainEachPass) {
   EXPECT_TRUE(budget.refusal("alice", at(1, 13)));  // starts are refused all the same
 }
 
+TEST_F(CpuBudgetTest, AHibernatedKernelIsNotThrottledAndItsNewCgroupIsAfterItsRestore) {
+  FakeKernels k;
+  k.tenant_of = {{"a1", "alice"}, {"a2", "alice"}};
+  k.usec = {{"a1", 11 * kSecond}};  // a2 is hibernated: no cgroup to read or throttle
+  CpuBudget budget(options(10), k.hooks());
+  budget.sample(at(1));
+  EXPECT_EQ(k.throttled, (std::set<std::string>{"a1"}));
+  EXPECT_EQ(k.throttle_calls, 1);
+  k.usec["a2"] = 100000;  // resumed, in a new cgroup
+  budget.sample(at(1, 20));
+  EXPECT_EQ(k.throttled, (std::set<std::string>{"a1", "a2"}));
+}
+
 TEST_F(CpuBudgetTest, OneShotChargesCountAndAreKept) {
   FakeKernels k;
   CpuBudget budget(options(10), k.hooks());

@@ -195,19 +195,26 @@ void CpuBudget::sample(TimePoint now) {
     charged_ = false;
     kernels_ = std::move(kept);
     // Every pass throttles again (idempotent): a kernel restored or restarted has a new cgroup
-    // with its own limit.
+    // with its own limit. Only kernels that run (were read): a hibernated one has no cgroup, and
+    // comes back with a new one that the next pass holds.
     std::set<std::string> over;
+    std::set<std::string> running;
     for (const auto& r : readings) {
+      if (!r.usec) {
+        continue;
+      }
+      running.insert(r.owned.kernel_id);
       auto used = used_usec_.find(r.owned.tenant);
       if (used != used_usec_.end() && used->second >= max_usec) {
         over.insert(r.owned.kernel_id);
         throttle.push_back(r.owned.kernel_id);
       }
     }
+    std::erase_if(unthrottleable_, [&](const std::string& id) { return over.count(id) == 0; });
     for (auto it = throttled_.begin(); it != throttled_.end();) {
       if (over.count(*it) == 0) {
-        if (kernels_.count(*it) != 0) {
-          release.push_back(*it);  // one that is gone has nothing to give back
+        if (running.count(*it) != 0) {
+          release.push_back(*it);  // one gone or hibernated has no limit of ours to give back
         }
         it = throttled_.erase(it);
       } else {
@@ -220,15 +227,17 @@ void CpuBudget::sample(TimePoint now) {
   }
   if (hooks_.throttle) {
     for (const auto& id : throttle) {
-      if (auto done = hooks_.throttle(id, true); done) {
-        MutexLock lock(mu_);
+      auto done = hooks_.throttle(id, true);
+      MutexLock lock(mu_);
+      if (done) {
+        unthrottleable_.erase(id);
         if (throttled_.insert(id).second) {
           spdlog::warn(
               "kernel {}: its tenant used its {} CPU-seconds of this window; throttled "
               "until the window ends",
               id, options_.max_cpu_seconds);
         }
-      } else {
+      } else if (unthrottleable_.insert(id).second) {  // said once, tried every pass
         spdlog::error(
             "kernel {}: its tenant is past its CPU budget, but it cannot be throttled: {}", id,
             done.error().message);

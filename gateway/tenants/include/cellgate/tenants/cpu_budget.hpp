@@ -101,7 +101,8 @@ class CpuBudget {
   std::map<std::string, std::uint64_t> used_usec_ CELLGATE_GUARDED_BY(mu_);  // by tenant
   std::map<std::string, Seen> kernels_ CELLGATE_GUARDED_BY(mu_);             // by kernel id
   std::set<std::string> throttled_ CELLGATE_GUARDED_BY(mu_);
-  bool charged_ CELLGATE_GUARDED_BY(mu_) = false;  // since the file was written
+  std::set<std::string> unthrottleable_ CELLGATE_GUARDED_BY(mu_);  // failed, and logged
+  bool charged_ CELLGATE_GUARDED_BY(mu_) = false;                  // since the file was written
   void schedule();
   util::Loop* loop_ = nullptr;
   std::shared_ptr<util::Strand> strand_;
