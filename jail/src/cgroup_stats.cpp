@@ -132,17 +132,18 @@ namespace {
 
 // The directory of `dirs` holding the CPU quota file, and the file's path.
 Result<std::string> cpu_quota_file(CgroupVersion version, const std::vector<std::string>& dirs) {
-  const char* name = version == CgroupVersion::kV1 ? "/cpu.cfs_quota_us" : "/cpu.max";
+  // The file the jail writes the quota to: the last of the CPU limit's files.
+  const std::string name = files_for(version, "cpu").back().file;
   for (const auto& dir : dirs) {
     if (!is_dir(dir)) {
       return make_error(ErrorCode::kNotFound, "cgroup_removed", dir + " no longer exists");
     }
-    if (exists(dir + name)) {
-      return dir + name;
+    if (exists(dir + "/" + name)) {
+      return dir + "/" + name;
     }
   }
   return make_error(ErrorCode::kFailedPrecondition, "cpu_limit_unavailable",
-                    "the kernel's cgroup has no CPU limit file (" + std::string(name + 1) + ")");
+                    "the kernel's cgroup has no CPU limit file (" + name + ")");
 }
 
 }  // namespace

@@ -49,13 +49,16 @@ class ChargingExchange : public http::Exchange {
   }
   void begin(Response head) override { inner_->begin(std::move(head)); }
   bool write(std::string data) override {
-    for (char c : data) {
-      if (c == '\n') {
-        look_at(line_);
-        line_.clear();
-      } else if (line_.size() < kMaxLine) {
-        line_.push_back(c);
-      }
+    std::string_view rest = data;
+    for (auto eol = rest.find('\n'); !charged_ && eol != std::string_view::npos;
+         eol = rest.find('\n')) {
+      append(rest.substr(0, eol));
+      look_at(line_);
+      line_.clear();
+      rest.remove_prefix(eol + 1);
+    }
+    if (!charged_) {
+      append(rest);
     }
     return inner_->write(std::move(data));
   }
@@ -68,6 +71,9 @@ class ChargingExchange : public http::Exchange {
 
  private:
   static constexpr std::size_t kMaxLine = 4u << 20;  // a longer line is not the one with metrics
+  void append(std::string_view part) {
+    line_.append(part.substr(0, kMaxLine - std::min(kMaxLine, line_.size())));
+  }
   void look_at(std::string_view text) {
     if (charged_ || text.find("\"cpu_ms\"") == std::string_view::npos) {
       return;
@@ -200,15 +206,9 @@ std::optional<Response> Api::tenant_gate(Call& call, const std::string& tenant) 
           record_owner(tenant, id);
         });
   };
-  // A start past the tenant's limits (tenant_room).
-  auto over_budget = [&]() -> std::optional<Response> {
-    if (auto room = tenant_room(tenant, /*kernel=*/false); !room) {
-      return http::error_response(call.req, room.error());
-    }
-    return std::nullopt;
-  };
-  auto over_limit = [&]() -> std::optional<Response> {
-    if (auto room = tenant_room(tenant, /*kernel=*/true); !room) {
+  // A start past the tenant's limits (tenant_room): a kernel's, or only the CPU budget.
+  auto over_limit = [&](bool kernel = true) -> std::optional<Response> {
+    if (auto room = tenant_room(tenant, kernel); !room) {
       return http::error_response(call.req, room.error());
     }
     return std::nullopt;
@@ -286,7 +286,7 @@ std::optional<Response> Api::tenant_gate(Call& call, const std::string& tenant) 
     // A one-shot cell in a kernel of its own; artifacts by SHA-256 (a capability: the URL an
     // answer gave).
     if (what == "execute" && method == Verb::post && options_.cpu_budget != nullptr) {
-      if (auto refused = over_budget()) {
+      if (auto refused = over_limit(/*kernel=*/false)) {
         return refused;
       }
       call.exchange = std::make_shared<ChargingExchange>(

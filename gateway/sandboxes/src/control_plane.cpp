@@ -30,57 +30,6 @@ std::optional<SystemTime> unix_seconds(const std::map<std::string, std::string>&
   return SystemTime(std::chrono::seconds(v));
 }
 
-// E2B's events API query: offset, limit (1-100, 10 by default), orderAsc, types (repeated, or
-// comma-separated), read from the raw target since `types` may come more than once.
-Result<EventQuery> parse_event_query(std::string_view target) {
-  EventQuery q;
-  const auto mark = target.find('?');
-  std::string_view rest = mark == std::string_view::npos ? "" : target.substr(mark + 1);
-  auto bad = [](const std::string& what) {
-    return make_error(ErrorCode::kInvalidArgument, "bad_query", what);
-  };
-  auto number = [](std::string_view text, std::uint64_t& out) {
-    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
-    return ec == std::errc() && end == text.data() + text.size() && !text.empty();
-  };
-  while (!rest.empty()) {
-    const auto amp = rest.find('&');
-    const std::string_view pair = rest.substr(0, amp);
-    rest = amp == std::string_view::npos ? std::string_view() : rest.substr(amp + 1);
-    const auto eq = pair.find('=');
-    const std::string key = http::percent_decode(pair.substr(0, eq), true);
-    const std::string value =
-        eq == std::string_view::npos ? "" : http::percent_decode(pair.substr(eq + 1), true);
-    std::uint64_t n = 0;
-    if (key == "offset") {
-      if (!number(value, n)) {
-        return bad("offset must be a whole number >= 0");
-      }
-      q.offset = static_cast<std::size_t>(std::min<std::uint64_t>(n, 1u << 30));
-    } else if (key == "limit") {
-      if (!number(value, n) || n < 1 || n > 100) {
-        return bad("limit must be 1 to 100");
-      }
-      q.limit = static_cast<std::size_t>(n);
-    } else if (key == "orderAsc") {
-      if (value != "true" && value != "false") {
-        return bad("orderAsc must be true or false");
-      }
-      q.ascending = value == "true";
-    } else if (key == "types") {
-      std::string_view list = value;
-      while (!list.empty() && q.types.size() < 64) {
-        const auto comma = list.find(',');
-        if (const auto type = list.substr(0, comma); !type.empty()) {
-          q.types.emplace(type);
-        }
-        list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
-      }
-    }
-  }
-  return q;
-}
-
 }  // namespace
 
 void E2bFront::add_routes() {

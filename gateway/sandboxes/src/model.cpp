@@ -7,6 +7,7 @@
 
 #include "cellgate/http/limits.hpp"
 #include "cellgate/http/router.hpp"
+#include "cellgate/sandboxes/events.hpp"
 
 namespace cellgate::sandboxes {
 namespace {
@@ -418,6 +419,43 @@ json detail_json(const Sandbox& s, const Shape& shape) {
 
 json error_json(int status, const std::string& message, const std::string& reason) {
   return json{{"code", status}, {"message", message}, {"error", reason}};
+}
+
+Result<EventQuery> parse_event_query(std::string_view target) {
+  EventQuery q;
+  const auto mark = target.find('?');
+  std::string_view rest = mark == std::string_view::npos ? "" : target.substr(mark + 1);
+  while (!rest.empty()) {
+    const auto amp = rest.find('&');
+    const std::string_view pair = rest.substr(0, amp);
+    rest = amp == std::string_view::npos ? std::string_view() : rest.substr(amp + 1);
+    const auto eq = pair.find('=');
+    const std::string key = http::percent_decode(pair.substr(0, eq), true);
+    const std::string value =
+        eq == std::string_view::npos ? "" : http::percent_decode(pair.substr(eq + 1), true);
+    if (key == "offset") {
+      CELLGATE_ASSIGN_OR_RETURN(const std::uint64_t n, parse_u64(value, "offset"));
+      q.offset = static_cast<std::size_t>(std::min<std::uint64_t>(n, 1u << 30));
+    } else if (key == "limit") {
+      // parse_limit's range; present but empty is refused, not its default.
+      CELLGATE_ASSIGN_OR_RETURN(q.limit, parse_limit({{"limit", value.empty() ? "-" : value}}));
+    } else if (key == "orderAsc") {
+      if (value != "true" && value != "false") {
+        return invalid("bad_query", "orderAsc must be true or false");
+      }
+      q.ascending = value == "true";
+    } else if (key == "types") {
+      std::string_view list = value;
+      while (!list.empty() && q.types.size() < 64) {
+        const auto comma = list.find(',');
+        if (const auto type = list.substr(0, comma); !type.empty()) {
+          q.types.emplace(type);
+        }
+        list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
+      }
+    }
+  }
+  return q;
 }
 
 }  // namespace cellgate::sandboxes

@@ -22,8 +22,10 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <string_view>
 
 #include "cellgate/mutex.hpp"
+#include "cellgate/result.hpp"
 #include "cellgate/sandboxes/model.hpp"
 
 namespace cellgate::sandboxes {
@@ -42,6 +44,11 @@ struct EventQuery {
   bool ascending = false;       // E2B's orderAsc; newest first by default
   std::set<std::string> types;  // "sandbox.lifecycle.killed" …; empty: all
 };
+
+// The query of E2B's events routes, from the raw request target (`types` may come more than
+// once, or comma-separated): offset, limit (1-100, 10 by default), orderAsc. kInvalidArgument
+// "bad_query" names the bad one (model.cpp, beside the other query parsers).
+Result<EventQuery> parse_event_query(std::string_view target);
 
 class EventLog {
  public:
