@@ -16,9 +16,9 @@
 // rest are dropped and counted in the log): a webhook can never hold a sandbox's lifecycle up.
 //
 //   auto hooks = Webhooks::create({.urls = {"http://127.0.0.1:9000/hook"}, .secret = s}, offload);
-//   hooks.value()->emit("created", sandbox);
+//   hooks.value()->send(Webhooks::event("created", sandbox));
 //
-// Thread-safety: emit() may be called from any thread.
+// Thread-safety: send() may be called from any thread.
 #pragma once
 
 #include <atomic>
@@ -47,13 +47,13 @@ class Webhooks {
  public:
   // kInvalidArgument for a URL that is not http(s), or a secret shorter than 16 characters.
   static Result<std::unique_ptr<Webhooks>> create(WebhookOptions options, util::Offload offload);
-  // `label`: created | paused | resumed | snapshotted | killed.
-  void emit(std::string_view label, const Sandbox& sandbox) { send(event(label, sandbox)); }
   // Delivers one event (event()'s) to every URL.
   void send(const nlohmann::json& event);
-  // One lifecycle event, as the webhooks and the events API (events.hpp) show it.
+  // One lifecycle event, as the webhooks and the events API (events.hpp) show it. `label`:
+  // created | paused | resumed | snapshotted | killed.
   static nlohmann::json event(std::string_view label, const Sandbox& sandbox);
-  // The body emit() sends and its signature header's value (tests; receivers' documentation).
+  // The body send() sends for event(label, sandbox) and its signature header's value (tests;
+  // receivers' documentation).
   static std::string body(std::string_view label, const Sandbox& sandbox);
   std::string signature(std::string_view body) const;
   // E2B's `e2b-signature`: base64 of SHA-256(secret ‖ body), without its `=` padding.

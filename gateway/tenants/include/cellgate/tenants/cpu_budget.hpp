@@ -82,7 +82,6 @@ class CpuBudget {
   double used_seconds(const std::string& tenant, TimePoint now) const;
   // The kernels throttled now.
   std::set<std::string> throttled() const;
-  const CpuBudgetOptions& options() const { return options_; }
 
  private:
   struct Seen {

@@ -27,7 +27,6 @@ class DiskLimit {
   using Held = std::function<std::uint64_t(const std::string& tenant)>;
   DiskLimit(std::uint64_t max_bytes, Held held) : max_bytes_(max_bytes), held_(std::move(held)) {}
   Result<void> room(const std::string& tenant, std::uint64_t adding) const;
-  std::uint64_t max_bytes() const { return max_bytes_; }
 
  private:
   const std::uint64_t max_bytes_;
