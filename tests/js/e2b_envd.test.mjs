@@ -365,6 +365,17 @@ test('watchDir: create, write, rename, remove, recursive into a directory made l
   await saw('sub', 'create');
   await sbx.files.write(`/home/user/${dir}/sub/c.txt`, 'deep');
   await saw('sub/c.txt', 'create');
+  // A tree made in one go: its directories are watched only once their CREATE is read, so what
+  // was made in them before comes from a scan. Each path is reported once (the sentinel comes
+  // after any second copy).
+  await sbx.commands.run(`mkdir -p ${dir}/t/u/v && touch ${dir}/t/u/v/f.txt ${dir}/t/g.txt`);
+  await sbx.files.write(`/home/user/${dir}/sentinel`, 's');
+  await saw('sentinel', 'create');
+  for (const name of ['t', 't/u', 't/u/v', 't/u/v/f.txt', 't/g.txt']) {
+    const copies = events.filter(e => e.name === name && e.type === 'create');
+    assert.equal(copies.length, 1, `${name}: ${JSON.stringify(events.map(e => [e.name, e.type]))}`);
+  }
+  assert.equal(events.find(e => e.name === 't/u/v/f.txt').entry?.path, `/home/user/${dir}/t/u/v/f.txt`);
   // The watcher runs in the jail; stopping the handle ends its stream and kills it.
   const watchers = () => hostPids(argv => argv.includes('watch') && argv.some(a => a.includes(dir)));
   assert.ok((await watchers()).length >= 1, 'no watcher process seen from the host');

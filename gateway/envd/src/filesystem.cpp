@@ -141,7 +141,26 @@ def watch(a):
     mask = (IN_MODIFY | IN_ATTRIB | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE |
             IN_DELETE_SELF | IN_MOVE_SELF | 0x1000000)  # IN_ONLYDIR
     dirs = {}
-    def add(top):
+    out = sys.stdout
+    def send(full, m):
+        kind = event_type(m)
+        if kind is None:
+            return
+        ev = {'name': os.path.relpath(full, root) if full != root else '', 'type': kind}
+        if with_entry and m & (IN_CREATE | IN_MOVED_TO | IN_MODIFY | IN_ATTRIB):
+            try:
+                ev['entry'] = entry(full)
+            except OSError:
+                pass
+        out.write(json.dumps({'filesystem': ev}) + '\n')
+        out.flush()
+    # A directory made under a recursive watch is watched only once its CREATE is read: what was
+    # made in it before then (mkdir -p a/b; touch a/b/f) has no event of its own, so its tree is
+    # scanned and reported as created. What the scan reports may also be queued by the new watch;
+    # `scanned` drops that second copy, and is emptied once a read has drained the queue (all
+    # the copies came before). At most 65,536 paths are remembered; past that a copy may pass.
+    scanned = set()
+    def add(top, report=False):
         todo = [top]
         while todo:
             d = todo.pop()
@@ -159,15 +178,22 @@ def watch(a):
             if recursive:
                 try:
                     with os.scandir(d) as it:
-                        todo.extend(de.path for de in it if de.is_dir(follow_symlinks=False))
+                        for de in it:
+                            is_dir = de.is_dir(follow_symlinks=False)
+                            if is_dir:
+                                todo.append(de.path)
+                            if report:
+                                if len(scanned) < 65536:
+                                    scanned.add(de.path)
+                                send(de.path, IN_CREATE | (IN_ISDIR if is_dir else 0))
                 except OSError:
                     pass
     add(root)
-    out = sys.stdout
     out.write(json.dumps({'start': {}}) + '\n')
     out.flush()
+    size = 1 << 16
     while True:
-        data = os.read(fd, 1 << 16)
+        data = os.read(fd, size)
         pos = 0
         while pos + 16 <= len(data):
             wd, m, _, n = struct.unpack_from('iIII', data, pos)
@@ -189,19 +215,14 @@ def watch(a):
                 full = root
             else:
                 full = os.path.join(d, os.fsdecode(name))
-            if recursive and m & IN_ISDIR and m & (IN_CREATE | IN_MOVED_TO):
-                add(full)
-            kind = event_type(m)
-            if kind is None:
+            if m & (IN_CREATE | IN_MOVED_TO) and full in scanned:
+                scanned.discard(full)  # reported by a scan (and watched by it, if a directory)
                 continue
-            ev = {'name': os.path.relpath(full, root) if full != root else '', 'type': kind}
-            if with_entry and m & (IN_CREATE | IN_MOVED_TO | IN_MODIFY | IN_ATTRIB):
-                try:
-                    ev['entry'] = entry(full)
-                except OSError:
-                    pass
-            out.write(json.dumps({'filesystem': ev}) + '\n')
-            out.flush()
+            send(full, m)
+            if recursive and m & IN_ISDIR and m & (IN_CREATE | IN_MOVED_TO):
+                add(full, report=bool(m & IN_CREATE))
+        if len(data) < size - 4096:
+            scanned.clear()
 try:
     answer = {'ok': run(sys.argv[1], json.loads(sys.argv[2]))}
 except FileNotFoundError as e:
