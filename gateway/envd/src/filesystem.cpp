@@ -157,10 +157,15 @@ def watch(a):
     # A directory made under a recursive watch is watched only once its CREATE is read: what was
     # made in it before then (mkdir -p a/b; touch a/b/f) has no event of its own, so its tree is
     # scanned and reported as created. What the scan reports may also be queued by the new watch;
-    # `scanned` drops that second copy, and is emptied once a read has drained the queue (all
-    # the copies came before). At most 65,536 paths are remembered; past that a copy may pass.
+    # `scanned` drops that second copy, and is emptied once a read that began after the last scan
+    # has drained the queue (all the copies came before it). At most 65,536 paths are remembered;
+    # past that a copy may pass.
     scanned = set()
+    reads, last_scan = 0, -1
     def add(top, report=False):
+        nonlocal last_scan
+        if report:
+            last_scan = reads
         todo = [top]
         while todo:
             d = todo.pop()
@@ -194,6 +199,7 @@ def watch(a):
     size = 1 << 16
     while True:
         data = os.read(fd, size)
+        reads += 1
         pos = 0
         while pos + 16 <= len(data):
             wd, m, _, n = struct.unpack_from('iIII', data, pos)
@@ -221,7 +227,7 @@ def watch(a):
             send(full, m)
             if recursive and m & IN_ISDIR and m & (IN_CREATE | IN_MOVED_TO):
                 add(full, report=bool(m & IN_CREATE))
-        if len(data) < size - 4096:
+        if len(data) < size - 4096 and last_scan < reads:
             scanned.clear()
 try:
     answer = {'ok': run(sys.argv[1], json.loads(sys.argv[2]))}
