@@ -233,7 +233,14 @@ test('pause keeps the kernel\'s variables; connect resumes; state filter', { tim
   const other = await Sandbox.create({ metadata: { pause: tag } });
   try {
     await sbx.runCode('x = 41');
+    // A command running at the pause: envd's commands are entered into the jail from outside
+    // the kernel's process tree, so CRIU does not take them (docs/e2b.md, "Pause"). Its stream
+    // is cut, as E2B's are; what it wrote to the sandbox's files stays.
+    const bg = await sbx.commands.run('echo started > marker.txt; exec sleep 600', { background: true });
+    await waitFor(() => sbx.files.exists('marker.txt'), 'the background command started');
+    const bgEnded = bg.wait().then(r => ({ resolved: r }), e => ({ rejected: e }));
     assert.equal(await sbx.pause(), true, logTail());
+    assert.ok('rejected' in await bgEnded, 'the command\'s stream is cut at the pause');
     assert.equal(await sbx.pause(), false);  // paused already: E2B's 409
     assert.equal((await sbx.getInfo()).state, 'paused');
     assert.equal(await sbx.isRunning(), false);
@@ -250,6 +257,8 @@ test('pause keeps the kernel\'s variables; connect resumes; state filter', { tim
     assert.equal(await again.isRunning(), true);
     const execution = await again.runCode('x + 1');
     assert.equal(execution.text, '42', JSON.stringify(execution));
+    assert.deepEqual(await again.commands.list(), [], 'no command survives a pause here');
+    assert.equal(await again.files.read('marker.txt'), 'started\n');
     await eventsOf(sbx.sandboxId, ['created', 'paused', 'resumed']);
   } finally {
     await sbx.kill();
