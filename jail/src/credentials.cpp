@@ -15,7 +15,7 @@
 namespace cellgate::jail {
 namespace {
 
-Error fail(const std::string& call) {
+Error credentials_error(const std::string& call) {
   return errno_error(ErrorCode::kInternal, "credentials", call, errno);
 }
 
@@ -32,41 +32,41 @@ Result<void> drop_privileges(uid_t uid, gid_t gid) {
   // file-capability binary) can gain a capability outside it.
   for (int cap = 0; cap <= CAP_LAST_CAP; ++cap) {
     if (::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL) {
-      return fail("prctl(PR_CAPBSET_DROP, " + std::to_string(cap) + ")");
+      return credentials_error("prctl(PR_CAPBSET_DROP, " + std::to_string(cap) + ")");
     }
   }
   // uid 0 gets no special capability treatment, and the bits cannot be changed back.
   const unsigned long securebits = SECBIT_NOROOT | SECBIT_NOROOT_LOCKED |
                                    SECBIT_NO_SETUID_FIXUP_LOCKED | SECBIT_KEEP_CAPS_LOCKED;
   if (::prctl(PR_SET_SECUREBITS, securebits, 0, 0, 0) != 0) {
-    return fail(
+    return credentials_error(
         "prctl(PR_SET_SECUREBITS, NOROOT|NOROOT_LOCKED|NO_SETUID_FIXUP_LOCKED|"
         "KEEP_CAPS_LOCKED)");
   }
   // In a user namespace whose setgroups is "deny" the list is already fixed (the gateway's).
   if (::setgroups(0, nullptr) != 0 && !(rootless && errno == EPERM)) {
-    return fail("setgroups(0, NULL)");
+    return credentials_error("setgroups(0, NULL)");
   }
   if (::setresgid(gid, gid, gid) != 0) {
-    return fail("setresgid(" + std::to_string(gid) + ")");
+    return credentials_error("setresgid(" + std::to_string(gid) + ")");
   }
   // From root to a non-zero uid the kernel clears permitted and effective capabilities.
   if (::setresuid(uid, uid, uid) != 0) {
-    return fail("setresuid(" + std::to_string(uid) + ")");
+    return credentials_error("setresuid(" + std::to_string(uid) + ")");
   }
   if (::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0 && errno != EINVAL) {
-    return fail("prctl(PR_CAP_AMBIENT_CLEAR_ALL)");
+    return credentials_error("prctl(PR_CAP_AMBIENT_CLEAR_ALL)");
   }
   // And the inheritable set too, explicitly.
   __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
   __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {};
   if (::syscall(SYS_capset, &header, data) != 0) {
-    return fail("capset(all empty)");
+    return credentials_error("capset(all empty)");
   }
   // Check rather than trust: no capability is left, and getting root back must fail.
   __user_cap_data_struct now[_LINUX_CAPABILITY_U32S_3] = {};
   if (::syscall(SYS_capget, &header, now) != 0) {
-    return fail("capget()");
+    return credentials_error("capget()");
   }
   for (const auto& d : now) {
     if (d.effective != 0 || d.permitted != 0 || d.inheritable != 0) {
@@ -81,7 +81,7 @@ Result<void> drop_privileges(uid_t uid, gid_t gid) {
 
 Result<void> set_no_new_privs() {
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
-    return fail("prctl(PR_SET_NO_NEW_PRIVS, 1)");
+    return credentials_error("prctl(PR_SET_NO_NEW_PRIVS, 1)");
   }
   return {};
 }
@@ -92,12 +92,12 @@ Result<void> close_inherited_fds(int keep) {
   };
   if (keep > 3) {
     if (close_range(3, static_cast<unsigned>(keep - 1)) != 0) {
-      return fail("close_range(3, " + std::to_string(keep - 1) + ")");
+      return credentials_error("close_range(3, " + std::to_string(keep - 1) + ")");
     }
   }
   const unsigned from = keep >= 3 ? static_cast<unsigned>(keep + 1) : 3u;
   if (close_range(from, ~0u) != 0) {
-    return fail("close_range(" + std::to_string(from) + ", ~0)");
+    return credentials_error("close_range(" + std::to_string(from) + ", ~0)");
   }
   return {};
 }

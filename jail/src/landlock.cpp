@@ -59,7 +59,7 @@ long create_ruleset(const landlock_ruleset_attr* attr, std::size_t size, std::ui
   return ::syscall(SYS_landlock_create_ruleset, attr, size, flags);
 }
 
-Error fail(const std::string& call) {
+Error landlock_error(const std::string& call) {
   return errno_error(ErrorCode::kInternal, "landlock", call, errno);
 }
 
@@ -113,7 +113,7 @@ Result<int> apply_landlock(const JailSpec& spec) {
   const long abi = create_ruleset(nullptr, 0, LANDLOCK_CREATE_RULESET_VERSION);
   if (abi <= 0) {
     if (errno != ENOSYS && errno != EOPNOTSUPP) {
-      return fail("landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)");
+      return landlock_error("landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)");
     }
     const std::string why =
         std::string("landlock unavailable: the kernel lacks it or boots without lsm=…landlock (") +
@@ -135,7 +135,8 @@ Result<int> apply_landlock(const JailSpec& spec) {
   attr.handled_access_fs = handled;
   UniqueFd ruleset(static_cast<int>(create_ruleset(&attr, sizeof attr.handled_access_fs, 0)));
   if (!ruleset) {
-    return fail("landlock_create_ruleset(handled_access_fs=" + std::to_string(handled) + ")");
+    return landlock_error("landlock_create_ruleset(handled_access_fs=" + std::to_string(handled) +
+                          ")");
   }
   for (const auto& rule : landlock_policy(spec)) {
     UniqueFd fd(::open(rule.path.c_str(), O_PATH | O_CLOEXEC));
@@ -143,23 +144,23 @@ Result<int> apply_landlock(const JailSpec& spec) {
       if (errno == ENOENT) {
         continue;  // not in this jail (no /sys, no lib32): nothing to allow
       }
-      return fail("open('" + rule.path + "', O_PATH)");
+      return landlock_error("open('" + rule.path + "', O_PATH)");
     }
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0) {
-      return fail("fstat('" + rule.path + "')");
+      return landlock_error("fstat('" + rule.path + "')");
     }
     landlock_path_beneath_attr beneath{};
     beneath.allowed_access = rule.access & handled & (S_ISDIR(st.st_mode) ? ~0ULL : kFileRights);
     beneath.parent_fd = fd.get();
     if (::syscall(SYS_landlock_add_rule, ruleset.get(), LANDLOCK_RULE_PATH_BENEATH, &beneath, 0) !=
         0) {
-      return fail("landlock_add_rule('" + rule.path + "', " +
-                  std::to_string(beneath.allowed_access) + ")");
+      return landlock_error("landlock_add_rule('" + rule.path + "', " +
+                            std::to_string(beneath.allowed_access) + ")");
     }
   }
   if (::syscall(SYS_landlock_restrict_self, ruleset.get(), 0) != 0) {
-    return fail("landlock_restrict_self()");
+    return landlock_error("landlock_restrict_self()");
   }
   return static_cast<int>(abi);  // `ruleset` closes here: no descriptor outlives the step
 }

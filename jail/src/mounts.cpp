@@ -19,7 +19,7 @@
 namespace cellgate::jail {
 namespace {
 
-Error fail(const std::string& call) {
+Error mount_error(const std::string& call) {
   return errno_error(ErrorCode::kFailedPrecondition, "mount", call, errno);
 }
 
@@ -45,15 +45,15 @@ Result<void> do_mount(const std::string& source, const std::string& target, cons
                       unsigned long flags, const std::string& data = "") {
   if (::mount(source.empty() ? nullptr : source.c_str(), target.c_str(), fstype, flags,
               data.empty() ? nullptr : data.c_str()) != 0) {
-    return fail("mount('" + source + "', '" + target + "', " + (fstype ? fstype : "NULL") + ", " +
-                flags_text(flags) + (data.empty() ? "" : ", '" + data + "'") + ")");
+    return mount_error("mount('" + source + "', '" + target + "', " + (fstype ? fstype : "NULL") +
+                       ", " + flags_text(flags) + (data.empty() ? "" : ", '" + data + "'") + ")");
   }
   return {};
 }
 
 Result<void> make_dir(const std::string& path, mode_t mode = 0755) {
   if (::mkdir(path.c_str(), mode) != 0 && errno != EEXIST) {
-    return fail("mkdir('" + path + "')");
+    return mount_error("mkdir('" + path + "')");
   }
   return {};
 }
@@ -62,11 +62,11 @@ Result<void> make_file(const std::string& path, const std::string& content = "",
                        mode_t mode = 0644) {
   UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode));
   if (!fd) {
-    return fail("open('" + path + "', O_CREAT)");
+    return mount_error("open('" + path + "', O_CREAT)");
   }
   if (!content.empty() &&
       ::write(fd.get(), content.data(), content.size()) != static_cast<ssize_t>(content.size())) {
-    return fail("write('" + path + "')");
+    return mount_error("write('" + path + "')");
   }
   return {};
 }
@@ -76,7 +76,7 @@ Result<void> make_file(const std::string& path, const std::string& content = "",
 Result<void> bind_mount(const std::string& source, const std::string& target, unsigned long flags) {
   struct stat st {};
   if (::stat(source.c_str(), &st) != 0) {
-    return fail("stat('" + source + "')");
+    return mount_error("stat('" + source + "')");
   }
   if (S_ISDIR(st.st_mode)) {
     CELLGATE_TRY(make_dir(target));
@@ -147,7 +147,7 @@ Result<void> build_etc(const JailSpec& spec, const std::string& root, uid_t uid,
     // name from it, and without it compares /etc/localtime with every zoneinfo file).
     if (const std::string target = link_into_usr(source); !target.empty()) {
       if (::symlink(target.c_str(), (etc + "/" + name).c_str()) != 0) {
-        return fail("symlink('" + target + "', '" + etc + "/" + name + "')");
+        return mount_error("symlink('" + target + "', '" + etc + "/" + name + "')");
       }
       continue;
     }
@@ -170,7 +170,7 @@ Result<void> build_dev(const JailSpec& spec, const std::string& root) {
                                                        {"/proc/self/fd/2", "stderr"}};
   for (const auto& [to, name] : links) {
     if (::symlink(to, (dev + "/" + name).c_str()) != 0) {
-      return fail(std::string("symlink('") + to + "', '" + dev + "/" + name + "')");
+      return mount_error(std::string("symlink('") + to + "', '" + dev + "/" + name + "')");
     }
   }
   // A private devpts instance: the pseudo-terminals IPython's `!cmd` and pexpect open (without
@@ -183,10 +183,10 @@ Result<void> build_dev(const JailSpec& spec, const std::string& root) {
   if (::mount("devpts", (dev + "/pts").c_str(), "devpts", MS_NOSUID | MS_NOEXEC,
               "newinstance,ptmxmode=0666,mode=0620,max=64") == 0) {
     if (::symlink("pts/ptmx", (dev + "/ptmx").c_str()) != 0) {
-      return fail("symlink('pts/ptmx', '" + dev + "/ptmx')");
+      return mount_error("symlink('pts/ptmx', '" + dev + "/ptmx')");
     }
   } else if (errno != EPERM && errno != EACCES) {
-    return fail("mount('devpts', '" + dev + "/pts')");
+    return mount_error("mount('devpts', '" + dev + "/pts')");
   }
   CELLGATE_TRY(make_dir(dev + "/shm", 01777));
   CELLGATE_TRY(do_mount("tmpfs", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
@@ -201,11 +201,11 @@ Result<std::string> staging_dir() {
   const std::string dir = parent + "/root";
   for (const auto& path : {parent, dir}) {
     if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
-      return fail("mkdir('" + path + "')");
+      return mount_error("mkdir('" + path + "')");
     }
     struct stat st {};
     if (::lstat(path.c_str(), &st) != 0) {
-      return fail("lstat('" + path + "')");
+      return mount_error("lstat('" + path + "')");
     }
     // A planted symlink or someone else's directory would let them shape our mounts.
     if (!S_ISDIR(st.st_mode) || st.st_uid != 0 || (st.st_mode & 022) != 0) {
@@ -221,10 +221,10 @@ Result<bool> mount_work_tmpfs(const std::string& work_dir, std::uint64_t bytes, 
   struct stat st {};
   struct stat parent {};
   if (::lstat(work_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return fail("lstat('" + work_dir + "') (the work dir must be a real directory)");
+    return mount_error("lstat('" + work_dir + "') (the work dir must be a real directory)");
   }
   if (::stat((work_dir + "/..").c_str(), &parent) != 0) {
-    return fail("stat('" + work_dir + "/..')");
+    return mount_error("stat('" + work_dir + "/..')");
   }
   if (st.st_dev != parent.st_dev) {
     return false;  // already a mount point: a restarted kernel reuses it, files and all
@@ -253,7 +253,7 @@ Result<void> build_root(const JailSpec& spec, const RootPaths& paths, uid_t uid,
       char target[256] = {};
       ssize_t n = ::readlink(host.c_str(), target, sizeof target - 1);
       if (n <= 0 || ::symlink(target, (root + host).c_str()) != 0) {
-        return fail("symlink('" + host + "')");
+        return mount_error("symlink('" + host + "')");
       }
     } else {
       CELLGATE_TRY(bind_mount(host, root + host, MS_RDONLY | MS_NOSUID | MS_NODEV));
@@ -306,20 +306,20 @@ Result<void> build_root(const JailSpec& spec, const RootPaths& paths, uid_t uid,
 
   // pivot_root into the new root and detach the old one, so no path leads back to the host.
   if (::chdir(root.c_str()) != 0) {
-    return fail("chdir('" + root + "')");
+    return mount_error("chdir('" + root + "')");
   }
   CELLGATE_TRY(make_dir(root + "/.oldroot", 0700));
   if (::syscall(SYS_pivot_root, ".", ".oldroot") != 0) {
-    return fail("pivot_root('" + root + "', '" + root + "/.oldroot')");
+    return mount_error("pivot_root('" + root + "', '" + root + "/.oldroot')");
   }
   if (::umount2("/.oldroot", MNT_DETACH) != 0) {
-    return fail("umount2('/.oldroot', MNT_DETACH)");
+    return mount_error("umount2('/.oldroot', MNT_DETACH)");
   }
   if (::rmdir("/.oldroot") != 0) {
-    return fail("rmdir('/.oldroot')");
+    return mount_error("rmdir('/.oldroot')");
   }
   if (::chdir("/") != 0) {
-    return fail("chdir('/')");
+    return mount_error("chdir('/')");
   }
   return do_mount("", "/", nullptr, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV);
 }

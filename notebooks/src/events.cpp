@@ -14,11 +14,6 @@ using nlohmann::json;
 // colour, the key's std::string).
 constexpr std::size_t kMemberBytes = 64;
 
-std::string string_at(const json& object, const char* key) {
-  auto it = object.find(key);
-  return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-
 // event[key] when it is an object (moved out), else {}: as apply() reads data and metadata.
 json take_object(json& event, const char* key) {
   auto it = event.find(key);

@@ -6,11 +6,6 @@ namespace {
 using nlohmann::json;
 
 // Events come from a gateway over the network with a remote backend: read them defensively.
-std::string string_at(const json& object, const char* key) {
-  auto it = object.find(key);
-  return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-
 json object_at(const json& object, const char* key) {
   auto it = object.find(key);
   return it != object.end() && it->is_object() ? *it : json::object();
@@ -66,6 +61,11 @@ bool append_capped(std::string& text, const std::string& more) {
 }
 
 }  // namespace
+
+std::string string_at(const json& object, const char* key) {
+  auto it = object.find(key);
+  return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
 
 std::string tracked_display_id(const json& event) {
   std::string id = string_at(event, "display_id");

@@ -32,6 +32,9 @@
 
 namespace cellgate::notebooks {
 
+// object[key] when it is a string, else "": events and outputs are read defensively.
+std::string string_at(const nlohmann::json& object, const char* key);
+
 // The executor caps a cell's outputs at this many (ExecuteLimits::outputs) and says so in a
 // notice; the same cap holds here.
 inline constexpr std::size_t kMaxOutputs = 1000;

@@ -24,7 +24,7 @@ namespace fs = std::filesystem;
 // CRIU's images/magic.h: the first word of every image but the raw page ones.
 constexpr std::uint32_t kCommonMagic = 0x54564319;
 constexpr std::uint32_t kServiceMagic = 0x55105940;
-constexpr int kMaxDepth = 32;                 // cgroup dirs nest; nothing else does
+constexpr int kMaxRecordDepth = 32;           // cgroup dirs nest; nothing else does
 constexpr std::size_t kMaxImage = 64u << 20;  // the records we edit are small
 constexpr std::size_t kMaxRecord = 16u << 20;
 
@@ -74,8 +74,8 @@ using Visit = std::function<Result<void>(Field& f, int depth)>;
 
 Result<std::string> rewrite(const std::string& name, std::string_view msg, const Visit& visit,
                             int depth) {
-  if (depth > kMaxDepth) {
-    return malformed(name, "records nest deeper than " + std::to_string(kMaxDepth));
+  if (depth > kMaxRecordDepth) {
+    return malformed(name, "records nest deeper than " + std::to_string(kMaxRecordDepth));
   }
   std::string out;
   out.reserve(msg.size() + 16);

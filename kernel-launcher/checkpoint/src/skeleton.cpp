@@ -14,7 +14,7 @@
 namespace cellgate::checkpoint {
 namespace {
 
-constexpr int kMaxDepth = 32;
+constexpr int kMaxTreeDepth = 32;
 constexpr off_t kMaxFileBytes = off_t{1} << 20;  // the root holds /etc/passwd and such
 
 Error fail(const std::string& call) {
@@ -50,7 +50,7 @@ Result<void> copy_file(int dir, const std::string& name, const struct stat& st, 
 }
 
 Result<void> copy_dir(int dir, dev_t root_dev, const std::string& target, int depth) {
-  if (depth > kMaxDepth) {
+  if (depth > kMaxTreeDepth) {
     return make_error(ErrorCode::kFailedPrecondition, "skeleton", target + ": too deep");
   }
   DIR* stream = ::fdopendir(::dup(dir));
