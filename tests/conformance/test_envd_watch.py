@@ -4,10 +4,10 @@ watch are reported whole, each path created once. A directory is watched only af
 read, so what is made in it before then comes from a scan; the scan's copies that the new watch
 queued as well are dropped. No root, no gateway: the program is read from the source."""
 import json
-import os
 import pathlib
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -27,13 +27,20 @@ def watcher(path, recursive=True, with_entry=False):
     return proc
 
 
-def events_until(proc, sentinel):
+def events_until(proc, sentinel, deadline_s=120):
+    """The watcher's events up to `sentinel`'s; a watcher silent past the deadline is killed,
+    which ends the read and fails the test."""
+    timer = threading.Timer(deadline_s, proc.kill)
+    timer.start()
     seen = []
-    for line in proc.stdout:
-        event = json.loads(line)["filesystem"]
-        seen.append(event)
-        if event["name"] == sentinel:
-            return seen
+    try:
+        for line in proc.stdout:
+            event = json.loads(line)["filesystem"]
+            seen.append(event)
+            if event["name"] == sentinel:
+                return seen
+    finally:
+        timer.cancel()
     pytest.fail("the watcher ended before %s: %r" % (sentinel, seen))
 
 

@@ -227,6 +227,8 @@ def watch(a):
             send(full, m)
             if recursive and m & IN_ISDIR and m & (IN_CREATE | IN_MOVED_TO):
                 add(full, report=bool(m & IN_CREATE))
+        # A read that left room for another event (one is at most 16 + 256 bytes; 4096 to
+        # spare) drained the queue.
         if len(data) < size - 4096 and last_scan < reads:
             scanned.clear()
 try:
