@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <filesystem>
@@ -614,12 +615,20 @@ TEST_F(CullTest, ActivityResetsTheIdleTime) {
   auto listener = std::make_shared<Recorder>();
   clock_.advance(50s);
   protocol::Session client("user", "s1");
+  ASSERT_TRUE(k->attach(listener, "s1"));  // for the request's iopub; detached before the cull
   ASSERT_TRUE(k->post(Channel::kShell,
                       protocol::Envelope::from_message(
                           Channel::kShell, client.make("kernel_info_request", json::object())),
                       listener)
                   .ok());
-  ASSERT_TRUE(eventually([&] { return listener->has("shell:kernel_info_reply"); }));
+  // The request's last message is its idle status, after the reply: wait for it, so that no
+  // activity of this request is seen after the clock moves on (under load it came after).
+  ASSERT_TRUE(eventually([&] {
+    const auto t = listener->types();
+    return listener->has("shell:kernel_info_reply") &&
+           std::count(t.begin(), t.end(), "iopub:status") >= 2;
+  }));
+  k->detach(listener.get());  // a connected kernel is never culled (cull_connected is off)
   clock_.advance(20s);
   registry().monitor_once();
   EXPECT_TRUE(registry().find(k->id()).ok());
